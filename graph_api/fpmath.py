@@ -1,0 +1,88 @@
+"""The one fpmath table: what each mode does to the arithmetic.
+
+oneDNN's fpmath mode names the implicit down-conversions of f32 data that a
+computation may make.  This runtime applies them exactly, never "maybe":
+
+=========  ==========================================  =====================
+mode       f32 inputs of MatMul/Convolution/SDPA/MLP   Numba fastmath flags
+=========  ==========================================  =====================
+strict     kept f32                                    none
+tf32       rounded to tf32 (10 mantissa bits, RNE)     none
+bf16       rounded to bf16 (RNE)                       contract
+f16        rounded to f16 (RNE)                        contract
+any        rounded to bf16 (the fastest on this CPU)   contract, reassoc
+=========  ==========================================  =====================
+
+Accumulation is always f32 (s32 for integer products).  With ``apply_to_int``
+integral weights (s8/u8/s4/u4) are up-converted to the mode's type using their
+scales and zero points, so a DynamicDequantize feeding a MatMul computes in
+that type; without it, dequantized weights stay f32 and the mode only affects
+f32 data.  Element-wise ops, SoftMax and norms compute at their declared
+precision in every mode, as in oneDNN.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dtypes
+from .dtypes import DataType
+from .enums import FPMathMode, parse_enum
+
+#: mode -> (storage type inputs are rounded through or None, numba fastmath flags)
+FPMATH_TABLE: dict[FPMathMode, tuple[str | None, frozenset]] = {
+    FPMathMode.strict: (None, frozenset()),
+    FPMathMode.tf32: ("tf32", frozenset()),
+    FPMathMode.bf16: ("bf16", frozenset({"contract"})),
+    FPMathMode.f16: ("f16", frozenset({"contract"})),
+    FPMathMode.any: ("bf16", frozenset({"contract", "reassoc"})),
+}
+
+
+@dataclass(frozen=True)
+class FPMath:
+    """An fpmath setting: mode plus ``apply_to_int``."""
+
+    mode: FPMathMode = FPMathMode.strict
+    apply_to_int: bool = False
+
+    @staticmethod
+    def make(mode, apply_to_int=False) -> "FPMath":
+        if isinstance(apply_to_int, str):
+            apply_to_int = apply_to_int.lower() == "true"
+        return FPMath(parse_enum(FPMathMode, mode, "fpmath mode"), bool(apply_to_int))
+
+    @property
+    def rounding(self) -> str | None:
+        """'bf16', 'f16', 'tf32' or None: how f32 compute inputs are rounded."""
+        return FPMATH_TABLE[self.mode][0]
+
+    @property
+    def fastmath(self) -> frozenset:
+        return FPMATH_TABLE[self.mode][1]
+
+    def round_input(self, values: np.ndarray, src_dtype: DataType) -> np.ndarray:
+        """A MatMul/Conv input as f32, rounded as the mode allows.
+
+        Only f32 data is down-converted; bf16/f16 inputs already are what they
+        are.  ``src_dtype`` is the storage type the data came from.
+        """
+        x = dtypes.to_f32(values)
+        if self.rounding is None or src_dtype != DataType.f32:
+            return x
+        if self.rounding == "tf32":
+            return dtypes.round_to_tf32(x)
+        return dtypes.round_through(x, DataType[self.rounding])
+
+    def round_dequantized_weight(self, values: np.ndarray) -> np.ndarray:
+        """Weights decompressed from integers: rounded only with apply_to_int."""
+        if not self.apply_to_int:
+            return dtypes.to_f32(values)
+        return self.round_input(values, DataType.f32)
+
+    def __str__(self) -> str:
+        return self.mode.name + (":apply_to_int" if self.apply_to_int else "")
+
+
+STRICT = FPMath()

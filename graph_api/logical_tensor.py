@@ -1,0 +1,170 @@
+"""Logical tensors: id, data type, shape, strides, layout, property.
+
+Immutable, as in oneDNN: to add information (a concrete shape at compile time)
+make a new one with the same id (:meth:`LogicalTensor.with_shape`).  Unknown
+rank is ``shape=None``; an unknown dim is ``-1``.  ``encoding`` is reserved for
+tensor encodings (sparse formats) and takes part in equality.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from . import dtypes
+from .dtypes import DataType
+from .enums import LayoutType, PropertyType, parse_enum
+from .errors import InvalidArguments
+
+MAX_NDIMS = 12
+UNKNOWN_DIM = -1
+
+
+def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides; a 0 dim counts as 1, as oneDNN does."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+class LogicalTensor:
+    """Metadata of one tensor of the graph (no data)."""
+
+    __slots__ = ("id", "dtype", "shape", "strides", "layout", "property", "encoding")
+
+    def __init__(
+        self,
+        id: int,
+        dtype=DataType.f32,
+        shape: Sequence[int] | None = None,
+        strides: Sequence[int] | None = None,
+        layout=LayoutType.strided,
+        property=PropertyType.variable,
+        encoding=None,
+    ):
+        if not isinstance(id, (int,)) or isinstance(id, bool) or id < 0:
+            raise InvalidArguments(f"logical tensor id must be a non-negative int, got {id!r}")
+        self.id = int(id)
+        self.dtype = dtypes.parse(dtype)
+        self.layout = parse_enum(LayoutType, layout, "layout type")
+        self.property = parse_enum(PropertyType, property, "property type")
+        self.encoding = encoding
+        if shape is not None:
+            shape = tuple(int(d) for d in shape)
+            if len(shape) > MAX_NDIMS:
+                raise InvalidArguments(f"logical tensor {id}: {len(shape)} dims, at most {MAX_NDIMS}")
+            if any(d < UNKNOWN_DIM for d in shape):
+                shape = tuple(UNKNOWN_DIM if d < 0 else d for d in shape)
+        self.shape = shape
+        if strides is not None:
+            strides = tuple(int(s) for s in strides)
+            if shape is None or len(strides) != len(shape):
+                # oneDNN writes unknown strides as a single INT64_MIN entry
+                strides = None if shape is None or any(s < 0 for s in strides) else strides
+                if strides is not None:
+                    raise InvalidArguments(
+                        f"logical tensor {id}: {len(strides)} strides for shape {shape}")
+            elif any(s < 0 for s in strides):
+                strides = None
+        if strides is None and shape is not None and self.layout == LayoutType.strided \
+                and UNKNOWN_DIM not in shape:
+            strides = dense_strides(shape)
+        self.strides = strides
+        if self.property == PropertyType.host_scalar:
+            if shape not in (None, ()) or self.dtype not in (DataType.s32, DataType.f32, DataType.s64):
+                raise InvalidArguments(
+                    f"logical tensor {id}: a host_scalar must be 0-D s32/f32/s64, "
+                    f"got {self.dtype.name} shape {shape}")
+            self.shape = ()
+            self.strides = ()
+
+    # ------------------------------------------------------------ queries
+    @property
+    def ndims(self) -> int:
+        return -1 if self.shape is None else len(self.shape)
+
+    def get_id(self) -> int:
+        return self.id
+
+    def get_data_type(self) -> DataType:
+        return self.dtype
+
+    def get_dims(self) -> tuple[int, ...]:
+        if self.shape is None:
+            raise InvalidArguments(f"logical tensor {self.id}: rank is unknown")
+        return self.shape
+
+    def get_strides(self) -> tuple[int, ...]:
+        if self.layout != LayoutType.strided or self.strides is None:
+            raise InvalidArguments(f"logical tensor {self.id}: has no known strides")
+        return self.strides
+
+    def get_layout_type(self) -> LayoutType:
+        return self.layout
+
+    def get_property_type(self) -> PropertyType:
+        return self.property
+
+    def is_shape_known(self) -> bool:
+        return self.shape is not None and UNKNOWN_DIM not in self.shape
+
+    def nelems(self) -> int:
+        if not self.is_shape_known():
+            return -1
+        return math.prod(self.shape)
+
+    def size_in_bytes(self) -> int:
+        """Memory size as oneDNN's ``get_mem_size``; 4-bit types count half a byte.
+
+        Unknown shape or a non-strided layout gives -1 (oneDNN: ``(size_t)-1``).
+        """
+        if not self.is_shape_known() or self.layout in (LayoutType.undef, LayoutType.any):
+            return -1
+        if len(self.shape) == 0:
+            return max(1, int(math.ceil(dtypes.element_bytes(self.dtype))))
+        if 0 in self.shape:
+            return 0
+        strides = self.strides or dense_strides(self.shape)
+        span = max(d * (1 if d == 1 else s) for d, s in zip(self.shape, strides))
+        if dtypes.info(self.dtype).packed:
+            return (span + 1) // 2
+        return span * int(dtypes.element_bytes(self.dtype))
+
+    get_mem_size = size_in_bytes
+
+    def is_dense(self) -> bool:
+        return self.strides is None or self.strides == dense_strides(self.shape)
+
+    # ------------------------------------------------------------ derivation
+    def with_shape(self, shape, strides=None, layout=None, dtype=None) -> "LogicalTensor":
+        """A copy with a (more) concrete shape; strides default to dense."""
+        return LogicalTensor(
+            self.id, self.dtype if dtype is None else dtype, shape, strides,
+            self.layout if layout is None else layout, self.property, self.encoding)
+
+    def key(self) -> tuple:
+        return (self.id, self.dtype, self.shape, self.strides, self.layout, self.property,
+                self.encoding)
+
+    def is_equal(self, other: "LogicalTensor") -> bool:
+        return self.key() == other.key()
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LogicalTensor) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __repr__(self) -> str:
+        shape = "?" if self.shape is None else "x".join("?" if d < 0 else str(d) for d in self.shape)
+        extra = ""
+        if self.strides is not None and not self.is_dense():
+            extra += f" strides={list(self.strides)}"
+        if self.property not in (PropertyType.variable, PropertyType.undef):
+            extra += f" {self.property.name}"
+        if self.layout != LayoutType.strided:
+            extra += f" layout={self.layout.name}"
+        if self.encoding is not None:
+            extra += f" encoding={self.encoding}"
+        return f"%{self.id}:{self.dtype.name}[{shape}]{extra}"
