@@ -1,0 +1,35 @@
+"""graph_api: the oneDNN Graph API on the CPU, in Python.
+
+Build a graph of ops over logical tensors, cut it into (fused) partitions,
+compile them for concrete shapes and execute them on tensors::
+
+    import graph_api as ga
+    g = ga.Graph(ga.EngineKind.cpu)
+    ...
+    g.finalize()
+    for p in g.get_partitions():
+        cp = p.compile(inputs, outputs, ga.Engine())
+        cp.execute(ga.Stream(engine), in_tensors, out_tensors)
+"""
+from .dtypes import DataType
+from .engine import Engine, Stream
+from .enums import EngineKind, FPMathMode, LayoutType, OpKind, PartitionPolicy, PropertyType
+from .errors import (ExecutionError, GraphError, InvalidArguments, InvalidDataType, InvalidGraph,
+                     InvalidGraphOp, InvalidShape, OutOfMemory, Status, Unimplemented)
+from .fpmath import FPMath
+from .graph import Graph
+from .logical_tensor import LogicalTensor
+from .op import Op
+from .partition import CompiledPartition, Partition
+from .runner import run_graph
+from .tensor import Tensor, make_scalar_tensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompiledPartition", "DataType", "Engine", "EngineKind", "ExecutionError", "FPMath",
+    "FPMathMode", "Graph", "GraphError", "InvalidArguments", "InvalidDataType", "InvalidGraph",
+    "InvalidGraphOp", "InvalidShape", "LayoutType", "LogicalTensor", "Op", "OpKind",
+    "OutOfMemory", "Partition", "PartitionPolicy", "PropertyType", "Status", "Stream", "Tensor",
+    "Unimplemented", "make_scalar_tensor", "run_graph",
+]

@@ -1,0 +1,43 @@
+"""Kernel registry: (pattern, data types, fpmath) -> plan builder.
+
+A builder takes a :class:`~kernels.plan.CompileRequest` and returns a plan, or
+a string saying why when the concrete shapes do not suit it (the reason is
+printed in verbose mode).  Partitions without a registered fast kernel run the
+composed reference plan, which computes exactly what the unfused ops compute.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from graph_api.config import log
+
+from .plan import ComposedPlan, CompileRequest
+
+Builder = Callable[[CompileRequest], object]
+
+#: (pattern name, dtype key, fpmath mode name or "*") -> builder
+KERNELS: dict[tuple[str, str, str], Builder] = {}
+
+
+def dtype_key(request: CompileRequest) -> str:
+    """Data types of the partition's inputs, in port order: 'f32,s4,f32'."""
+    return ",".join(request.lts[t].dtype.name for t in request.input_ids)
+
+
+def select_plan(request: CompileRequest):
+    """The fast plan registered for this request, else the composed reference plan."""
+    if request.pattern is not None:
+        dkey = dtype_key(request)
+        mode = request.fpmath.mode.name
+        for key in ((request.pattern, dkey, mode), (request.pattern, dkey, "*"),
+                    (request.pattern, "*", mode), (request.pattern, "*", "*")):
+            builder = KERNELS.get(key)
+            if builder is None:
+                continue
+            plan = builder(request)
+            if isinstance(plan, str):
+                log(f"refused,{request.pattern},{key},{plan}")
+                continue
+            if plan is not None:
+                return plan
+    return ComposedPlan(request)

@@ -1,0 +1,1 @@
+"""Pattern matcher and pattern library (fusion)."""
