@@ -1,0 +1,15 @@
+"""The samples gallery: runnable examples, each a ``main(small=False)``.
+
+``python -m samples`` runs them all; ``python -m samples NAME ...`` runs some;
+``--small`` uses the small shapes the tests use.
+"""
+import importlib
+
+#: the gallery, in reading order (module names under samples/)
+SAMPLES = [
+    "01_first_graph",
+]
+
+
+def load(name: str):
+    return importlib.import_module(f"samples.{name}")
