@@ -8,7 +8,7 @@ defaults into the op, as oneDNN does.  The table itself is ``opset.OP_SCHEMAS``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from .dtypes import DataType
@@ -19,6 +19,7 @@ REQUIRED = object()  # attribute must be given
 NO_DEFAULT = object()  # attribute is optional and has no default
 
 ATTR_KINDS = ("bool", "s64", "f32", "s64[]", "f32[]", "string")
+# An Attr.kind may also list alternatives, "s64|s64[]": the first kind the value fits wins.
 
 #: a type variable accepting every data type (Wildcard, End)
 ANY_TYPE = frozenset(DataType) - {DataType.f64}
@@ -95,6 +96,13 @@ def _normalize_attr(op, spec: Attr, value):
         return InvalidGraphOp(
             f"{op_label(op)}: attribute {spec.name!r} must be {kind}, got {value!r}")
 
+    if "|" in kind:
+        for alternative in kind.split("|"):
+            try:
+                return _normalize_attr(op, replace(spec, kind=alternative), value)
+            except InvalidGraphOp:
+                continue
+        raise bad()
     if kind == "bool":
         if isinstance(value, bool):
             return value
