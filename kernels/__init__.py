@@ -1,0 +1,1 @@
+"""Kernels: numpy reference ground truth (``kernels.reference``), fast kernels, registry."""
