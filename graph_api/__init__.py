@@ -18,6 +18,7 @@ from .errors import (ExecutionError, GraphError, InvalidArguments, InvalidDataTy
                      InvalidGraphOp, InvalidShape, OutOfMemory, Status, Unimplemented)
 from .fpmath import FPMath
 from .graph import Graph
+from .json_io import load, save
 from .logical_tensor import LogicalTensor
 from .op import Op
 from .partition import CompiledPartition, Partition
@@ -31,5 +32,5 @@ __all__ = [
     "FPMathMode", "Graph", "GraphError", "InvalidArguments", "InvalidDataType", "InvalidGraph",
     "InvalidGraphOp", "InvalidShape", "LayoutType", "LogicalTensor", "Op", "OpKind",
     "OutOfMemory", "Partition", "PartitionPolicy", "PropertyType", "Status", "Stream", "Tensor",
-    "Unimplemented", "make_scalar_tensor", "run_graph",
+    "Unimplemented", "load", "make_scalar_tensor", "run_graph", "save",
 ]

@@ -177,6 +177,20 @@ class Graph:
         order = list(nx.lexicographical_topological_sort(condensed, key=first.get))
         return [Partition(pid, self, fusions[i]) for pid, i in enumerate(order)]
 
+    # ------------------------------------------------------------ JSON
+    @staticmethod
+    def from_json(path_or_text, finalize: bool = True) -> "Graph":
+        """A graph from oneDNN graph JSON: a path, the text or a parsed dict (see json_io)."""
+        from .json_io import from_json
+
+        return from_json(path_or_text, finalize)
+
+    def to_json(self) -> str:
+        """This graph as oneDNN graph JSON text (see json_io)."""
+        from .json_io import to_json
+
+        return to_json(self)
+
     # ------------------------------------------------------------ inspection
     def get_ops(self) -> list[Op]:
         return list(self.ops.values())

@@ -1,0 +1,433 @@
+"""oneDNN graph JSON: the format of oneDNN's graph dumps and benchdnn ``--case`` files.
+
+Reading builds a :class:`~graph_api.graph.Graph` (finalized, so inconsistent
+tensor ids and cycles are reported at load time); writing emits the same keys in
+oneDNN's order.  ``load -> save -> load`` gives an identical graph.
+
+Top level (``dnnl_graph_graph::serialize``)::
+
+    {"version": "3.14.0", "engine_kind": "cpu", "fpmath_mode": "strict",
+     "fpmath_mode_apply_to_int": "false",          # a string; absent in old files
+     "input_ports": [0, 1, 0], "output_ports": [7], # absent in old files; duplicates kept
+     "graph": [op, ...]}                            # insertion order
+
+    op     = {"id": 10, "name": "qk", "kind": "MatMul",
+              "attrs": {"transpose_b": {"type": "bool", "value": 1}},   # may be absent
+              "inputs": [tensor, ...], "outputs": [tensor, ...]}
+    tensor = {"id": 0, "dtype": "f16", "shape": [1, 4, 8, 16], "stride": [512, 128, 16, 1],
+              "layout_type": "strided", "property_type": "variable"}
+
+Quirks handled:
+
+* ``shape``/``stride`` of ``[INT64_MIN]`` mean unknown rank / unknown strides
+  (our ``shape=None`` / ``strides=None``); an unknown dim inside a shape is
+  INT64_MIN in the file and -1 here.  Intermediate tensors of benchdnn files
+  often carry a known shape with unknown strides and layout ``undef``.
+* Attribute ``type`` is one of ``bool s64 f32 s64[] f32[] string``; bools are
+  written 0/1, f32 values as floats.  The declared type must be the kind the
+  op schema expects (an ``s64`` ``transpose_a`` is rejected).
+* ``partition_id`` and ``backend`` (added by post-partitioning dumps) are not
+  op attributes; they are kept aside and written back.
+* ``engine_kind`` ``gpu`` loads as a cpu graph (this runtime has the cpu only);
+  the recorded kind is kept in ``graph.recorded_engine_kind`` and written back.
+* ``input_ports``/``output_ports`` are kept as recorded, duplicates and all,
+  but not trusted: some benchdnn files list stale ids (``sdpa-compressed-k-int8``
+  lists a tensor no op uses).  Graph inputs and outputs are derived from the ops,
+  as oneDNN's ``finalize`` does.
+* A 1-D tensor with an unknown dim and a tensor of unknown rank are written
+  identically by oneDNN (``[INT64_MIN]``); both read back as unknown rank.
+
+Errors are typed (:mod:`graph_api.errors`) and name the file, the op id and the
+key: ``gqa.json: op 3 (MatMul "qk"): attrs.transpose_b: ...``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .enums import EngineKind, FPMathMode, LayoutType, OpKind, PropertyType
+from .errors import GraphError, InvalidGraph, InvalidGraphOp, op_label
+from .logical_tensor import UNKNOWN_DIM, LogicalTensor
+from .op import Op
+from .schema import ATTR_KINDS
+
+#: oneDNN's DNNL_GRAPH_UNKNOWN_DIM as written in JSON
+INT64_MIN = -(2**63)
+#: the oneDNN library version this runtime mirrors, written into new files
+WRITER_VERSION = "3.14.0"
+#: string attrs that post-partitioning dumps add to every op; not op attributes
+DUMP_ONLY_ATTRS = ("partition_id", "backend")
+
+TOP_KEYS = ("version", "engine_kind", "fpmath_mode", "graph")
+OP_KEYS = ("id", "name", "kind", "inputs", "outputs")
+TENSOR_KEYS = ("id", "dtype", "shape", "stride", "layout_type", "property_type")
+
+
+@dataclass
+class JsonMeta:
+    """What a file records beyond the graph itself, kept so it can be written back."""
+
+    source: str = "<graph>"
+    version: str = WRITER_VERSION
+    has_apply_to_int: bool = True
+    input_ports: list[int] | None = None
+    output_ports: list[int] | None = None
+    dump_attrs: dict[int, dict] = field(default_factory=dict)
+
+
+# ====================================================================== reading
+class _Reader:
+    """Turns a parsed document into a Graph; every error names ``self.source``."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, cls, where: str, message: str) -> GraphError:
+        return cls(f"{self.source}: {where}: {message}" if where else f"{self.source}: {message}")
+
+    # ------------------------------------------------------------ scalars
+    def need(self, obj: dict, key: str, kinds, where: str, cls=InvalidGraph):
+        if key not in obj:
+            raise self.fail(cls, where, f"key {key!r} is missing")
+        value = obj[key]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _tuple(kinds)):
+            raise self.fail(cls, f"{where}.{key}" if where else key,
+                            f"expected {_kind_names(kinds)}, got {value!r}")
+        return value
+
+    def int_list(self, value, where: str, cls) -> list[int]:
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise self.fail(cls, where, f"expected a list of integers, got {value!r}")
+        return value
+
+    # ------------------------------------------------------------ document
+    def graph(self, doc, finalize: bool):
+        from .graph import Graph
+
+        if not isinstance(doc, dict):
+            raise self.fail(InvalidGraph, "", f"the top level must be a JSON object, got {type(doc).__name__}")
+        version = self.need(doc, "version", str, "")
+        engine = self.need(doc, "engine_kind", str, "")
+        if engine not in EngineKind.__members__:
+            raise self.fail(InvalidGraph, "engine_kind", f"unknown engine kind {engine!r}; expected cpu, gpu or any")
+        mode = self.need(doc, "fpmath_mode", str, "")
+        if mode not in FPMathMode.__members__:
+            choices = ", ".join(FPMathMode.__members__)
+            raise self.fail(InvalidGraph, "fpmath_mode", f"unknown fpmath mode {mode!r}; expected one of: {choices}")
+        apply_to_int = self.apply_to_int(doc)
+        ops_doc = self.need(doc, "graph", list, "")
+        ports = {key: (self.int_list(doc[key], key, InvalidGraph) if key in doc else None)
+                 for key in ("input_ports", "output_ports")}
+        graph = Graph(EngineKind.cpu, FPMathMode[mode], bool(apply_to_int))
+        graph.recorded_engine_kind = engine
+        meta = JsonMeta(self.source, version, "fpmath_mode_apply_to_int" in doc,
+                        ports["input_ports"], ports["output_ports"])
+        graph.json_meta = meta
+        for index, op_doc in enumerate(ops_doc):
+            op = self.op(op_doc, index, meta)
+            if op.id in graph.ops:
+                raise self.fail(InvalidGraph, f"graph[{index}]",
+                                f"op id {op.id} is used twice ({op_label(graph.ops[op.id])} and {op_label(op)})")
+            try:
+                graph.add_op(op)
+            except GraphError as err:
+                raise type(err)(f"{self.source}: {err.message}") from None
+        if finalize:
+            try:
+                graph.finalize()
+            except GraphError as err:
+                raise type(err)(f"{self.source}: {err.message}") from None
+        return graph
+
+    def apply_to_int(self, doc) -> bool:
+        if "fpmath_mode_apply_to_int" not in doc:
+            return False
+        value = doc["fpmath_mode_apply_to_int"]
+        # oneDNN writes a string; accept a JSON bool from hand-made files too
+        if isinstance(value, bool):
+            return value
+        if value in ("true", "false"):
+            return value == "true"
+        raise self.fail(InvalidGraph, "fpmath_mode_apply_to_int", f"expected \"true\" or \"false\", got {value!r}")
+
+    # ------------------------------------------------------------ ops
+    def op(self, doc, index: int, meta: JsonMeta) -> Op:
+        where = f"graph[{index}]"
+        if not isinstance(doc, dict):
+            raise self.fail(InvalidGraphOp, where, f"an op must be a JSON object, got {doc!r}")
+        op_id = self.need(doc, "id", int, where, InvalidGraphOp)
+        if op_id < 0:
+            raise self.fail(InvalidGraphOp, f"{where}.id", f"op id must be non-negative, got {op_id}")
+        where = f"op {op_id}"
+        name = self.need(doc, "name", str, where, InvalidGraphOp)
+        kind_name = self.need(doc, "kind", str, where, InvalidGraphOp)
+        if kind_name not in OpKind.__members__:
+            raise self.fail(InvalidGraphOp, f"{where} ({name!r}).kind", f"unknown op kind {kind_name!r}")
+        kind = OpKind[kind_name]
+        where = f'op {op_id} ({kind_name}{" " + json.dumps(name) if name else ""})'
+        inputs = [self.tensor(t, f"{where}.inputs[{i}]")
+                  for i, t in enumerate(self.need(doc, "inputs", list, where, InvalidGraphOp))]
+        outputs = [self.tensor(t, f"{where}.outputs[{i}]")
+                   for i, t in enumerate(self.need(doc, "outputs", list, where, InvalidGraphOp))]
+        attrs_doc = doc.get("attrs", {})  # some hand-made files have no "attrs"
+        if not isinstance(attrs_doc, dict):
+            raise self.fail(InvalidGraphOp, f"{where}.attrs", f"expected an object, got {attrs_doc!r}")
+        attrs, dump = {}, {}
+        for key, entry in attrs_doc.items():
+            value = self.attr(kind, key, entry, f"{where}.attrs.{key}")
+            (dump if key in DUMP_ONLY_ATTRS else attrs)[key] = value
+        if dump:
+            meta.dump_attrs[op_id] = dump
+        return Op(op_id, kind, inputs, outputs, name, attrs)
+
+    def attr(self, kind: OpKind, key: str, entry, where: str):
+        if not isinstance(entry, dict) or "type" not in entry or "value" not in entry:
+            raise self.fail(InvalidGraphOp, where, f'expected {{"type": ..., "value": ...}}, got {entry!r}')
+        declared, value = entry["type"], entry["value"]
+        if declared not in ATTR_KINDS:
+            raise self.fail(InvalidGraphOp, f"{where}.type",
+                            f"unknown attribute type {declared!r}; expected one of: {', '.join(ATTR_KINDS)}")
+        if key in DUMP_ONLY_ATTRS:
+            return _decode_value(declared, value) if _fits(declared, value) else value
+        expected = _schema_kind(kind, key)
+        if expected is None:
+            known = ", ".join(_schema_attr_names(kind)) or "none"
+            raise self.fail(InvalidGraphOp, where, f"unknown attribute {key!r}; {kind.name} takes: {known}")
+        if declared not in expected.split("|"):
+            raise self.fail(InvalidGraphOp, f"{where}.type",
+                            f"wrong attribute type {declared!r}; {kind.name}.{key} is {expected}")
+        if not _fits(declared, value):
+            raise self.fail(InvalidGraphOp, f"{where}.value", f"{value!r} is not a {declared} value")
+        return _decode_value(declared, value)
+
+    # ------------------------------------------------------------ tensors
+    def tensor(self, doc, where: str) -> LogicalTensor:
+        if not isinstance(doc, dict):
+            raise self.fail(InvalidGraphOp, where, f"a tensor must be a JSON object, got {doc!r}")
+        for key in TENSOR_KEYS:
+            if key not in doc:
+                raise self.fail(InvalidGraphOp, where, f"key {key!r} is missing")
+        tid = self.need(doc, "id", int, where, InvalidGraphOp)
+        shape = self.int_list(doc["shape"], f"{where}.shape", InvalidGraphOp)
+        stride = self.int_list(doc["stride"], f"{where}.stride", InvalidGraphOp)
+        try:
+            return LogicalTensor(tid, doc["dtype"], _read_dims(shape), _read_strides(stride),
+                                 doc["layout_type"], doc["property_type"])
+        except GraphError as err:
+            raise self.fail(type(err), f"{where} (tensor {tid})", err.message) from None
+
+
+def _tuple(kinds) -> tuple:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def _kind_names(kinds) -> str:
+    names = {str: "a string", int: "an integer", list: "a list", dict: "an object"}
+    return " or ".join(names.get(k, k.__name__) for k in _tuple(kinds))
+
+
+def _read_dims(shape: list[int]):
+    if shape == [INT64_MIN]:
+        return None
+    return [UNKNOWN_DIM if d == INT64_MIN else d for d in shape]
+
+
+def _read_strides(stride: list[int]):
+    if stride == [INT64_MIN] or INT64_MIN in stride:
+        return None
+    return stride
+
+
+def _schema_kind(kind: OpKind, key: str) -> str | None:
+    from .opset import OP_SCHEMAS
+
+    schema = OP_SCHEMAS.get(kind)
+    if schema is None:
+        # not in the opset (backward ops): add_op reports Unimplemented; accept the
+        # declared type here so that error, which names the missing kind, wins
+        return "|".join(ATTR_KINDS)
+    spec = schema.attr_by_name.get(key)
+    return None if spec is None else spec.kind
+
+
+def _schema_attr_names(kind: OpKind) -> list[str]:
+    from .opset import OP_SCHEMAS
+
+    schema = OP_SCHEMAS.get(kind)
+    return [] if schema is None else list(schema.attr_by_name)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fits(declared: str, value) -> bool:
+    if declared == "bool":
+        return isinstance(value, bool) or value in (0, 1)
+    if declared == "s64":
+        return _is_int(value)
+    if declared == "f32":
+        return _is_number(value)
+    if declared == "string":
+        return isinstance(value, str) and value != ""
+    if declared == "s64[]":
+        return isinstance(value, list) and all(_is_int(v) for v in value)
+    return isinstance(value, list) and all(_is_number(v) for v in value)  # f32[]
+
+
+def _decode_value(declared: str, value):
+    if declared == "bool":
+        return bool(value)
+    if declared == "f32":
+        return float(value)
+    if declared == "f32[]":
+        return [float(v) for v in value]
+    if declared == "s64[]":
+        return [int(v) for v in value]
+    return value
+
+
+# ====================================================================== writing
+def _attr_type(kind: OpKind, key: str, value) -> str:
+    """The JSON ``type`` of an attribute: the schema's kind (the value picks among alternatives)."""
+    from .opset import OP_SCHEMAS
+
+    schema = OP_SCHEMAS.get(kind)
+    spec = None if schema is None else schema.attr_by_name.get(key)
+    candidates = spec.kind.split("|") if spec is not None else list(ATTR_KINDS)
+    for declared in candidates:
+        if declared == "f32[]" and isinstance(value, list) and all(_is_number(v) for v in value) \
+                and "s64[]" in candidates and all(_is_int(v) for v in value):
+            continue  # an all-int list fits s64[] better when both are allowed
+        if declared == "bool" and not isinstance(value, bool):
+            continue
+        if _fits(declared, value):
+            return declared
+    return candidates[0]
+
+
+def _encode_value(declared: str, value):
+    if declared == "bool":
+        return int(bool(value))
+    if declared == "f32":
+        return float(value)
+    if declared == "f32[]":
+        return [float(v) for v in value]
+    if declared == "s64[]":
+        return [int(v) for v in value]
+    return value
+
+
+def _write_tensor(lt: LogicalTensor) -> dict:
+    shape = [INT64_MIN] if lt.shape is None else [INT64_MIN if d == UNKNOWN_DIM else d for d in lt.shape]
+    if lt.strides is not None:
+        stride = list(lt.strides)
+    elif lt.shape == ():
+        stride = []
+    else:
+        stride = [INT64_MIN]
+    return {"id": lt.id, "dtype": lt.dtype.name, "shape": shape, "stride": stride,
+            "layout_type": lt.layout.name, "property_type": lt.property.name}
+
+
+def _write_op(op: Op, dump_attrs: dict) -> dict:
+    attrs = {}
+    for key, value in op.attrs.items():
+        declared = _attr_type(op.kind, key, value)
+        attrs[key] = {"type": declared, "value": _encode_value(declared, value)}
+    for key, value in dump_attrs.get(op.id, {}).items():
+        attrs[key] = {"type": "string", "value": value}
+    return {"id": op.id, "name": op.name, "kind": op.kind.name, "attrs": attrs,
+            "inputs": [_write_tensor(lt) for lt in op.inputs],
+            "outputs": [_write_tensor(lt) for lt in op.outputs]}
+
+
+def _derived_ports(graph) -> tuple[list[int], list[int]]:
+    """Graph inputs (consumed, never produced) and outputs (produced, never consumed)."""
+    if graph.is_finalized():
+        return list(graph.input_ids), list(graph.output_ids)
+    produced = [lt.id for op in graph.ops.values() for lt in op.outputs]
+    consumed = {lt.id for op in graph.ops.values() for lt in op.inputs}
+    inputs = list(dict.fromkeys(lt.id for op in graph.ops.values() for lt in op.inputs
+                                if lt.id not in set(produced)))
+    return inputs, [t for t in produced if t not in consumed]
+
+
+def to_document(graph) -> dict:
+    """The JSON object (as Python data) describing ``graph``."""
+    meta: JsonMeta = getattr(graph, "json_meta", None) or JsonMeta()
+    engine = getattr(graph, "recorded_engine_kind", None) or graph.engine_kind.name
+    mode, apply_to_int = graph.fpmath.mode, graph.fpmath.apply_to_int
+    doc = {"version": meta.version, "engine_kind": engine, "fpmath_mode": mode.name}
+    if meta.has_apply_to_int or apply_to_int:
+        doc["fpmath_mode_apply_to_int"] = "true" if apply_to_int else "false"
+    derived = None
+    if meta.input_ports is None or meta.output_ports is None:
+        derived = _derived_ports(graph)
+    # old files had no port lists; writing them back keeps the file as it was
+    if meta.input_ports is not None or getattr(graph, "json_meta", None) is None:
+        doc["input_ports"] = list(meta.input_ports) if meta.input_ports is not None else derived[0]
+    if meta.output_ports is not None or getattr(graph, "json_meta", None) is None:
+        doc["output_ports"] = list(meta.output_ports) if meta.output_ports is not None else derived[1]
+    doc["graph"] = [_write_op(op, meta.dump_attrs) for op in graph.ops.values()]
+    return doc
+
+
+# ====================================================================== public API
+def _parse_text(text: str, source: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidGraph(f"{source}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+
+
+def from_json(path_or_text, finalize: bool = True, source: str | None = None):
+    """A Graph from a JSON file path, JSON text, or an already parsed document.
+
+    Args:
+        path_or_text: a path (``str``/``Path``), the JSON text itself (a string
+            starting with ``{``), or a ``dict``.
+        finalize: finalize the graph (checks tensor-id consistency and cycles).
+        source: the name errors use; defaults to the path or ``<json>``.
+
+    Raises:
+        InvalidGraph: not JSON, a missing or malformed top-level key, bad port
+            ids, duplicate op ids, inconsistent tensor metadata, a cycle.
+        InvalidGraphOp: a malformed op, unknown kind or attribute, wrong
+            attribute type, a schema violation.
+        Unimplemented: an op kind this runtime's opset does not have yet.
+        OSError: the file cannot be read.
+    """
+    if isinstance(path_or_text, dict):
+        doc, source = path_or_text, source or "<json>"
+    elif isinstance(path_or_text, str) and path_or_text.lstrip().startswith("{"):
+        source = source or "<json>"
+        doc = _parse_text(path_or_text, source)
+    elif isinstance(path_or_text, (str, os.PathLike)):
+        path = Path(path_or_text)
+        source = source or str(path)
+        doc = _parse_text(path.read_text(encoding="utf-8"), source)
+    else:
+        raise InvalidGraph(f"from_json needs a path, JSON text or a dict, got {type(path_or_text).__name__}")
+    return _Reader(source).graph(doc, finalize)
+
+
+def to_json(graph, indent: int = 4) -> str:
+    """The graph as oneDNN graph JSON text (keys and order as oneDNN writes them)."""
+    return json.dumps(to_document(graph), indent=indent) + "\n"
+
+
+def load(path, finalize: bool = True):
+    """Read a oneDNN graph JSON file; see :func:`from_json`."""
+    return from_json(Path(path), finalize=finalize)
+
+
+def save(graph, path) -> None:
+    """Write ``graph`` as oneDNN graph JSON to ``path``."""
+    Path(path).write_text(to_json(graph), encoding="utf-8")
