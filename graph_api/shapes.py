@@ -218,7 +218,11 @@ def reduce(op, in_shapes):
         if keep:
             return [(UNKNOWN,) * len(src)]
         if len(in_shapes) > 1 and is_known(in_shapes[1]) and len(in_shapes[1]) == 1:
-            return [(UNKNOWN,) * (len(src) - in_shapes[1][0])]
+            count = in_shapes[1][0]
+            if count > len(src):
+                raise _fail(op, f"axes input {_show(in_shapes[1])} names {count} dims, "
+                                f"src {_show(src)} has only {len(src)}")
+            return [(UNKNOWN,) * (len(src) - count)]
         return [None]
     norm = [normalize_axis(op, a, len(src), "axes entry") for a in axes]
     if len(set(norm)) != len(norm):
@@ -412,7 +416,7 @@ def conv_pads(op, src_spatial, kernel_spatial, strides, dilations, deconv=False)
     begin = _spatial_attr(op, "pads_begin", count, allow_empty=True)
     end_ = _spatial_attr(op, "pads_end", count, allow_empty=True)
     auto_pad = op.attrs.get("auto_pad", "None")
-    if auto_pad in ("None", "NONE"):
+    if auto_pad == "None":
         return begin, end_
     begin, end_ = [], []
     for x, k, s, d in zip(src_spatial, kernel_spatial, strides, dilations):

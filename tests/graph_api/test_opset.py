@@ -507,6 +507,8 @@ def test_reduce_shape_errors():
         infer("ReduceSum", ["f32:2x3"], axes=[1, -1])
     with pytest.raises(InvalidShape, match="axes entry=2 is out of range"):
         infer("ReduceMax", ["f32:2x3"], axes=[2])
+    with pytest.raises(InvalidShape, match="names 3 dims, src \\[2, 3\\] has only 2"):
+        infer("ReduceMax", ["f32:2x3", "s32:3"])
 
 
 @pytest.mark.parametrize("src, shape, special_zero, expected", [
