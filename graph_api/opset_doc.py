@@ -1,0 +1,45 @@
+"""Render the op table as markdown: ``python -m graph_api.opset_doc > docs/opset.md``."""
+from __future__ import annotations
+
+from .opset import OP_SCHEMAS
+from .schema import ANY_TYPE, NO_DEFAULT, REQUIRED
+
+
+def _types(schema) -> str:
+    parts = []
+    for var, allowed in schema.type_vars.items():
+        names = "any" if allowed is ANY_TYPE else ",".join(sorted(d.name for d in allowed))
+        ports = [p.name for p in schema.inputs + schema.outputs if p.type_var == var]
+        parts.append(f"{'/'.join(ports)}: {names}")
+    return "; ".join(parts)
+
+
+def _attrs(schema) -> str:
+    out = []
+    for a in schema.attrs:
+        if a.default is REQUIRED:
+            out.append(f"{a.name} (req)")
+        elif a.default is NO_DEFAULT:
+            out.append(f"{a.name}")
+        else:
+            default = a.default
+            if isinstance(default, tuple) and len(default) > 4:
+                default = f"[{default[0]}]*{len(default)}"
+            out.append(f"{a.name}={default}")
+    return ", ".join(out)
+
+
+def markdown() -> str:
+    lines = ["# Op set", "", f"{len(OP_SCHEMAS)} op kinds; every one runs (numpy reference kernels, "
+             "Numba kernels for the fused hot paths).", "",
+             "| op | inputs | outputs | data types | attributes (default) |", "|---|---|---|---|---|"]
+    for kind in sorted(OP_SCHEMAS, key=lambda k: k.name):
+        s = OP_SCHEMAS[kind]
+        ins = ", ".join(p.name + ("?" if p.optional else "") + ("..." if p.variadic else "") for p in s.inputs)
+        outs = ", ".join(p.name + ("?" if p.optional else "") + ("..." if p.variadic else "") for p in s.outputs)
+        lines.append(f"| {kind.name} | {ins} | {outs} | {_types(s)} | {_attrs(s)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
