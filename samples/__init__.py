@@ -8,6 +8,7 @@ import importlib
 #: the gallery, in reading order (module names under samples/)
 SAMPLES = [
     "01_first_graph",
+    "02_int4_decoder_layer",
 ]
 
 
