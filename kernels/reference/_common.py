@@ -76,9 +76,12 @@ def along(vector: np.ndarray, axis: int, ndim: int) -> np.ndarray:
 
 
 def spatial_list(op, name: str, nsp: int, default: int) -> list[int]:
-    """A per-spatial-dim int list attr; missing or empty gives ``default``s."""
+    """A per-spatial-dim int list attr; missing or empty gives ``default``s.
+
+    Longer lists (oneDNN's 12-entry defaults) are cut to ``nsp`` entries.
+    """
     value = op.attrs.get(name)
-    return [int(v) for v in value] if value else [default] * nsp
+    return [int(v) for v in value][:nsp] if value else [default] * nsp
 
 
 def auto_pads(auto_pad: str, size: int, stride: int, kernel: int, dilation: int,

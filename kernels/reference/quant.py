@@ -28,11 +28,25 @@ from graph_api.enums import OpKind
 from ._common import along, f32, finish, norm_axis
 
 
+def _axes(op) -> list[int]:
+    """``axis`` as a list (the int4 RFC allows a list of dims)."""
+    axis = op.attrs.get("axis", 1)
+    return [int(a) for a in axis] if isinstance(axis, (list, tuple)) else [int(axis)]
+
+
 def group_shape(op, src_shape, scales_shape) -> list[int]:
-    """``group_shape`` attr, or derived from the src and scales shapes."""
+    """``group_shape`` attr; else the RFC form (``groups[i]`` groups along dim
+    ``axis[i]``, whole dims elsewhere); else derived from the shapes."""
     given = op.attrs.get("group_shape")
     if given:
         return [int(g) for g in given]
+    groups = op.attrs.get("groups")
+    if groups:
+        shape = list(src_shape)
+        for a, g in zip(_axes(op), groups):
+            d = norm_axis(a, len(shape))
+            shape[d] = shape[d] // int(g)
+        return shape
     return [s // max(c, 1) for s, c in zip(src_shape, scales_shape)]
 
 
@@ -57,15 +71,17 @@ def apply_params(formula, x, scales, zps, op):
     ``x``, ``scales`` and ``zps`` are f32 arrays (``zps`` may be None).
     """
     qtype = op.attrs.get("qtype", "per_tensor")
-    axis = norm_axis(int(op.attrs.get("axis", 1)), max(x.ndim, 1))
+    axis = norm_axis(_axes(op)[0], max(x.ndim, 1))
     zps = np.zeros((), np.float32) if zps is None else zps
     if qtype == "per_group" or op.attrs.get("group_shape"):
-        scales = _full_rank(scales, x.ndim, axis)
+        if scales.ndim != x.ndim and not op.attrs.get("group_shape") and not op.attrs.get("groups"):
+            scales = _full_rank(scales, x.ndim, axis)
         groups = group_shape(op, x.shape, scales.shape)
+        param_shape = _interleave(x.shape, groups)[0::2]
         xi = x.reshape(_interleave(x.shape, groups))
-        si = scales.reshape(_interleave(scales.shape, [1] * x.ndim))
-        zi = zps if zps.size == 1 else _full_rank(zps, x.ndim, axis).reshape(si.shape)
-        return formula(xi, si, zi.reshape(()) if zi.size == 1 else zi).reshape(x.shape)
+        si = scales.reshape(_interleave(param_shape, [1] * x.ndim))
+        zi = zps.reshape(()) if zps.size == 1 else zps.reshape(si.shape)
+        return formula(xi, si, zi).reshape(x.shape)
     if qtype == "per_channel":
         scales = along(scales, axis, x.ndim) if scales.size > 1 else scales.reshape(())
         zps = along(zps, axis, x.ndim) if zps.size > 1 else zps.reshape(())
