@@ -1,0 +1,512 @@
+"""Input data for running a graph file, chosen the way benchdnn's graph driver does.
+
+benchdnn fills every graph input with the filler of the op that consumes it
+and then overrides inputs with a known meaning in attention graphs (facts
+sheet §6).  This module does the same with fixed seeds, so a run is
+reproducible and its result can be compared with the unfused reference.
+
+Each graph input gets one *role*, the first of this list that one of its uses
+has (a use looks through StaticReshape/StaticTranspose/Reorder/TypeCast, so a
+mask reshaped before its Add is still a mask).  "Scores" are tensors computed
+from a MatMul::
+
+    role           use                                         values
+    -------------  ------------------------------------------  -----------------------------------
+    dropout_*      Dropout seed / offset / probability         123456 / 1 / 0.5
+    causal_skv/sq  s32 into Add/Subtract after a GenIndex      the real S_kv / S_q of the scores
+    select_cond    Select condition beside scores              causal keep-pattern (see below),
+                                                               inverted when scores sit at port 2
+    select_fill    Select value beside scores                  -inf
+    stats          Subtract(scores, x) -> Exp  (SDPA bwd)      logsumexp of the scores over the last
+                                                               axis, computed from the other inputs
+    scale_div      Divide(scores, x)                           one of {2, 4, 8}
+    scale_mul      Multiply(scores, x), x a single value       one of {0.25, 0.5, 1}
+    mask           Add(scores, x) leading to SoftMax or Exp    0 where kept, -inf elsewhere
+    dq_src         Dequantize src                              zero point + integers in [-16, 16]
+                                                               (f8: integers in [-4, 4])
+    ddq_src/zps    DynamicDequantize src / zero points         small integers (table INT_RANGES)
+    ddq_scales     DynamicDequantize scales                    2^-(e+1) or 2^-(e+2), e as for weights
+    dq_scales      DynamicQuantize scales                      one of {0.25, 0.5, 1}
+    weights        MatMul input 1                              integers in [-2, 2] * 2^-e,
+                                                               e = floor(log2(K) / 2)
+    src            MatMul input 0                              integers in [-4, 4]
+    bias           MatMul input 2                              integers in [-2, 2]
+    divisor        Divide input 1                              one of {1, 2, 4}
+    positive       Log / Sqrt / Pow / Reciprocal input         uniform in [0.25, 4]
+    generic        anything else                               floats uniform in [-2, 2]; integers
+                                                               in INT_RANGES; booleans coin flips
+
+Why these values: MatMul operands are small integers, and weights are scaled
+by a power of two so that a K-long sum stays O(1): every product and partial
+sum is then exact in f32 (so fused and unfused runs agree up to summation
+order), and chains such as gated MLP (K = 14336) never overflow f16.
+Quantization scales are powers of two (Quantize divides exactly).  The causal
+keep-pattern of a mask whose last two dims are (A, B) keeps column j of row i
+when ``j <= i + max(0, B - A)`` (bottom-right aligned; a [.., 1, B] padding
+mask keeps everything), so no softmax row is ever fully masked.
+
+Graph rewrites benchdnn makes before running, also here:
+:func:`power_of_two_scales` (static Quantize/Dequantize ``scales`` rounded up
+to a power of two in the run's copy of the graph — never in the file — and
+per-channel lists tiled to the channel count) and :func:`reduce_batch`
+(``--mb``: a smaller leading batch, then fewer heads, for CI-sized runs).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dtypes
+from .dtypes import DataType
+from .enums import OpKind, PropertyType
+from .errors import InvalidArguments
+from .logical_tensor import LogicalTensor
+
+SEED = 0
+DROPOUT_SEED, DROPOUT_OFFSET, DROPOUT_PROBABILITY = 123456, 1, 0.5
+
+#: ops a use is followed through: they only move or re-type data
+LOOK_THROUGH = {OpKind.StaticReshape, OpKind.StaticTranspose, OpKind.Reorder, OpKind.TypeCast}
+
+#: role priority: when an input has several uses, the earliest role here wins
+ROLE_ORDER = ("dropout_seed", "dropout_offset", "dropout_prob", "causal_skv", "causal_sq",
+              "select_cond", "select_fill", "stats", "scale_div", "scale_mul", "mask",
+              "dq_src", "ddq_src", "ddq_scales", "ddq_zps", "dq_scales", "weights", "src",
+              "bias", "divisor", "positive", "generic")
+
+#: inclusive integer ranges: (data of DynamicDequantize/Dequantize, zero points, generic)
+INT_RANGES = {
+    DataType.s8: ((-4, 4), (-2, 2), (-8, 8)),
+    DataType.u8: ((0, 8), (2, 6), (0, 16)),
+    DataType.s4: ((-2, 2), (-1, 1), (-4, 4)),
+    DataType.u4: ((0, 4), (1, 3), (0, 8)),
+    DataType.s32: ((-4, 4), (-2, 2), (-8, 8)),
+    DataType.s64: ((0, 8), (0, 4), (0, 8)),
+}
+
+
+@dataclass(frozen=True)
+class Role:
+    """Why an input gets its values: the role name and the use that decided it."""
+
+    name: str
+    op: object = None
+    port: int = -1
+    k: int = 0  # the K of the MatMul a weight feeds
+
+
+# ================================================================ graph analysis
+def _producer(graph, tid):
+    entry = graph.producer.get(tid)
+    return None if entry is None else graph.ops[entry[0]]
+
+
+def computed_from_matmul(graph) -> set[int]:
+    """Ids of the tensors that have a MatMul among their producers ("scores")."""
+    scores: set[int] = set()
+    for op_id in graph.topological_op_ids():
+        op = graph.ops[op_id]
+        if op.kind == OpKind.MatMul or any(lt.id in scores for lt in op.inputs):
+            scores.update(lt.id for lt in op.outputs)
+    return scores
+
+
+def _uses(graph, tid, depth: int = 0):
+    """(op, port) pairs consuming ``tid``, looking through data-movement ops."""
+    for op_id, port in graph.consumers.get(tid, []):
+        op = graph.ops[op_id]
+        if op.kind in LOOK_THROUGH and port == 0 and depth < 4:
+            yield from _uses(graph, op.outputs[0].id, depth + 1)
+        else:
+            yield op, port
+
+
+def _leads_to(graph, tid, kinds, depth: int = 4) -> bool:
+    """Does ``tid`` flow into one of ``kinds`` within ``depth`` ops (not through a MatMul)?"""
+    for op_id, _ in graph.consumers.get(tid, []):
+        op = graph.ops[op_id]
+        if op.kind in kinds:
+            return True
+        if depth > 1 and op.kind != OpKind.MatMul and op.outputs \
+                and _leads_to(graph, op.outputs[0].id, kinds, depth - 1):
+            return True
+    return False
+
+
+def _find_upstream(graph, tid, kind, depth: int = 4):
+    """The nearest op of ``kind`` producing (through a few ops) ``tid``."""
+    op = _producer(graph, tid)
+    if op is None or depth == 0:
+        return None
+    if op.kind == kind:
+        return op
+    for lt in op.inputs:
+        found = _find_upstream(graph, lt.id, kind, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def matmul_k(graph, op) -> int:
+    """The reduction length K of a MatMul (from its src and ``transpose_a``)."""
+    shape = graph.tensors[op.inputs[0].id].shape
+    if not shape:
+        return 1
+    if len(shape) == 1:
+        return shape[0]
+    return shape[-2] if op.attrs.get("transpose_a") else shape[-1]
+
+
+def weight_exponent(k: int) -> int:
+    """e of the 2^-e weight scale: a K-long dot product of the fill values stays O(1)."""
+    return int(math.floor(math.log2(max(k, 1)) / 2))
+
+
+def _role_of_use(graph, scores, op, port, lt) -> Role:
+    kind, others = op.kind, [x.id for i, x in enumerate(op.inputs) if i != port]
+    beside_scores = any(t in scores for t in others)
+    if kind == OpKind.Dropout and port > 0:
+        return Role(("", "dropout_seed", "dropout_offset", "dropout_prob")[port], op, port)
+    if lt.dtype == DataType.s32 and kind in (OpKind.Add, OpKind.Subtract) \
+            and any(_find_upstream(graph, t, OpKind.GenIndex) for t in others):
+        return Role("causal_skv" if kind == OpKind.Add else "causal_sq", op, port)
+    if kind == OpKind.Select:
+        if port == 0 and any(op.inputs[i].id in scores for i in (1, 2)):
+            return Role("select_cond", op, port)
+        if port in (1, 2) and op.inputs[3 - port].id in scores:
+            return Role("select_fill", op, port)
+    if kind == OpKind.Subtract and port == 1 and beside_scores \
+            and _leads_to(graph, op.outputs[0].id, {OpKind.Exp}, 1):
+        return Role("stats", op, port)
+    if kind == OpKind.Divide and port == 1 and beside_scores:
+        return Role("scale_div", op, port)
+    if kind == OpKind.Multiply and beside_scores and max(lt.nelems(), 1) == 1:
+        return Role("scale_mul", op, port)
+    if kind == OpKind.Add and beside_scores and lt.shape and len(lt.shape) >= 2 \
+            and _leads_to(graph, op.outputs[0].id, {OpKind.SoftMax, OpKind.Exp}):
+        return Role("mask", op, port)
+    if kind == OpKind.Dequantize:
+        return Role("dq_src", op, port)
+    if kind == OpKind.DynamicDequantize:
+        k = next((matmul_k(graph, use) for use, p in _uses(graph, op.outputs[0].id)
+                  if use.kind == OpKind.MatMul and p == 1), 0)
+        return Role(("ddq_src", "ddq_scales", "ddq_zps")[port], op, port, k)
+    if kind == OpKind.DynamicQuantize and port == 1:
+        return Role("dq_scales", op, port)
+    if kind == OpKind.MatMul:
+        return Role(("src", "weights", "bias")[port], op, port, matmul_k(graph, op))
+    if kind == OpKind.Divide and port == 1:
+        return Role("divisor", op, port)
+    if kind in (OpKind.Log, OpKind.Sqrt, OpKind.Pow, OpKind.Reciprocal) and port == 0:
+        return Role("positive", op, port)
+    return Role("generic", op, port)
+
+
+def input_roles(graph) -> dict[int, Role]:
+    """The role of every graph input (see the module docstring)."""
+    scores = computed_from_matmul(graph)
+    roles = {}
+    for tid in graph.input_ids:
+        lt = graph.tensors[tid]
+        found = [_role_of_use(graph, scores, op, port, lt) for op, port in _uses(graph, tid)]
+        roles[tid] = min(found or [Role("generic")], key=lambda r: ROLE_ORDER.index(r.name))
+    return roles
+
+
+# ================================================================ value makers
+def keep_pattern(shape) -> np.ndarray:
+    """Boolean causal keep-pattern over the last two dims, bottom-right aligned."""
+    if len(shape) < 2:
+        return np.ones(shape, dtype=bool)
+    rows, cols = shape[-2], shape[-1]
+    i = np.arange(rows)[:, None]
+    j = np.arange(cols)[None, :]
+    return np.broadcast_to(j <= i + max(0, cols - rows), shape)
+
+
+def _choice(rng, values, shape) -> np.ndarray:
+    return rng.choice(np.asarray(values, dtype=np.float64), size=shape)
+
+
+def _ints(rng, lo, hi, shape) -> np.ndarray:
+    return rng.integers(lo, hi + 1, size=shape).astype(np.float64)
+
+
+def _zero_point(op) -> float:
+    zps = op.attrs.get("zps") or [0]
+    return float(np.round(np.mean(zps)))
+
+
+def _scores_shape(graph, role: Role):
+    gen = next(filter(None, (_find_upstream(graph, x.id, OpKind.GenIndex)
+                             for x in role.op.inputs)), None)
+    return graph.tensors[gen.inputs[0].id].shape
+
+
+def _values(graph, rng, lt: LogicalTensor, role: Role) -> np.ndarray:
+    """Values (float64 or bool, shaped as ``lt``) for one role; stats are done later."""
+    shape, name, dt = lt.shape, role.name, lt.dtype
+    kind = dtypes.info(dt).kind
+    ranges = INT_RANGES.get(dt)
+    if name == "dropout_seed":
+        return np.full(shape, DROPOUT_SEED, dtype=np.float64)
+    if name == "dropout_offset":
+        return np.full(shape, DROPOUT_OFFSET, dtype=np.float64)
+    if name == "dropout_prob":
+        return np.full(shape, DROPOUT_PROBABILITY)
+    if name in ("causal_skv", "causal_sq"):
+        scores = _scores_shape(graph, role)
+        return np.full(shape, scores[-1] if name == "causal_skv" else scores[-2], dtype=np.float64)
+    if name == "select_cond":
+        keep = keep_pattern(shape)  # Select(cond, a, b) = cond ? a : b
+        return np.array(keep if _scores_at(graph, role.op) == 1 else ~keep)
+    if name == "select_fill":
+        return np.full(shape, -np.inf)
+    if name == "scale_div":
+        return _choice(rng, (2, 4, 8), shape)
+    if name == "scale_mul":
+        return _choice(rng, (0.25, 0.5, 1), shape)
+    if name == "mask":
+        return np.where(keep_pattern(shape), 0.0, -np.inf)
+    if name == "dq_src":
+        if kind == "float":  # f8
+            return _ints(rng, -4, 4, shape)
+        info = dtypes.info(dt)
+        spread = 16 if info.bits == 8 else 4
+        return np.clip(_zero_point(role.op) + _ints(rng, -spread, spread, shape), info.lowest, info.highest)
+    if name in ("ddq_src", "ddq_zps") and ranges:
+        return _ints(rng, *ranges[0 if name == "ddq_src" else 1], shape)
+    if name == "ddq_scales":
+        e = weight_exponent(role.k) if role.k else 0
+        return _choice(rng, (2.0 ** -(e + 1), 2.0 ** -(e + 2)), shape)
+    if name == "dq_scales":
+        return _choice(rng, (0.25, 0.5, 1), shape)
+    if name == "weights":
+        return _ints(rng, -2, 2, shape) * 2.0 ** -weight_exponent(role.k)
+    if name == "src":
+        return _ints(rng, -4, 4, shape)
+    if name == "bias":
+        return _ints(rng, -2, 2, shape)
+    if name == "divisor":
+        return _choice(rng, (1, 2, 4), shape)
+    if name == "positive":
+        return rng.uniform(0.25, 4.0, size=shape)
+    return _generic(rng, lt)
+
+
+def _scores_at(graph, select_op) -> int:
+    """1 or 2: which Select value port carries the scores."""
+    scores = computed_from_matmul(graph)
+    return 1 if select_op.inputs[1].id in scores else 2
+
+
+def _generic(rng, lt: LogicalTensor) -> np.ndarray:
+    info = dtypes.info(lt.dtype)
+    if info.kind == "bool":
+        return rng.random(lt.shape) < 0.5
+    if info.kind == "int":
+        return _ints(rng, *INT_RANGES.get(lt.dtype, (None, None, (0, 8)))[2], lt.shape)
+    return rng.uniform(-2.0, 2.0, size=lt.shape)
+
+
+def _stats(graph, feeds, role: Role, lt: LogicalTensor) -> np.ndarray:
+    """logsumexp over the last axis of the scores the stats are subtracted from."""
+    scores_id = role.op.inputs[0].id
+    scores = reference_arrays(graph, feeds, [scores_id])[scores_id].astype(np.float64)
+    peak = np.max(scores, axis=-1, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(divide="ignore"):
+        lse = peak + np.log(np.sum(np.exp(scores - peak), axis=-1, keepdims=True))
+    return np.broadcast_to(lse, lt.shape) if lse.shape != tuple(lt.shape) else lse
+
+
+# ================================================================ public
+def fill_inputs(graph, seed: int = SEED, roles: dict | None = None) -> dict[int, np.ndarray]:
+    """Values for every input of a finalized graph, keyed by tensor id.
+
+    Arrays are in the logical dtype (``dtypes.numpy_dtype``); host scalars are
+    0-D arrays.  Deterministic for a given graph and ``seed``.
+
+    Raises:
+        InvalidArguments: the graph is not finalized or an input shape is unknown.
+    """
+    if not graph.is_finalized():
+        raise InvalidArguments("fill_inputs: the graph must be finalized")
+    roles = roles or input_roles(graph)
+    feeds: dict[int, np.ndarray] = {}
+    for tid in graph.input_ids:
+        lt = graph.tensors[tid]
+        if not lt.is_shape_known():
+            raise InvalidArguments(f"fill_inputs: input tensor {tid} has no concrete shape ({lt!r})")
+        if roles[tid].name == "stats":
+            continue
+        rng = np.random.default_rng([seed, tid])  # per tensor: adding an input changes nothing else
+        feeds[tid] = dtypes.convert(_values(graph, rng, lt, roles[tid]), lt.dtype)
+    for tid in graph.input_ids:
+        if roles[tid].name == "stats":
+            lt = graph.tensors[tid]
+            feeds[tid] = dtypes.convert(_stats(graph, feeds, roles[tid], lt), lt.dtype)
+    return feeds
+
+
+def reference_arrays(graph, feeds: dict, wanted=None) -> dict[int, np.ndarray]:
+    """Run the ops (only those ``wanted`` needs, default all) through the numpy
+    reference kernels in one composed plan, as the unfused ground truth."""
+    import networkx as nx
+
+    from kernels.plan import ComposedPlan, CompileRequest
+
+    order = graph.topological_op_ids()
+    if wanted is not None:
+        needed = set()
+        for tid in wanted:
+            op = _producer(graph, tid)
+            if op is not None:
+                needed |= nx.ancestors(graph.nx, op.id) | {op.id}
+        order = [i for i in order if i in needed]
+    ops = [graph.ops[i] for i in order]
+    lts = {tid: _concrete(lt) for tid, lt in graph.tensors.items()}
+    request = CompileRequest(None, ops, lts, list(graph.input_ids), list(graph.output_ids), graph.fpmath)
+    return ComposedPlan(request).run_arrays(feeds)
+
+
+def _concrete(lt: LogicalTensor) -> LogicalTensor:
+    from .enums import LayoutType
+    from .logical_tensor import dense_strides
+
+    if lt.strides is None and lt.is_shape_known():
+        return lt.with_shape(lt.shape, dense_strides(lt.shape), LayoutType.strided)
+    return lt
+
+
+# ================================================================ graph rewrites
+def rebuild(graph, op_fn=None, lt_fn=None, fpmath=None):
+    """A new finalized graph from ``graph``'s ops, optionally rewritten.
+
+    Args:
+        op_fn: ``op -> None`` editing a copy of each op's attrs in place.
+        lt_fn: ``LogicalTensor -> LogicalTensor`` applied to every port.
+        fpmath: an :class:`~graph_api.fpmath.FPMath` replacing the graph's.
+    """
+    from .graph import Graph
+
+    fp = fpmath or graph.fpmath
+    new = Graph(graph.engine_kind, fp.mode, fp.apply_to_int)
+    for name in ("recorded_engine_kind", "json_meta"):
+        if hasattr(graph, name):
+            setattr(new, name, getattr(graph, name))
+    for op in graph.ops.values():
+        copy = op.copy()
+        if lt_fn is not None:
+            copy.inputs = [lt_fn(lt) for lt in copy.inputs]
+            copy.outputs = [lt_fn(lt) for lt in copy.outputs]
+        if op_fn is not None:
+            op_fn(copy)
+        new.add_op(copy)
+    new.finalize()
+    return new
+
+
+def _pow2_up(x: float) -> float:
+    return 2.0 ** math.ceil(math.log2(x)) if x > 0 else x
+
+
+def power_of_two_scales(graph):
+    """A copy whose static Quantize/Dequantize ``scales`` are powers of two
+    (rounded up), per-channel lists tiled to the channel count, zps padded."""
+
+    def edit(op):
+        if op.kind not in (OpKind.Quantize, OpKind.Dequantize):
+            return
+        scales = [_pow2_up(s) for s in op.attrs["scales"]]
+        if op.attrs.get("qtype") == "per_channel":
+            quantized = op.inputs[0] if op.kind == OpKind.Dequantize else op.outputs[0]
+            shape = graph.tensors[quantized.id].shape
+            channels = shape[op.attrs.get("axis", 1)] if shape else len(scales)
+            if channels > 0 and len(scales) != channels:
+                scales = list(np.resize(scales, channels))
+                zps = op.attrs.get("zps")
+                if zps is not None:
+                    op.attrs["zps"] = [int(z) for z in np.resize(zps, channels)]
+        op.attrs["scales"] = [float(s) for s in scales]
+
+    if not any(op.kind in (OpKind.Quantize, OpKind.Dequantize) for op in graph.ops.values()):
+        return graph
+    return rebuild(graph, op_fn=edit)
+
+
+def total_elements(graph) -> int:
+    """Elements in all tensors of known shape: what a reference run allocates, roughly."""
+    return sum(lt.nelems() for lt in graph.tensors.values() if lt.is_shape_known())
+
+
+def _common_dim(graph, axis: int, min_rank: int) -> int | None:
+    dims = Counter(lt.shape[axis] for lt in (graph.tensors[t] for t in graph.input_ids)
+                   if lt.shape is not None and len(lt.shape) >= min_rank and lt.shape[axis] > 1)
+    return dims.most_common(1)[0][0] if dims else None
+
+
+def _resized_strides(shape, strides, new_shape):
+    """Strides for ``new_shape`` keeping the dim order (and gaps) of ``strides``;
+    ``None`` (dense) when the layout is not a clean nesting of its dims."""
+    if strides is None or len(strides) != len(shape):
+        return None
+    result = list(strides)
+    num, den = 1, 1  # how much the dims inner to the current one grew
+    for d in sorted(range(len(shape)), key=lambda d: strides[d]):  # innermost first
+        if (strides[d] * num) % den:
+            return None
+        result[d] = strides[d] * num // den
+        if new_shape[d] != shape[d]:
+            num, den = num * new_shape[d], den * max(shape[d], 1)
+    return tuple(result)
+
+
+def _resize_dim(graph, axis: int, old: int, new: int, min_rank: int):
+    def lt_fn(lt):
+        if lt.shape is None or len(lt.shape) < min_rank or lt.shape[axis] != old:
+            return lt
+        shape = list(lt.shape)
+        shape[axis] = new
+        return LogicalTensor(lt.id, lt.dtype, shape, _resized_strides(lt.shape, lt.strides, shape),
+                             lt.layout, lt.property, lt.encoding)
+
+    def op_fn(op):
+        target = op.attrs.get("shape")
+        if op.kind == OpKind.StaticReshape and axis == 0 and len(target or ()) >= 2 and target[0] == old:
+            op.attrs["shape"] = [new] + list(target[1:])
+
+    return rebuild(graph, op_fn=op_fn, lt_fn=lt_fn)
+
+
+def reduce_batch(graph, max_elements: int):
+    """Shrink the leading batch (then, without reshapes, the heads) dim until
+    the graph's tensors hold at most ``max_elements`` elements.
+
+    Returns ``(graph, description)``; the description is ``None`` when nothing
+    changed, else e.g. ``"mb 8->1, heads 6->2"``.  A dim whose rewrite leaves
+    the graph inconsistent is left alone (finalize re-checks every shape).
+    """
+    from .errors import GraphError
+
+    steps = []
+    moves_heads = any(op.kind in (OpKind.StaticReshape, OpKind.StaticTranspose) for op in graph.ops.values())
+    for axis, label, min_rank in ((0, "mb", 2), (1, "heads", 4)):
+        total = total_elements(graph)
+        if total <= max_elements or (axis == 1 and moves_heads):
+            break
+        old = _common_dim(graph, axis, 3 if axis == 0 else 4)
+        if old is None:
+            continue
+        new = max(1, int(old * max_elements / total))
+        if new >= old:
+            continue
+        try:
+            graph = _resize_dim(graph, axis, old, new, min_rank)
+        except GraphError:
+            continue
+        steps.append(f"{label} {old}->{new}")
+    return graph, (", ".join(steps) or None)
