@@ -482,6 +482,22 @@ def _resize_dim(graph, axis: int, old: int, new: int, min_rank: int):
     return rebuild(graph, op_fn=op_fn, lt_fn=lt_fn)
 
 
+def set_batch(graph, mb: int):
+    """The graph with its leading batch dim set to ``mb`` (benchdnn ``--mb``).
+
+    Returns ``(graph, description)``, e.g. ``"mb 8->2"``; the description is
+    ``None`` when the graph has no batch dim or it already is ``mb``.
+
+    Raises:
+        InvalidShape / InvalidGraph: the rewritten graph is inconsistent (a
+            reshape or a non-batch dim equal to the batch).
+    """
+    old = _common_dim(graph, 0, 3)
+    if old is None or old == mb:
+        return graph, None
+    return _resize_dim(graph, 0, old, mb, 2), f"mb {old}->{mb}"
+
+
 def reduce_batch(graph, max_elements: int):
     """Shrink the leading batch (then, without reshapes, the heads) dim until
     the graph's tensors hold at most ``max_elements`` elements.

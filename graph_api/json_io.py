@@ -412,7 +412,11 @@ def from_json(path_or_text, finalize: bool = True, source: str | None = None):
     elif isinstance(path_or_text, (str, os.PathLike)):
         path = Path(path_or_text)
         source = source or str(path)
-        doc = _parse_text(path.read_text(encoding="utf-8"), source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidGraph(f"{source}: not valid JSON: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        doc = _parse_text(text, source)
     else:
         raise InvalidGraph(f"from_json needs a path, JSON text or a dict, got {type(path_or_text).__name__}")
     return _Reader(source).graph(doc, finalize)
