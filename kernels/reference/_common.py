@@ -37,12 +37,6 @@ def is_integer(x) -> bool:
     return dtypes.info(logical_type(x)).kind == "int"
 
 
-def fattr(op, name, default=None):
-    """A float attribute as oneDNN stores it: float32."""
-    value = op.attrs.get(name, default)
-    return None if value is None else np.float32(value)
-
-
 def norm_axis(axis: int, ndim: int) -> int:
     """Negative axes count from the end, as everywhere in oneDNN Graph."""
     return axis + ndim if axis < 0 else axis

@@ -37,14 +37,15 @@ def movement_cases():
         for i, shape in enumerate(((3, 4), (2, 3, 5))):
             cases.append(OpCase(f"Reorder_{dt}_{i}", K.Reorder, (In(shape, dt),), (Out(shape, dt),),
                                 _identity, tol=EXACT, seed=5100 + len(cases)))
-        for i, (target, special, out) in enumerate((([0, -1], True, (2, 12)),
-                                                    ([3, -1, 2], False, (3, 4, 2)))):
+        for i, (src, target, special, out) in enumerate((((2, 3, 4), [0, -1], True, (2, 12)),
+                                                         ((6, 4), [3, -1, 2], False, (3, 4, 2)))):
             cases.append(OpCase(
-                f"StaticReshape_{dt}_{i}", K.StaticReshape, (In((2, 3, 4), dt),), (Out(out, dt),),
+                f"StaticReshape_{dt}_{i}", K.StaticReshape, (In(src, dt),), (Out(out, dt),),
                 (lambda o: lambda ins, attrs: [np.array(_flat(as_f64(ins[0]))).reshape(o)])(out),
                 {"shape": target, "special_zero": special}, tol=EXACT, seed=5100 + len(cases)))
-        for i, (order, out) in enumerate((([2, 0, 1], (4, 2, 3)), ([-1, -2, -3], (4, 3, 2)))):
-            cases.append(OpCase(f"StaticTranspose_{dt}_{i}", K.StaticTranspose, (In((2, 3, 4), dt),),
+        for i, (src, order, out) in enumerate((((2, 3, 4), [2, 0, 1], (4, 2, 3)),
+                                               ((3, 5), [-1, -2], (5, 3)))):
+            cases.append(OpCase(f"StaticTranspose_{dt}_{i}", K.StaticTranspose, (In(src, dt),),
                                 (Out(out, dt),), _transpose_expected, {"order": order}, tol=EXACT,
                                 seed=5100 + len(cases)))
         for i, (shapes, axis, out) in enumerate(((((2, 3), (2, 1), (2, 2)), 1, (2, 6)),
@@ -52,9 +53,9 @@ def movement_cases():
             cases.append(OpCase(f"Concat_{dt}_{i}", K.Concat, tuple(In(s, dt) for s in shapes),
                                 (Out(out, dt),), _concat_expected, {"axis": axis}, tol=EXACT,
                                 seed=5100 + len(cases)))
-        for i, axis in enumerate((1, -1)):
-            cases.append(OpCase(f"GenIndex_{dt}_{i}", K.GenIndex, (In((2, 3, 4), dt),),
-                                (Out((2, 3, 4), "s32"),), _gen_index_expected, {"axis": axis},
+        for i, (shape, axis) in enumerate((((2, 3, 4), 1), ((5, 2), -1))):
+            cases.append(OpCase(f"GenIndex_{dt}_{i}", K.GenIndex, (In(shape, dt),),
+                                (Out(shape, "s32"),), _gen_index_expected, {"axis": axis},
                                 seed=5100 + len(cases)))
     return cases
 
@@ -146,13 +147,17 @@ def interpolate_cases():
         for i, (si, so, attrs) in enumerate(INTERPOLATE_CONFIGS):
             cases.append(OpCase(f"Interpolate_{dt}_{i}", K.Interpolate, (In(si, dt),),
                                 (Out(so, dt),), _interpolate_expected, attrs, seed=5200 + len(cases)))
+    # the optional s32 sizes input (the output size still comes from the attribute/shape)
+    cases.append(OpCase("Interpolate_f32_sizes_input", K.Interpolate,
+                        (In((1, 3, 3, 2)), In((2,), "s32", values=[6, 4])), (Out((1, 6, 4, 2)),),
+                        _interpolate_expected, dict(mode="linear", sizes=[6, 4]), seed=5290))
     return cases
 
 
 # ---------------------------------------------------------------- End, Dropout
 def end_cases():
-    return [OpCase(f"End_{dt}", K.End, (In((2, 3), dt, -10, 10),), (), lambda ins, attrs: [])
-            for dt in FLOATS + ("s8", "u8", "s32")]
+    return [OpCase(f"End_{dt}_{i}", K.End, (In(shape, dt, -10, 10),), (), lambda ins, attrs: [])
+            for dt in FLOATS + ("s8", "u8", "s32") for i, shape in enumerate(((2, 3), (4,)))]
 
 
 MASK64 = 2 ** 64 - 1

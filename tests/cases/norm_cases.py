@@ -168,15 +168,15 @@ def _group_norm_expected(inputs, attrs):
 
 def group_norm_cases():
     cases = []
-    for dt in FLOATS:
+    for dt, aux in (("f32", "f32"), ("bf16", "bf16"), ("bf16", "f32"), ("f16", "f32")):
         cases.append(OpCase(
-            f"GroupNorm_{dt}_stats", K.GroupNorm,
-            (In((2, 4, 3, 3), dt), In((4,), "f32", 0.5, 1.5), In((4,), "f32")),
-            (Out((2, 4, 3, 3), dt), Out((2, 2)), Out((2, 2))), _group_norm_expected,
+            f"GroupNorm_{dt}_{aux}_stats", K.GroupNorm,
+            (In((2, 4, 3, 3), dt), In((4,), aux, 0.5, 1.5), In((4,), aux)),
+            (Out((2, 4, 3, 3), dt), Out((2, 2), aux), Out((2, 2), aux)), _group_norm_expected,
             {"groups": 2, "data_format": "NCX"}, seed=3300 + len(cases)))
         cases.append(OpCase(
-            f"GroupNorm_{dt}_nxc", K.GroupNorm,
-            (In((2, 3, 3, 6), dt), In((6,), "f32", 0.5, 1.5), In((6,), "f32")),
+            f"GroupNorm_{dt}_{aux}_nxc", K.GroupNorm,
+            (In((2, 3, 3, 6), dt), In((6,), aux, 0.5, 1.5), In((6,), aux)),
             (Out((2, 3, 3, 6), dt),), lambda ins, attrs: _group_norm_expected(ins, attrs)[:1],
             {"groups": 3, "keep_stats": False, "epsilon": 1e-3}, seed=3300 + len(cases)))
     return cases
@@ -257,13 +257,15 @@ def reduce_cases():
     for kind, formula in REDUCTIONS:
         low, high = (0.5, 1.5) if kind == K.ReduceProd else (-3, 3)
         for dt in FLOATS:
-            for i, (axes, keep, out) in enumerate((([1], False, (2, 4)), ([0, 2], True, (1, 3, 1)))):
-                cases.append(OpCase(f"{kind.name}_{dt}_{i}", kind, (In((2, 3, 4), dt, low, high),),
+            for i, (src, axes, keep, out) in enumerate((((2, 3, 4), [1], False, (2, 4)),
+                                                        ((3, 2, 5), [0, 2], True, (1, 2, 1)))):
+                cases.append(OpCase(f"{kind.name}_{dt}_{i}", kind, (In(src, dt, low, high),),
                                     (Out(out, dt),), _reduce_expected(formula),
                                     {"axes": axes, "keep_dims": keep}, seed=3500 + len(cases)))
-    cases.append(OpCase("ReduceSum_f32_axes_input", K.ReduceSum,
-                        (In((3, 4, 2)), In((1,), "s32", values=[-2])), (Out((3, 2)),),
-                        _reduce_expected(math.fsum), seed=3600))
+        # the axes as an s32 second input instead of the attribute
+        cases.append(OpCase(f"{kind.name}_f32_axes_input", kind,
+                            (In((3, 4, 2), "f32", low, high), In((2,), "s32", values=[-2, 0])),
+                            (Out((2,)),), _reduce_expected(formula), seed=3500 + len(cases)))
     return cases
 
 

@@ -112,6 +112,7 @@ def dynamic_quantize_cases():
     cases = []
     configs = (  # src dtype, shape, scales, zps (shape, dtype, low, high), dst, attrs
         ("f32", (3, 8), In((1,), "f32", values=[0.5]), In((1,), "s32", values=[5]), "u8", {}),
+        ("f16", (2, 5), In((1,), "f16", values=[0.25]), In((1,), "u8", values=[100]), "u8", {}),
         ("bf16", (3, 4), In((4,), "bf16", values=[0.25, 0.5, 1.0, 2.0]),
          In((4,), "s8", values=[-3, 0, 2, 9]), "s8", dict(qtype="per_channel", axis=1)),
         ("f16", (4, 8), In((4, 2), "f16", values=pow2((4, 2), 1)), In((4, 2), "s4", -2, 2), "s4",
@@ -132,6 +133,7 @@ def dynamic_dequantize_cases():
     cases = []
     configs = (  # src dtype, shape, scales dtype/shape, zps (dtype, shape) or None, attrs
         ("s8", (3, 8), ("f32", (1,)), ("s32", (1,)), {}),
+        ("u8", (2, 6), ("f16", (6,)), ("s8", (6,)), dict(qtype="per_channel", axis=1)),
         ("u8", (3, 4), ("bf16", (3,)), ("u8", (3,)), dict(qtype="per_channel", axis=0)),
         # compressed-SDPA K stored (N, H, D, S): groups along D
         ("s4", (1, 2, 8, 3), ("f16", (1, 2, 2, 3)), ("s4", (1, 2, 2, 3)),
