@@ -1,11 +1,34 @@
 """Cuts a finalized graph into partitions.
 
-Until the pattern library lands, every op is its own partition (this is
-exactly ``PartitionPolicy.debug``).
+Patterns run in priority order (``patterns.library.PATTERNS``, highest
+first); each one is tried anchored at every op not yet taken, in reverse
+topological order, and the first acceptable match claims its ops.  A match is
+acceptable when
+
+* its whole-match checks pass and it has at least ``pattern.min_ops`` ops;
+* no intermediate tensor escapes: every output of a matched op that is used
+  outside the match or is a graph output must be allowed by the pattern (the
+  anchor's outputs, and node ``escape`` ports such as SoftMax stats);
+* contracting it into one node keeps the partition graph acyclic (checked
+  with networkx on the graph condensed by the partitions chosen so far).
+
+Ops no pattern takes become single-op partitions; ``PartitionPolicy.debug``
+gives single-op partitions only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import networkx as nx
+
+from graph_api.config import log
+from graph_api.enums import OpKind, PartitionPolicy
+from graph_api.errors import op_label
+
+from .matcher import Match, Trace, iter_matches
+
+#: matches tried per (pattern, anchor) before giving up on that anchor
+MAX_CANDIDATES = 64
 
 
 @dataclass
@@ -18,5 +41,124 @@ class Fusion:
     bindings: dict = field(default_factory=dict)
 
 
-def partition_graph(graph, policy) -> list[Fusion]:
-    return [Fusion([op_id]) for op_id in graph.topological_op_ids()]
+def escaping(graph, match: Match) -> str | None:
+    """Why the match leaks an intermediate tensor, or None."""
+    ops = match.op_ids
+    outputs = set(graph.output_ids)
+    for op_id in sorted(ops):
+        op = graph.ops[op_id]
+        allowed = match.escape.get(op_id, ())
+        for port, lt in enumerate(op.outputs):
+            if port in allowed:
+                continue
+            users = [c for c, _ in graph.consumers.get(lt.id, []) if c not in ops]
+            if users:
+                return (f"intermediate tensor {lt.id} ({op_label(op)} as '{match.roles[op_id]}') "
+                        f"is also used by op {users[0]} outside the match")
+            if lt.id in outputs:
+                return (f"intermediate tensor {lt.id} ({op_label(op)} as '{match.roles[op_id]}') "
+                        f"is a graph output")
+    return None
+
+
+def cycle(graph, owner: dict, match: Match) -> str | None:
+    """Why contracting the match would make the partition graph cyclic, or None."""
+    new = ("new",)
+    group = lambda op_id: new if op_id in match.op_ids else owner.get(op_id, op_id)
+    condensed = nx.DiGraph()
+    for u, v in graph.nx.edges():
+        gu, gv = group(u), group(v)
+        if gu != gv:
+            condensed.add_edge(gu, gv)
+    if new not in condensed or nx.is_directed_acyclic_graph(condensed):
+        return None
+    loop = nx.find_cycle(condensed, new)
+    via = next((g for g, _ in loop if g != new), None)
+    return f"fusing would create a cycle through {via if not isinstance(via, int) else f'op {via}'}"
+
+
+def accept(graph, match: Match, owner: dict) -> tuple[str | None, float]:
+    """(reason the match is rejected or None, how far it got for explanations)."""
+    size = len(match.op_ids)
+    for check in match.pattern.checks:
+        if not check.fn(match.bindings, graph):
+            return f"whole-match condition '{check.text}' fails", size + 0.25
+    if size < match.pattern.min_ops:
+        return f"only {size} op matched, a fusion needs {match.pattern.min_ops}", size
+    reason = escaping(graph, match)
+    if reason:
+        return reason, size + 0.5
+    reason = cycle(graph, owner, match)
+    if reason:
+        return reason, size + 0.5
+    return None, size
+
+
+def find_fusion(graph, pattern, anchor: int, owner: dict, taken: dict,
+                trace: Trace | None = None) -> Match | None:
+    """The biggest acceptable match of ``pattern`` anchored at ``anchor``
+    (the first one found among equals: greedy choices come first)."""
+    best = None
+    for n, match in enumerate(iter_matches(graph, pattern, anchor, taken, trace)):
+        if n >= MAX_CANDIDATES:
+            break
+        reason, score = accept(graph, match, owner)
+        if reason is None:
+            if best is None or len(match.op_ids) > len(best.op_ids):
+                best = match
+        elif trace is not None:
+            trace.note(score, reason, match.op_ids, pattern.name, anchor)
+    return best
+
+
+def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:
+    """Greedy by priority over ops in reverse topological order."""
+    owner: dict[int, object] = {}  # op id -> fusion key
+    taken: dict[int, str] = {}  # op id -> pattern name
+    fusions: list[Fusion] = []
+    position = {op_id: i for i, op_id in enumerate(topo)}
+    for pattern in patterns:
+        anchors = pattern.anchor_kinds()
+        for anchor in reversed(topo):
+            if anchor in taken or graph.ops[anchor].kind not in anchors:
+                continue
+            match = find_fusion(graph, pattern, anchor, owner, taken)
+            if match is None:
+                continue
+            key = ("fusion", len(fusions))
+            for op_id in match.op_ids:
+                owner[op_id] = key
+                taken[op_id] = pattern.name
+            fusions.append(Fusion(sorted(match.op_ids, key=position.get), pattern, match.bindings))
+    return fusions, taken
+
+
+def ordered(graph, fusions: list[Fusion], topo: list[int]) -> list[Fusion]:
+    """The order ``Graph.get_partitions`` gives: topological, ties by first op."""
+    owner = {op_id: i for i, f in enumerate(fusions) for op_id in f.op_ids}
+    condensed = nx.DiGraph()
+    condensed.add_nodes_from(range(len(fusions)))
+    for u, v in graph.nx.edges():
+        if owner[u] != owner[v]:
+            condensed.add_edge(owner[u], owner[v])
+    position = {op_id: i for i, op_id in enumerate(topo)}
+    first = {i: min(position[o] for o in f.op_ids) for i, f in enumerate(fusions)}
+    return [fusions[i] for i in nx.lexicographical_topological_sort(condensed, key=first.get)]
+
+
+def partition_graph(graph, policy, patterns=None) -> list[Fusion]:
+    """Fusions covering every op of the finalized ``graph`` exactly once."""
+    topo = graph.topological_op_ids()
+    if policy == PartitionPolicy.debug:
+        fusions = [Fusion([op_id]) for op_id in topo]
+    else:
+        if patterns is None:
+            from .library import PATTERNS as patterns
+        fusions, taken = fuse(graph, patterns, topo)
+        fusions += [Fusion([op_id]) for op_id in topo if op_id not in taken]
+    fusions = ordered(graph, fusions, topo)
+    for pid, fusion in enumerate(fusions):
+        name = fusion.pattern.name if fusion.pattern is not None else "single op"
+        ops = ";".join(f"{graph.ops[o].kind.name}#{o}" for o in fusion.op_ids)
+        log(f"partition,partition {pid},{name},{len(fusion.op_ids)} ops,{ops}")
+    return fusions

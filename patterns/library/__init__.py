@@ -1,0 +1,64 @@
+"""The pattern library: ``PATTERNS``, every fusion pattern, highest priority first.
+
+Priorities mirror oneDNN's dnnl-backend passes (facts §3.1); patterns that
+oneDNN spreads over several passes are one pattern here with optional nodes.
+
+=====  ======================  =============================================
+prio   pattern                 oneDNN passes
+=====  ======================  =============================================
+22.1   gated_mlp               quantized_gated_mlp(_v1), gated_mlp(_v1)
+22.0   sdpa_quantized          x8_sdpa, int8_bf16_sdp, int8_*_gpt_sdp
+22.0   sdpa_compressed         sdp_with_compressed_{k,v,kv}
+21.1   sdpa_gqa                float_gqa
+21.0   sdpa_backward           float_sdp_backward, float_gqa_backward
+21.0   sdpa                    float_sdp, gemma, float/bf16 GPT sdp
+21.0   sdpa_jax, mqa_jax       float_sdp_jax, float_mqa_jax
+19.5   binary_matmul_binary    float_bmb
+10.5   matmul_quantized        x8x8x(8)_(tc_)matmul_(add_)post_ops
+10.3   matmul_compressed       (extension: weight-compressed MatMul)
+10.0   x8_reorder              x8_reorder(_sum)
+ 9.1   matmul_transpose        fp_matmul_transpose_reorder, ..._reshape_transpose_reshape
+ 8.9   matmul_dropout          fp_matmul_dropout
+ 8.8   matmul_post_ops         fp_matmul_post_ops
+ 8.4   reduction_post_ops      fp_reduction_post_ops
+ 8.3   binary_post_ops         fp_binary_post_ops
+ 8.2   softmax_post_ops, layernorm_post_ops, reciprocal_multiply, eltwise_post_ops
+ 8.1   typecast_quantize, reorder_sum
+=====  ======================  =============================================
+
+Ops no pattern takes are single-op partitions (oneDNN's priority-8 passes).
+"""
+from __future__ import annotations
+
+from .matmul import (BINARY_MATMUL_BINARY, MATMUL_COMPRESSED, MATMUL_DROPOUT, MATMUL_POST_OPS,
+                     MATMUL_QUANTIZED, MATMUL_TRANSPOSE)
+from .misc import (BINARY_POST_OPS, ELTWISE_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY,
+                   REDUCTION_POST_OPS, REORDER_SUM, SOFTMAX_POST_OPS, TYPECAST_QUANTIZE, X8_REORDER)
+from .mlp import GATED_MLP
+from .sdpa import (MQA_JAX, SDPA, SDPA_BACKWARD, SDPA_COMPRESSED, SDPA_GQA, SDPA_JAX,
+                   SDPA_QUANTIZED)
+
+#: every pattern, highest priority first (ties keep the order written here)
+PATTERNS = [
+    GATED_MLP,
+    SDPA_QUANTIZED, SDPA_COMPRESSED,
+    SDPA_GQA,
+    SDPA_BACKWARD, SDPA, SDPA_JAX, MQA_JAX,
+    BINARY_MATMUL_BINARY,
+    MATMUL_QUANTIZED,
+    MATMUL_COMPRESSED,
+    X8_REORDER,
+    MATMUL_TRANSPOSE,
+    MATMUL_DROPOUT,
+    MATMUL_POST_OPS,
+    REDUCTION_POST_OPS,
+    BINARY_POST_OPS,
+    SOFTMAX_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY, ELTWISE_POST_OPS,
+    TYPECAST_QUANTIZE, REORDER_SUM,
+]
+
+assert all(a.priority >= b.priority for a, b in zip(PATTERNS, PATTERNS[1:])), \
+    "PATTERNS must be sorted by priority"
+assert len({p.name for p in PATTERNS}) == len(PATTERNS), "pattern names must be unique"
+
+BY_NAME = {p.name: p for p in PATTERNS}

@@ -1,0 +1,380 @@
+"""The one generic matcher: a pattern anchored at an op, walking producers.
+
+Matching starts from the pattern's sink with the obligation "the sink's output
+is tensor T" (T = the anchor op's first output) and works through obligations
+``(node, tensor, producer port)``: a node is either *present* (the producer of
+the tensor has one of its kinds, passes its predicates, and each of its edges
+becomes a new obligation on that op's input) or, when optional, *absent* (the
+obligation passes to its ``via`` node on the same tensor).  A repetition
+unrolls one body per step, greedily (longest first).  Edges into commutative
+binary ops may take either operand.  Every choice point backtracks, so
+:func:`iter_matches` yields all matches, biggest choices first.
+
+Nodes not reachable upward from the sink (extra outputs, e.g. SDPA backward's
+dK/dV MatMuls) are matched afterwards, in declaration order, among the
+consumers of an already matched producer.
+
+Nothing here knows about a particular pattern; the partitioner decides which
+match to take (escaping intermediates, cycles).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from graph_api.errors import op_label
+
+from .pattern import ENTRY, In, Input, Node, Pattern, Repeat
+
+SKIP = "absent"
+_REPEAT = "repeat"
+#: matcher steps allowed per anchor before giving up (a guard, never hit in practice)
+STEP_LIMIT = 200_000
+
+
+class _OutOfSteps(Exception):
+    pass
+
+
+@dataclass
+class Match:
+    """One way a pattern covers ops of a graph."""
+
+    pattern: Pattern
+    anchor: int
+    bindings: dict
+    roles: dict  # op id -> node name (repetition instances as 'post_ops[2].op')
+    escape: dict  # op id -> output ports allowed to be used outside
+
+    @property
+    def op_ids(self) -> set:
+        return set(self.roles)
+
+
+@dataclass
+class Trace:
+    """The furthest a failed attempt got: ops bound and the condition that failed."""
+
+    score: float = -1.0
+    reason: str | None = None
+    ops: tuple = ()
+    pattern: str | None = None
+    anchor: int | None = None
+
+    def note(self, score: float, reason: str, ops=(), pattern=None, anchor=None) -> None:
+        if score > self.score:
+            self.score, self.reason, self.ops = score, reason, tuple(ops)
+            self.pattern, self.anchor = pattern, anchor
+
+
+class _State:
+    __slots__ = ("env", "out", "used", "groups", "nodes", "counts", "inst")
+
+    def __init__(self):
+        self.env: dict = {}  # node name -> op id | SKIP | _REPEAT | "input"
+        self.out: dict = {}  # (ref, producer port) -> tensor id, for absent nodes/inputs/repeats
+        self.used: dict = {}  # op id -> node name
+        self.groups: dict = {}  # optional group -> present?
+        self.nodes: dict = {}  # instantiated repetition nodes
+        self.counts: dict = {}  # repeat name -> repetitions taken
+        self.inst: dict = {}  # (repeat name, i) -> instance node names
+
+    def copy(self) -> "_State":
+        new = _State.__new__(_State)
+        new.env, new.out, new.used = dict(self.env), dict(self.out), dict(self.used)
+        new.groups, new.nodes = dict(self.groups), dict(self.nodes)
+        new.counts, new.inst = dict(self.counts), dict(self.inst)
+        return new
+
+
+class _Matcher:
+    def __init__(self, graph, pattern: Pattern, taken: dict, trace: Trace | None, anchor: int):
+        self.graph = graph
+        self.pattern = pattern
+        self.taken = taken
+        self.trace = trace
+        self.anchor = anchor
+        self.by_name = {n.name: n for n in pattern.nodes}
+        self.steps = 0
+
+    # ------------------------------------------------------------ helpers
+    def node(self, st: _State, name):
+        return st.nodes.get(name) or self.by_name[name]
+
+    def fail(self, st: _State, reason: str, bonus: float = 0.0) -> None:
+        if self.trace is not None:
+            self.trace.note(len(st.used) + bonus, reason, st.used, self.pattern.name, self.anchor)
+
+    def op_problem(self, st: _State, node: Node, op) -> str | None:
+        if op.id in self.taken:
+            return f"{op_label(op)} is already in a '{self.taken[op.id]}' partition"
+        if op.id in st.used:
+            return f"{op_label(op)} is already matched as '{st.used[op.id]}'"
+        if op.kind not in node.kinds:
+            return f"node {node.label()} cannot be {op_label(op)}"
+        for cond in node.when:
+            if not cond(op, self.graph):
+                return f"{op_label(op)} as '{node.name}': condition '{cond.text}' fails"
+        return None
+
+    @staticmethod
+    def forced(st: _State, node) -> bool | None:
+        """Group decision for ``node``: True/False once its group (or, for a
+        dotted sub-group 'a.b', its parent 'a' being absent) decided it."""
+        group = node.group
+        if not group:
+            return None
+        if group in st.groups:
+            return st.groups[group]
+        parent = group.rpartition(".")[0]
+        while parent:
+            if st.groups.get(parent) is False:
+                return False
+            parent = parent.rpartition(".")[0]
+        return None
+
+    def value(self, st: _State, ref, port: int):
+        """The tensor a (possibly absent) node stands for, or None if unknown/free."""
+        for _ in range(10_000):
+            if (ref, port) in st.out:
+                return st.out[(ref, port)]
+            if isinstance(ref, tuple):
+                return None
+            bound = st.env.get(ref)
+            if isinstance(bound, int):
+                outs = self.graph.ops[bound].outputs
+                return outs[port].id if port < len(outs) else None
+            if bound != SKIP:
+                return None
+            node = self.node(st, ref)
+            edge = node.via_edge() if isinstance(node, Node) else None
+            if edge is None:
+                return None
+            ref, port = edge.src, edge.src_port
+        return None
+
+    # ------------------------------------------------------------ search
+    def solve(self, st: _State, todo: tuple):
+        self.steps += 1
+        if self.steps > STEP_LIMIT:
+            raise _OutOfSteps
+        if not todo:
+            node = self.next_unresolved(st)
+            if node is None:
+                yield st
+            else:
+                yield from self.downward(st, node)
+            return
+        (ref, tid, port), rest = todo[0], todo[1:]
+        if isinstance(ref, tuple):
+            yield from self.repeat_step(st, ref, tid, port, rest)
+            return
+        node = self.node(st, ref)
+        bound = st.env.get(ref)
+        if isinstance(bound, int):
+            if self.graph.producer.get(tid) == (bound, port):
+                yield from self.solve(st, rest)
+            else:
+                self.fail(st, f"node '{ref}' is op {bound}, but tensor {tid} comes from elsewhere")
+            return
+        if (ref, port) in st.out:
+            if st.out[(ref, port)] == tid:
+                yield from self.solve(st, rest)
+            else:
+                self.fail(st, f"'{ref}' must be one tensor, found {st.out[(ref, port)]} and {tid}")
+            return
+        if isinstance(node, Input):
+            new = st.copy()
+            new.env[ref] = "input"
+            new.out[(ref, port)] = tid
+            yield from self.solve(new, rest)
+            return
+        if isinstance(node, Repeat):
+            new = st.copy()
+            new.env[ref] = _REPEAT
+            new.out[(ref, port)] = tid
+            yield from self.solve(new, (((ref, 0), tid, port),) + rest)
+            return
+        if bound == SKIP:
+            yield from self.skip(st, node, tid, port, rest)
+            return
+        forced = self.forced(st, node)
+        if forced is not False:
+            yield from self.present(st, node, tid, port, rest)
+        if node.optional and forced is not True:
+            yield from self.skip(st, node, tid, port, rest)
+
+    def present(self, st, node: Node, tid, port, rest):
+        prod = self.graph.producer.get(tid)
+        if prod is None:
+            self.fail(st, f"node {node.label()} has no op to match: tensor {tid} is a graph input")
+            return
+        if prod[1] != port:
+            self.fail(st, f"node {node.label()}: tensor {tid} is output {prod[1]} of op {prod[0]}, not {port}")
+            return
+        op = self.graph.ops[prod[0]]
+        problem = self.op_problem(st, node, op)
+        if problem:
+            self.fail(st, problem)
+            return
+        yield from self.bind(st, node, op, rest)
+
+    def bind(self, st, node: Node, op, rest):
+        found = False
+        for ports in self.assignments(node, op):
+            found = True
+            new = st.copy()
+            new.env[node.name] = op.id
+            new.used[op.id] = node.name
+            if node.group:
+                new.groups[node.group] = True
+            todo = tuple((e.src, op.inputs[p].id, e.src_port) for e, p in zip(node.inputs, ports))
+            yield from self.solve(new, todo + rest)
+        if not found:
+            self.fail(st, f"{op_label(op)} as '{node.name}': has too few inputs for the pattern's edges")
+
+    @staticmethod
+    def assignments(node: Node, op):
+        choices = [[p for p in e.ports(op.kind) if p < len(op.inputs)] for e in node.inputs]
+        for ports in itertools.product(*choices):
+            if len(set(ports)) == len(ports):
+                yield ports
+
+    def skip(self, st, node: Node, tid, port, rest):
+        new = st.copy()
+        new.env[node.name] = SKIP
+        new.out[(node.name, port)] = tid
+        if node.group:
+            new.groups[node.group] = False
+        edge = node.via_edge()
+        todo = rest if edge is None else ((edge.src, tid, edge.src_port),) + rest
+        yield from self.solve(new, todo)
+
+    def repeat_step(self, st, ref, tid, port, rest):
+        name, i = ref
+        rep: Repeat = self.node(st, name)
+        key = (ref, port)
+        if key in st.out:
+            if st.out[key] == tid:
+                yield from self.solve(st, rest)
+            else:
+                self.fail(st, f"repetition '{name}' step {i} must be one tensor")
+            return
+        if i < rep.max:
+            for body in rep.bodies:
+                new = st.copy()
+                new.out[key] = tid
+                exit_name = self.instantiate(new, rep, body, i)
+                yield from self.solve(new, ((exit_name, tid, port),) + rest)
+        if i >= rep.min:
+            new = st.copy()
+            new.out[key] = tid
+            new.counts[name] = i
+            todo = rest if rep.via is None else ((rep.via, tid, rep.via_port),) + rest
+            yield from self.solve(new, todo)
+        else:
+            self.fail(st, f"repetition '{name}' needs at least {rep.min} ops, found {i}")
+
+    @staticmethod
+    def instantiate(st: _State, rep: Repeat, body, i: int) -> str:
+        names = {n.name: f"{rep.name}[{i}].{n.name}" for n in body.nodes}
+
+        def ref(src):
+            return (rep.name, i + 1) if src == ENTRY else names[src]
+
+        for n in body.nodes:
+            inputs = tuple(In(ref(e.src), e.port, e.src_port, e.swap) for e in n.inputs)
+            via = None if n.via is None else ref(n.via)
+            st.nodes[names[n.name]] = Node(names[n.name], n.kinds, inputs, n.optional, via,
+                                           n.when, n.escape)
+        st.inst[(rep.name, i)] = tuple(names[n.name] for n in body.nodes)
+        return names[body.nodes[-1].name]
+
+    # ------------------------------------------------------------ nodes off the sink's tree
+    def next_unresolved(self, st: _State):
+        for node in self.pattern.nodes:
+            if node.name not in st.env:
+                return node
+        return None
+
+    def downward(self, st: _State, node):
+        if not isinstance(node, Node):
+            if isinstance(node, Repeat) and node.min > 0:
+                self.fail(st, f"repetition '{node.name}' is not connected to the match")
+                return
+            new = st.copy()
+            new.env[node.name] = SKIP
+            yield from self.solve(new, ())
+            return
+        forced = self.forced(st, node)
+        if forced is not False:
+            edge, tid = None, None
+            for edge in node.inputs:
+                tid = self.value(st, edge.src, edge.src_port)
+                if tid is not None:
+                    break
+            if tid is None:
+                if not node.optional:
+                    self.fail(st, f"required node {node.label()} has no matched producer")
+            else:
+                for consumer, port in self.graph.consumers.get(tid, []):
+                    op = self.graph.ops[consumer]
+                    if port not in edge.ports(op.kind):
+                        continue
+                    problem = self.op_problem(st, node, op)
+                    if problem:
+                        self.fail(st, problem)
+                        continue
+                    yield from self.bind(st, node, op, ())
+                if not node.optional:
+                    self.fail(st, f"no consumer of tensor {tid} matches required node {node.label()}")
+        if node.optional and forced is not True:
+            new = st.copy()
+            new.env[node.name] = SKIP
+            if node.group:
+                new.groups[node.group] = False
+            yield from self.solve(new, ())
+
+    # ------------------------------------------------------------ results
+    def to_match(self, st: _State) -> Match:
+        bindings = {}
+        for node in self.pattern.nodes:
+            if isinstance(node, Input):
+                continue
+            if isinstance(node, Repeat):
+                ops = []
+                for i in reversed(range(st.counts.get(node.name, 0))):
+                    ops.extend(st.env[inst] for inst in st.inst[(node.name, i)])
+                bindings[node.name] = ops
+            else:
+                bound = st.env.get(node.name)
+                bindings[node.name] = bound if isinstance(bound, int) else None
+        escape = {}
+        for op_id, name in st.used.items():
+            ports = tuple(self.node(st, name).escape)
+            if op_id == self.anchor:
+                ports = tuple(range(len(self.graph.ops[op_id].outputs)))
+            escape[op_id] = ports
+        return Match(self.pattern, self.anchor, bindings, dict(st.used), escape)
+
+
+def iter_matches(graph, pattern: Pattern, anchor: int, taken: dict | None = None,
+                 trace: Trace | None = None):
+    """Every match of ``pattern`` whose last op is ``anchor`` (biggest choices first).
+
+    ``taken`` maps op ids already in a fused partition to that partition's
+    pattern name; those ops are never matched.  Failures are noted in ``trace``.
+    """
+    op = graph.ops[anchor]
+    if not op.outputs:
+        return
+    matcher = _Matcher(graph, pattern, taken or {}, trace, anchor)
+    start = ((pattern.sink.name, op.outputs[0].id, 0),)
+    try:
+        for st in matcher.solve(_State(), start):
+            if anchor in st.used:
+                yield matcher.to_match(st)
+    except _OutOfSteps:
+        if trace is not None:
+            trace.note(0, f"pattern {pattern.name}: search budget exhausted at op {anchor}",
+                       pattern=pattern.name, anchor=anchor)
