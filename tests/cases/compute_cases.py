@@ -202,6 +202,11 @@ DECONV_CONFIGS = (
 )
 
 
+def rounded_inputs(expected, rnd, count=2):
+    """``expected`` on the first ``count`` inputs rounded by ``rnd`` (fpmath)."""
+    return lambda ins, attrs: expected([each(rnd, x) for x in ins[:count]] + list(ins[count:]), attrs)
+
+
 def conv_cases():
     cases = []
     for kind, configs, expected in ((K.Convolution, CONV_CONFIGS, _conv_expected),
@@ -211,6 +216,11 @@ def conv_cases():
                 ins = (In(sx, dt), In(sw, dt)) + ((In(sb, dt),) if sb else ())
                 cases.append(OpCase(f"{kind.name}_{dt}_{i}", kind, ins, (Out(so, dt),), expected,
                                     attrs, seed=2400 + len(cases)))
+        sx, sw, sb, so, attrs = configs[0]  # fpmath rounds f32 src and weights, not the bias
+        for mode, rnd in (("bf16", bf16_rne), ("tf32", tf32_rne)):
+            cases.append(OpCase(f"{kind.name}_f32_fpmath_{mode}", kind,
+                                (In(sx), In(sw), In(sb)), (Out(so),), rounded_inputs(expected, rnd),
+                                attrs, seed=2500 + len(cases), fpmath=mode))
     return cases
 
 

@@ -306,3 +306,15 @@ def test_big_tensors_are_vectorized():
     (g,) = call(OpKind.GELU, [y], [("bf16", src.shape)])
     assert time.perf_counter() - start < 20
     assert y.shape == src.shape and g.dtype == ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize("f8", ["f8_e4m3", "f8_e5m2"])
+def test_dynamic_quant_kernels_take_f8(f8):
+    """oneDNN's newest schema lets DynamicQuantize/Dequantize use f8; the kernels do."""
+    x = np.array([[0.3, -1.7, 900.0, -0.01]], np.float32)
+    scales = np.array([0.5], np.float32)
+    (q,) = call(OpKind.DynamicQuantize, [x, scales], [(f8, (1, 4))])
+    want = dtypes.convert(x / np.float32(0.5), DataType[f8])
+    np.testing.assert_array_equal(q.astype(np.float32), want.astype(np.float32))
+    (d,) = call(OpKind.DynamicDequantize, [q, scales], [("f32", (1, 4))])
+    np.testing.assert_array_equal(d, q.astype(np.float32) * np.float32(0.5))
