@@ -11,13 +11,15 @@ backend multiplies by ``1 / scale`` instead, which can differ by one ulp
 before rounding (never for power-of-two scales, which benchdnn uses).
 
 Scale/zero-point granularity (``qtype``): ``per_tensor`` (one value),
-``per_channel`` (a 1-D list along ``axis``; a single zero point is shared) or
+``per_channel`` (a 1-D list along ``axis``; a length-1 list is shared) or
 ``per_group`` (scales/zps of the src rank; element index ``i`` along dim ``d``
-uses parameter index ``i // group_shape[d]``).  Without a ``group_shape``
-attribute (the RFC ``groups`` form) the group shape is derived from the
-shapes: ``src.shape[d] // scales.shape[d]`` (a 1-D scale vector groups along
-``axis`` only).  Per-group parameters are applied by reshaping the source to
-``(S0, G0, S1, G1, ...)`` so that they broadcast: no per-element loops.
+uses parameter index ``i // group_shape[d]``).  The schema turns the int4
+RFC form (``axis`` list + ``groups``, the number of groups along each listed
+dim) into ``group_shape``; should it reach a kernel anyway the group size is
+``src.shape[axis[i]] // groups[i]`` (whole dims elsewhere), and with neither
+attribute it is ``src.shape[d] // scales.shape[d]``.  Per-group parameters
+are applied by reshaping the source to ``(S0, G0, S1, G1, ...)`` so that they
+broadcast: no per-element loops.
 """
 from __future__ import annotations
 
