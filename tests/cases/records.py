@@ -52,7 +52,7 @@ def tolerance_for(dtype: str) -> Tol:
     return TOLERANCE.get(dtype, EXACT)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: ``values`` may hold lists
 class In:
     """One input: shape and dtype plus how to fill it.
 
@@ -95,7 +95,7 @@ class Out:
     dtype: str = "f32"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: ``attrs`` is a dict
 class OpCase:
     """One op to run: see the module docstring."""
 
