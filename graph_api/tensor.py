@@ -118,8 +118,13 @@ class Tensor:
     # ------------------------------------------------------------ views
     def _view_of(self, buffer: np.ndarray) -> np.ndarray:
         itemsize = buffer.itemsize
-        return np.lib.stride_tricks.as_strided(
-            buffer, shape=self.lt.shape, strides=tuple(s * itemsize for s in self.lt.strides))
+        # as_strided goes through __array_interface__, which cannot spell the
+        # ml_dtypes types (bf16, f8): stride a same-size unsigned view instead.
+        raw = buffer.view(f"u{itemsize}") if buffer.dtype.kind == "V" or buffer.dtype.char not in \
+            np.typecodes["All"] else buffer
+        view = np.lib.stride_tricks.as_strided(
+            raw, shape=self.lt.shape, strides=tuple(s * itemsize for s in self.lt.strides))
+        return view if raw is buffer else view.view(buffer.dtype)
 
     def _pack_into(self, buffer: np.ndarray, values) -> None:
         nibbles = np.asarray(values).astype(np.int16) & 0xF
