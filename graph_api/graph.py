@@ -191,6 +191,14 @@ class Graph:
 
         return to_json(self)
 
+    def explain_partitions(self):
+        """Why ops were not fused: for each op in a single-op partition, the
+        nearest pattern and the condition that failed (``patterns.explain``)."""
+        from patterns.explain import explain
+
+        self._require_finalized("explain_partitions")
+        return explain(self)
+
     # ------------------------------------------------------------ inspection
     def get_ops(self) -> list[Op]:
         return list(self.ops.values())

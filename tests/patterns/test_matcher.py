@@ -1,0 +1,282 @@
+"""Matcher and partitioner mechanics on tiny graphs with tiny patterns."""
+import pytest
+
+import graph_api as ga
+from patterns.matcher import Trace, iter_matches
+from patterns.partitioner import partition_graph
+from patterns.pattern import (ENTRY, Body, Check, In, Input, Node, Pattern, Repeat, attr_is,
+                              in_dtype)
+
+from .builder import G, K, dt
+
+FUSION = ga.PartitionPolicy.fusion
+
+
+def parts(graph, *patterns):
+    """[(pattern name or None, op ids)] partitioning with only ``patterns``."""
+    return [(f.pattern.name if f.pattern else None, f.op_ids)
+            for f in partition_graph(graph, FUSION, list(patterns))]
+
+
+def chain(*kinds_, dtype=dt.f32, shape=(4, 8)):
+    """x -> kinds[0] -> kinds[1] ... (binary ops take a fresh second input)."""
+    g = G()
+    x = g.input(shape, dtype)
+    for kind in kinds_:
+        if kind in (K.Add, K.Multiply, K.Divide, K.Subtract):
+            x = g.op(kind, x, g.input(shape, dtype))
+        elif kind == K.MatMul:
+            x = g.op(kind, x, g.input((shape[-1], shape[-1]), dtype))
+        else:
+            x = g.op(kind, x)
+    return g
+
+
+MM_RELU = Pattern("mm_relu", 9, [Node("mm", K.MatMul), Node("act", K.ReLU, [In("mm", 0)])])
+
+
+def test_chain_match_binds_roles_and_covers_all_other_ops_as_singles():
+    graph = chain(K.MatMul, K.ReLU, K.Exp).done()
+    assert parts(graph, MM_RELU) == [("mm_relu", [0, 1]), (None, [2])]
+    match = next(iter_matches(graph, MM_RELU, 1))
+    assert match.bindings == {"mm": 0, "act": 1}
+
+
+def test_debug_policy_gives_single_ops_only():
+    graph = chain(K.MatMul, K.ReLU).done()
+    fusions = partition_graph(graph, ga.PartitionPolicy.debug, [MM_RELU])
+    assert [(f.pattern, f.op_ids) for f in fusions] == [(None, [0]), (None, [1])]
+
+
+def test_optional_node_present_or_passed_through():
+    pat = Pattern("p", 9, [Node("mm", K.MatMul),
+                           Node("scale", {K.Multiply, K.Divide}, [In("mm", 0)], optional=True),
+                           Node("act", K.ReLU, [In("scale", 0)])])
+    assert parts(chain(K.MatMul, K.Divide, K.ReLU).done(), pat) == [("p", [0, 1, 2])]
+    assert parts(chain(K.MatMul, K.Multiply, K.ReLU).done(), pat) == [("p", [0, 1, 2])]
+    graph = chain(K.MatMul, K.ReLU).done()
+    assert parts(graph, pat) == [("p", [0, 1])]
+    assert next(iter_matches(graph, pat, 1)).bindings == {"mm": 0, "scale": None, "act": 1}
+    # a kind outside the alternation stops the chain: Subtract is not a scale
+    assert parts(chain(K.MatMul, K.Subtract, K.ReLU).done(), pat) == [
+        (None, [0]), (None, [1]), (None, [2])]
+
+
+def test_commutative_inputs_only_with_swap_and_only_for_commutative_kinds():
+    def graph_with(kind, chain_port):
+        g = G()
+        y = g.op(K.ReLU, g.input((4, 8)))
+        other = g.input((4, 8))
+        g.op(kind, *((y, other) if chain_port == 0 else (other, y)))
+        return g.done()
+
+    strict = Pattern("p", 9, [Node("r", K.ReLU), Node("b", {K.Add, K.Subtract}, [In("r", 0)])])
+    swap = Pattern("p", 9, [Node("r", K.ReLU), Node("b", {K.Add, K.Subtract}, [In("r", 0, swap=True)])])
+    assert parts(graph_with(K.Add, 1), strict)[0][0] is None
+    assert parts(graph_with(K.Add, 1), swap) == [("p", [0, 1])]
+    assert parts(graph_with(K.Subtract, 1), swap)[0][0] is None  # x - y is not y - x
+    assert parts(graph_with(K.Subtract, 0), swap) == [("p", [0, 1])]
+
+
+def test_port_alternatives_select_1_or_2():
+    pat = Pattern("p", 9, [Node("r", K.ReLU), Node("s", K.Select, [In("r", (1, 2))])])
+    for port in (1, 2):
+        g = G()
+        y = g.op(K.ReLU, g.input((4, 8)))
+        ins = [g.input((4, 8), dt.boolean), g.input((1,))]
+        ins.insert(port, y)
+        g.op(K.Select, *ins, dtype=dt.f32)
+        assert parts(g.done(), pat) == [("p", [0, 1])]
+
+
+POST = Repeat("post", (Body("unary", [Node("op", {K.ReLU, K.Exp, K.Tanh}, [In(ENTRY, 0)])]),
+                       Body("binary", [Node("op", {K.Add, K.Multiply}, [In(ENTRY, 0, swap=True)])])),
+              0, 20, via="mm")
+MM_POST = Pattern("mm_post", 9, [Node("mm", K.MatMul), POST])
+
+
+def test_repetition_is_greedy_and_lists_ops_in_execution_order():
+    graph = chain(K.MatMul, K.ReLU, K.Add, K.Tanh, K.Multiply).done()
+    assert parts(graph, MM_POST) == [("mm_post", [0, 1, 2, 3, 4])]
+    assert next(iter_matches(graph, MM_POST, 4)).bindings == {"mm": 0, "post": [1, 2, 3, 4]}
+
+
+def test_repetition_stops_at_max_20_and_the_rest_is_left():
+    graph = chain(K.MatMul, *[K.ReLU] * 22).done()
+    result = parts(graph, MM_POST)
+    assert result[0] == ("mm_post", list(range(21)))
+    assert result[1:] == [(None, [21]), (None, [22])]
+
+
+def test_repetition_min_count():
+    pat = Pattern("p", 9, [Node("mm", K.MatMul), Repeat("post", POST.bodies, 2, 3, via="mm")])
+    assert parts(chain(K.MatMul, K.ReLU).done(), pat)[0][0] is None
+    assert parts(chain(K.MatMul, K.ReLU, K.Exp).done(), pat) == [("p", [0, 1, 2])]
+
+
+def test_repetition_of_a_subgraph_body_swish():
+    swish = Body("swish", [Node("sig", K.Sigmoid, [In(ENTRY, 0)]),
+                           Node("mul", K.Multiply, [In(ENTRY, 0, swap=True), In("sig", 1, swap=True)])])
+    pat = Pattern("p", 9, [Node("mm", K.MatMul), Repeat("act", (swish,), 1, 1, via="mm")])
+    g = G()
+    y = g.op(K.MatMul, g.input((4, 8)), g.input((8, 8)))
+    s = g.op(K.Sigmoid, y)
+    g.op(K.Multiply, s, y)  # sigmoid(x) * x, operands swapped
+    graph = g.done()
+    assert parts(graph, pat) == [("p", [0, 1, 2])]
+    assert next(iter_matches(graph, pat, 2)).roles == {0: "mm", 1: "act[0].sig", 2: "act[0].mul"}
+
+
+def test_optional_group_all_or_nothing():
+    pat = Pattern("p", 9, [Node("mm", K.MatMul),
+                           Node("t", K.Tanh, [In("mm", 0)], optional="cap"),
+                           Node("m", K.Multiply, [In("t", 0, swap=True)], optional="cap"),
+                           Node("act", K.ReLU, [In("m", 0)])])
+    assert parts(chain(K.MatMul, K.Tanh, K.Multiply, K.ReLU).done(), pat) == [("p", [0, 1, 2, 3])]
+    assert parts(chain(K.MatMul, K.ReLU).done(), pat) == [("p", [0, 1])]
+    # Multiply without its Tanh: the group cannot be half present
+    assert parts(chain(K.MatMul, K.Multiply, K.ReLU).done(), pat)[0][0] is None
+
+
+def test_dotted_subgroup_is_absent_when_its_parent_is():
+    pat = Pattern("p", 9, [
+        Node("r", K.ReLU),
+        Node("e", K.Exp, [In("r", 0)], optional="a"),
+        Node("x", K.Abs, [In("e", 0)], optional="a.b"),  # needs e, never hangs off r alone
+        Node("t", K.Tanh, [In("r", 0)]),
+    ])
+    g = G()
+    r = g.op(K.ReLU, g.input((4, 8)))
+    g.op(K.Abs, r)
+    g.op(K.Tanh, r)
+    graph = g.done()
+    match = next(iter_matches(graph, pat, 2))
+    assert match.bindings == {"r": 0, "e": None, "x": None, "t": 2}
+
+
+def test_input_node_requires_one_tensor():
+    pat = Pattern("p", 9, [Input("src"), Node("a", K.MatMul, [In("src", 0)]),
+                           Node("b", K.MatMul, [In("src", 0)]),
+                           Node("add", K.Add, [In("a", 0, swap=True), In("b", 1, swap=True)])])
+    for shared in (True, False):
+        g = G()
+        x = g.input((4, 8))
+        x2 = x if shared else g.input((4, 8))
+        a = g.op(K.MatMul, x, g.input((8, 8)))
+        b = g.op(K.MatMul, x2, g.input((8, 8)))
+        g.op(K.Add, a, b)
+        assert (parts(g.done(), pat)[-1][0] == "p") == shared
+
+
+def test_intermediate_used_outside_is_rejected_unless_the_node_allows_it():
+    g = G()
+    y = g.op(K.MatMul, g.input((4, 8)), g.input((8, 8)))
+    g.op(K.ReLU, y)
+    g.op(K.Exp, y)  # second user of the MatMul output
+    graph = g.done()
+    assert all(p is None for p, _ in parts(graph, MM_RELU))
+    trace = Trace()
+    from patterns.partitioner import find_fusion
+    assert find_fusion(graph, MM_RELU, 1, {}, {}, trace) is None
+    assert "used by op 2 outside the match" in trace.reason
+    allowed = Pattern("p", 9, [Node("mm", K.MatMul, escape=(0,)), Node("act", K.ReLU, [In("mm", 0)])])
+    assert parts(graph, allowed)[0] == ("p", [0, 1])
+
+
+def test_intermediate_graph_output_is_rejected():
+    g = G()
+    s = g.op(K.SoftMax, g.input((4, 8)), outputs=2, attrs={"axis": -1})  # stats unused: an output
+    g.op(K.ReLU, s[0])
+    graph = g.done()
+    plain = Pattern("p", 9, [Node("sm", K.SoftMax), Node("act", K.ReLU, [In("sm", 0)])])
+    stats = Pattern("p", 9, [Node("sm", K.SoftMax, escape=(1,)), Node("act", K.ReLU, [In("sm", 0)])])
+    assert parts(graph, plain)[0][0] is None
+    assert parts(graph, stats) == [("p", [0, 1])]
+
+
+def test_a_match_that_would_close_a_cycle_through_another_partition_is_rejected():
+    # m1 -> f, f2 -> m2, f -> s <- f2: {f, f2, s} is fused first; {m1, m2} would
+    # then sit both before (m1 -> f) and after (f2 -> m2) that partition.
+    g = G()
+    m1 = g.op(K.ReLU, g.input((4, 8)))
+    f = g.op(K.Exp, m1)
+    f2 = g.op(K.Tanh, g.input((4, 8)))
+    g.op(K.Add, f, f2)
+    g.op(K.Add, m1, f2)
+    graph = g.done()
+    first = Pattern("first", 10, [Node("f", K.Exp), Node("f2", K.Tanh, escape=(0,)),
+                                  Node("s", K.Add, [In("f", 0), In("f2", 1)])])
+    second = Pattern("second", 9, [Node("m1", K.ReLU, escape=(0,)), Node("m2", K.Add, [In("m1", 0)])])
+    assert ("second", [0, 4]) in parts(graph, second)
+    assert parts(graph, first, second) == [(None, [0]), ("first", [1, 2, 3]), (None, [4])]
+    from patterns.partitioner import find_fusion
+    trace = Trace()
+    owner = {1: "f", 2: "f", 3: "f"}
+    assert find_fusion(graph, second, 4, owner, {1: "first", 2: "first", 3: "first"}, trace) is None
+    assert "cycle" in trace.reason
+
+
+def test_priority_order_and_taken_ops():
+    graph = chain(K.MatMul, K.ReLU, K.Exp).done()
+    relu_exp = Pattern("relu_exp", 8, [Node("r", K.ReLU), Node("e", K.Exp, [In("r", 0)])])
+    assert parts(graph, MM_RELU, relu_exp) == [("mm_relu", [0, 1]), (None, [2])]
+    assert parts(graph, relu_exp, MM_RELU) == [(None, [0]), ("relu_exp", [1, 2])]
+
+
+def test_predicates_on_attrs_and_dtypes():
+    pat = Pattern("p", 9, [Node("mm", K.MatMul, when=[attr_is("transpose_b", True)]),
+                           Node("act", K.ReLU, [In("mm", 0)])])
+    g = G()
+    g.op(K.ReLU, g.op(K.MatMul, g.input((4, 8)), g.input((5, 8)), attrs={"transpose_b": True}))
+    assert parts(g.done(), pat)[0][0] == "p"
+    graph = chain(K.MatMul, K.ReLU).done()
+    assert parts(graph, pat)[0][0] is None
+    trace = Trace()
+    list(iter_matches(graph, pat, 1, trace=trace))
+    assert "transpose_b is True" in trace.reason
+    bf16 = Pattern("p", 9, [Node("mm", K.MatMul, when=[in_dtype(0, dt.bf16)]),
+                            Node("act", K.ReLU, [In("mm", 0)])])
+    assert parts(chain(K.MatMul, K.ReLU, dtype=dt.bf16).done(), bf16)[0][0] == "p"
+    assert parts(graph, bf16)[0][0] is None
+
+
+def test_nodes_below_a_matched_producer_are_found_among_its_consumers():
+    # two outputs: the sink reaches 'mm'; 'side' hangs off it (an extra output)
+    pat = Pattern("p", 9, [Node("mm", K.MatMul),
+                           Node("side", K.Exp, [In("mm", 0)], escape=(0,)),
+                           Node("extra", K.Abs, [In("side", 0)], optional=True, escape=(0,)),
+                           Node("act", K.ReLU, [In("mm", 0)])])
+    g = G()
+    y = g.op(K.MatMul, g.input((4, 8)), g.input((8, 8)))
+    e = g.op(K.Exp, y)
+    g.op(K.ReLU, y)
+    g.op(K.Abs, e)
+    graph = g.done()
+    assert parts(graph, pat) == [("p", [0, 1, 2, 3])]
+    assert next(iter_matches(graph, pat, 2)).bindings == {"mm": 0, "side": 1, "extra": 3, "act": 2}
+
+
+def test_whole_match_checks():
+    pat = Pattern("p", 9, [Node("mm", K.MatMul),
+                           Node("scale", K.Multiply, [In("mm", 0)], optional=True),
+                           Node("act", K.ReLU, [In("scale", 0)])],
+                  checks=[Check("has a scale", lambda b, g: b["scale"] is not None)])
+    assert parts(chain(K.MatMul, K.ReLU).done(), pat)[0][0] is None
+    assert parts(chain(K.MatMul, K.Multiply, K.ReLU).done(), pat)[0][0] == "p"
+
+
+def test_a_single_op_match_is_not_a_fusion():
+    pat = Pattern("p", 9, [Node("mm", K.MatMul), Node("act", K.ReLU, [In("mm", 0)], optional=True)])
+    assert parts(chain(K.MatMul).done(), pat) == [(None, [0])]
+
+
+def test_pattern_declarations_are_validated():
+    with pytest.raises(ValueError, match="unknown"):
+        Pattern("p", 1, [Node("a", K.ReLU, [In("nope", 0)])])
+    with pytest.raises(ValueError, match="duplicate"):
+        Pattern("p", 1, [Node("a", K.ReLU), Node("a", K.Exp)])
+    with pytest.raises(ValueError, match="max"):
+        Repeat("r", (), 0, 21)
+    with pytest.raises(ValueError, match="body"):
+        Pattern("p", 1, [Node("a", K.ReLU),
+                         Repeat("r", (Body("b", [Node("x", K.Exp, [In("a", 0)])]),), via="a")])
