@@ -1,0 +1,745 @@
+"""Weight-compressed MatMul: ``y = post_ops(x @ dequant(W))`` with int4/int8 weights.
+
+Formula (per output ``m, n``; groups ``g`` of ``G`` consecutive ``k``)::
+
+    y[m, n] = sum_g s[g, n] * (sum_{k in g} x[m, k] * u[k, n]  -  z[g, n] * xs[m, g])
+    xs[m, g] = sum_{k in g} x[m, k]
+
+where ``u`` is the stored integer read as unsigned (s4 bytes are XORed with
+0x88, which makes ``u = q + 8`` and ``z = 8``; s8 is read signed with ``z = 0``)
+and ``z`` the zero point (0 without one).  Everything is f32: the inner sums
+use explicit single-rounding FMAs (``bits.fma32``) in a fixed order (sequential
+over ``k`` inside a group, then groups in order), so the result is exact IEEE
+f32 arithmetic without any fastmath flag; it differs from the float64 value of
+the dequantized product by the usual accumulation bound
+``~ (G + K/G) * 2**-24 * sum |x w|``.
+
+Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
+``transpose_b``):
+
+* **blocked** (fastest; made by :func:`prepare` once per constant weight):
+  ``wb[NBLK, K, CB]`` bytes, ``CB = 64``: block ``b`` holds columns
+  ``b*128 .. b*128+127``; byte ``j`` of row ``k`` has column ``2j`` in its low
+  nibble, ``2j+1`` in its high nibble.  Each thread streams whole blocks.
+* **natural [K, N]** (packed row-major, scales ``[K/G, N]``): the same kernel
+  runs on a strided view of the user's buffer (``N % 128 == 0``); other N use
+  the blocked kernel on the aligned part and the generic kernel on the tail.
+* **natural [N, K]** (transpose_b, groups ``[1, G]``): one row per output
+  column; :func:`prepare` repacks it to blocked (a transpose of nibbles).  The
+  direct (non-constant weight) path dequantizes panels and uses BLAS for
+  M > 8 and a K-reduction kernel for decode.
+
+Paths: decode (M <= 8): GEMV streaming the packed weights once, N blocks (and
+K splits when there are few blocks) over threads.  Prefill: per panel of 256
+columns, a parallel dequantization into an L2/L3-resident f32 panel, then
+BLAS ``sgemm`` on it (dequantization amortised over M), then the epilogue.
+
+Post-ops are an *epilogue program* (see :func:`make_epilogue`): int-coded ops
+with per-op scalars and an operand view ``(offset, stride_m, stride_n)`` into
+one f32 buffer, applied per output element before the final store, which may
+convert to bf16/f16 bits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.bits import (bf16_to_f32, f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch,
+                          round_code, i8_to_f32, load_row_f32)
+
+CB = 64  #: bytes per block row (128 int4 columns)
+PANEL = 256  #: prefill panel width (columns)
+DECODE_MAX_M = 8
+_PF_ROWS = 32  #: software prefetch distance in block rows (32 * 64 B = 2 KiB)
+
+# weight kinds
+S4, U4, S8, U8 = "s4", "u4", "s8", "u8"
+
+# --------------------------------------------------------------- epilogue ops
+EP_ADD, EP_MUL, EP_SUB, EP_DIV, EP_MAX, EP_MIN, EP_RSUB, EP_RDIV = 1, 2, 3, 4, 5, 6, 7, 8
+EP_RELU, EP_GELU_ERF, EP_GELU_TANH, EP_SIGMOID, EP_SILU, EP_TANH, EP_CLAMP = 10, 11, 12, 13, 14, 15, 16
+EP_LINEAR, EP_ELU, EP_ABS, EP_EXP, EP_SQUARE, EP_LEAKY_RELU = 17, 18, 19, 20, 21, 22
+UNARY_OPS = {"relu": EP_RELU, "gelu_erf": EP_GELU_ERF, "gelu_tanh": EP_GELU_TANH,
+             "sigmoid": EP_SIGMOID, "silu": EP_SILU, "swish": EP_SILU, "tanh": EP_TANH,
+             "clamp": EP_CLAMP, "linear": EP_LINEAR, "elu": EP_ELU, "abs": EP_ABS,
+             "exp": EP_EXP, "square": EP_SQUARE, "leaky_relu": EP_LEAKY_RELU}
+BINARY_OPS = {"add": EP_ADD, "bias": EP_ADD, "mul": EP_MUL, "sub": EP_SUB, "div": EP_DIV,
+              "max": EP_MAX, "min": EP_MIN, "rsub": EP_RSUB, "rdiv": EP_RDIV}
+OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
+
+
+@dataclass
+class Epilogue:
+    """A compiled post-op chain: ``ops[i]`` with ``fpar[i] = (alpha, beta)`` and
+    ``ipar[i] = (offset, stride_m, stride_n)`` into ``buf`` for binary ops."""
+
+    ops: np.ndarray
+    fpar: np.ndarray
+    ipar: np.ndarray
+    buf: np.ndarray
+
+
+def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
+    """Build the epilogue program for an ``[M, N]`` output.
+
+    ``post_ops`` is a sequence of ``(name, arg)``: unary ``("relu", None)``,
+    ``("clamp", (lo, hi))``, ``("silu", alpha)``, ``("linear", (a, b))``,
+    ``("elu", alpha)``, ``("leaky_relu", alpha)``; binary ``("add", array)``
+    where ``array`` broadcasts to ``[M, N]`` (scalar, ``[N]``, ``[1, N]``,
+    ``[M, 1]`` or ``[M, N]``; bf16/f16 operands are widened here).
+    """
+    post_ops = list(post_ops or ())
+    P = len(post_ops)
+    ops = np.zeros(max(P, 1), np.int32)
+    fpar = np.zeros((max(P, 1), 2), np.float32)
+    ipar = np.zeros((max(P, 1), 3), np.int64)
+    chunks, off = [], 0
+    for i, (name, arg) in enumerate(post_ops):
+        if name in BINARY_OPS:
+            ops[i] = BINARY_OPS[name]
+            a = np.asarray(arg).astype(np.float32)
+            a2 = a.reshape((1,) * (2 - a.ndim) + a.shape[-2:]) if a.ndim <= 2 else \
+                a.reshape(-1, a.shape[-1])
+            sm = 0 if a2.shape[0] == 1 else a2.shape[1]
+            sn = 0 if a2.shape[1] == 1 else 1
+            flat = np.ascontiguousarray(a2).reshape(-1)
+            ipar[i] = (off, sm, sn)
+            chunks.append(flat)
+            off += flat.size
+        else:
+            ops[i] = UNARY_OPS[name]
+            if name == "clamp":
+                fpar[i] = arg
+            elif name == "linear":
+                fpar[i] = arg
+            elif name in ("silu", "swish"):
+                fpar[i, 0] = 1.0 if arg is None else arg
+            elif name in ("elu", "leaky_relu"):
+                fpar[i, 0] = arg
+    buf = np.concatenate(chunks) if chunks else np.zeros(1, np.float32)
+    return Epilogue(ops[:P] if P else ops[:0], fpar, ipar, buf)
+
+
+@njit(inline="always", cache=True)
+def _ep_one(v, m, n, ops, fpar, ipar, buf):
+    for i in range(ops.shape[0]):
+        op = ops[i]
+        if op < 10:
+            o = buf[ipar[i, 0] + m * ipar[i, 1] + n * ipar[i, 2]]
+            if op == 1:
+                v = v + o
+            elif op == 2:
+                v = v * o
+            elif op == 3:
+                v = v - o
+            elif op == 4:
+                v = v / o
+            elif op == 5:
+                v = max(v, o)
+            elif op == 6:
+                v = min(v, o)
+            elif op == 7:
+                v = o - v
+            else:
+                v = o / v
+        elif op == 10:
+            v = max(v, np.float32(0.0))
+        elif op == 11:
+            v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * np.float32(0.7071067811865476))))
+        elif op == 12:
+            v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(
+                np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))))
+        elif op == 13:
+            v = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-v)))
+        elif op == 14:
+            v = v / (np.float32(1.0) + np.float32(math.exp(-fpar[i, 0] * v)))
+        elif op == 15:
+            v = np.float32(math.tanh(v))
+        elif op == 16:
+            v = min(max(v, fpar[i, 0]), fpar[i, 1])
+        elif op == 17:
+            v = fpar[i, 0] * v + fpar[i, 1]
+        elif op == 18:
+            if v < 0:
+                v = fpar[i, 0] * (np.float32(math.exp(v)) - np.float32(1.0))
+        elif op == 19:
+            v = abs(v)
+        elif op == 20:
+            v = np.float32(math.exp(v))
+        elif op == 21:
+            v = v * v
+        elif op == 22:
+            if v < 0:
+                v = v * fpar[i, 0]
+    return v
+
+
+@njit(cache=True)
+def _store_rows(acc, m0, n0, out, okind, ops, fpar, ipar, buf):
+    """out[m0+i, n0+j] = convert(epilogue(acc[i, j])) for the tile ``acc``."""
+    R, C = acc.shape
+    N = out.shape[1]
+    for i in range(R):
+        for j in range(C):
+            n = n0 + j
+            if n >= N:
+                break
+            v = _ep_one(np.float32(acc[i, j]), m0 + i, n, ops, fpar, ipar, buf)
+            if okind == 0:
+                out[m0 + i, n] = v
+            elif okind == 1:
+                out[m0 + i, n] = f32_to_bf16(v)
+            else:
+                out[m0 + i, n] = f32_to_f16_bits(v)
+
+
+@njit(parallel=True, cache=True)
+def _finish(part, out, okind, ops, fpar, ipar, buf):
+    """Sum K-split partials (fixed order), apply the epilogue, store."""
+    S, M, Np = part.shape
+    N = out.shape[1]
+    nb = (N + 255) // 256
+    for t in prange(M * nb):
+        m = t // nb
+        n0 = (t % nb) * 256
+        for n in range(n0, min(n0 + 256, N)):
+            v = part[0, m, n]
+            for s in range(1, S):
+                v += part[s, m, n]
+            v = _ep_one(v, m, n, ops, fpar, ipar, buf)
+            if okind == 0:
+                out[m, n] = v
+            elif okind == 1:
+                out[m, n] = f32_to_bf16(v)
+            else:
+                out[m, n] = f32_to_f16_bits(v)
+
+
+# ----------------------------------------------------------- activation prep
+@njit(parallel=True, cache=True)
+def _prep_x(x, kind, rnd, G, xf, xs):
+    """x (f32 / bf16 bits / f16 bits) -> rounded f32 ``xf`` and group sums ``xs``."""
+    M, K = xf.shape
+    for m in prange(M):
+        load_row_f32(x[m], kind, rnd, xf[m])
+        for g in range(K // G):
+            s = np.float32(0.0)
+            for k in range(g * G, g * G + G):
+                s += xf[m, k]
+            xs[m, g] = s
+
+
+# ------------------------------------------------------------ decode kernels
+@njit(inline="always", cache=True)
+def _block_m1(xf, xs, wb, blk, k0, k1, G, xm, sc, zf, zmode, pE, pO, accE, accO, part, s):
+    """One block, rows k0..k1 (group-aligned), M == 1; result into part[s, 0, cols]."""
+    K = wb.shape[1]
+    cbw = wb.shape[2]
+    for j in range(cbw):
+        accE[j] = 0.0
+        accO[j] = 0.0
+    for g in range(k0 // G, k1 // G):
+        for j in range(cbw):
+            pE[j] = 0.0
+            pO[j] = 0.0
+        kg = g * G
+        k = kg
+        while k + 4 <= kg + G:
+            x0 = xf[0, k]
+            x1 = xf[0, k + 1]
+            x2 = xf[0, k + 2]
+            x3 = xf[0, k + 3]
+            kp = min(k + _PF_ROWS, K - 4)
+            for q in range(0, cbw, 64):
+                prefetch(wb[blk, kp], q)
+                prefetch(wb[blk, kp + 1], q)
+                prefetch(wb[blk, kp + 2], q)
+                prefetch(wb[blk, kp + 3], q)
+            r0 = wb[blk, k]
+            r1 = wb[blk, k + 1]
+            r2 = wb[blk, k + 2]
+            r3 = wb[blk, k + 3]
+            for j in range(cbw):
+                a = pE[j]
+                a = fma32(x0, nib_x(r0[j], xm, False), a)
+                a = fma32(x1, nib_x(r1[j], xm, False), a)
+                a = fma32(x2, nib_x(r2[j], xm, False), a)
+                a = fma32(x3, nib_x(r3[j], xm, False), a)
+                pE[j] = a
+                c = pO[j]
+                c = fma32(x0, nib_x(r0[j], xm, True), c)
+                c = fma32(x1, nib_x(r1[j], xm, True), c)
+                c = fma32(x2, nib_x(r2[j], xm, True), c)
+                c = fma32(x3, nib_x(r3[j], xm, True), c)
+                pO[j] = c
+            k += 4
+        while k < kg + G:
+            x0 = xf[0, k]
+            r0 = wb[blk, k]
+            for j in range(cbw):
+                pE[j] = fma32(x0, nib_x(r0[j], xm, False), pE[j])
+                pO[j] = fma32(x0, nib_x(r0[j], xm, True), pO[j])
+            k += 1
+        _group_scale(xs[0, g], sc[blk, g], zf, blk, g, zmode, pE, pO, accE, accO)
+    base = blk * 2 * cbw
+    for j in range(cbw):
+        part[s, 0, base + 2 * j] = accE[j]
+        part[s, 0, base + 2 * j + 1] = accO[j]
+
+
+@njit(inline="always", cache=True)
+def _group_scale(xsum, srow, zf, blk, g, zmode, pE, pO, accE, accO):
+    """acc += s * (p - z * xsum) for one group (z: 0, 8 or the zero point row)."""
+    if zmode == 0:
+        for j in range(pE.shape[0]):
+            accE[j] = fma32(srow[2 * j], pE[j], accE[j])
+            accO[j] = fma32(srow[2 * j + 1], pO[j], accO[j])
+    elif zmode == 2:
+        c = np.float32(8.0) * xsum
+        for j in range(pE.shape[0]):
+            accE[j] = fma32(srow[2 * j], pE[j] - c, accE[j])
+            accO[j] = fma32(srow[2 * j + 1], pO[j] - c, accO[j])
+    else:
+        zrow = zf[blk, g]
+        for j in range(pE.shape[0]):
+            accE[j] = fma32(srow[2 * j], pE[j] - zrow[2 * j] * xsum, accE[j])
+            accO[j] = fma32(srow[2 * j + 1], pO[j] - zrow[2 * j + 1] * xsum, accO[j])
+
+
+@njit(parallel=True, cache=True)
+def _gemv4(xf, xs, wb, xm, sc, zf, zmode, G, part):
+    """int4 decode GEMV over blocked weights; part[S, M, NBLK*128] raw sums.
+
+    Work item = (block, K split); M rows are processed one after another from
+    an L1-resident unpacked row buffer when M > 1.
+    """
+    NBLK, K, cbw = wb.shape
+    S = part.shape[0]
+    M = xf.shape[0]
+    ng = K // G
+    gps = (ng + S - 1) // S
+    for t in prange(NBLK * S):
+        blk = t // S
+        s = t % S
+        k0 = min(s * gps, ng) * G
+        k1 = min((s + 1) * gps, ng) * G
+        pE = np.empty(cbw, np.float32)
+        pO = np.empty(cbw, np.float32)
+        accE = np.empty(cbw, np.float32)
+        accO = np.empty(cbw, np.float32)
+        if M == 1:
+            if xm == 0:
+                _block_m1(xf, xs, wb, blk, k0, k1, G, np.uint8(0), sc, zf, zmode,
+                          pE, pO, accE, accO, part, s)
+            else:
+                _block_m1(xf, xs, wb, blk, k0, k1, G, np.uint8(0x88), sc, zf, zmode,
+                          pE, pO, accE, accO, part, s)
+        else:
+            _block_mm(xf, xs, wb, blk, k0, k1, G, xm, sc, zf, zmode, part, s)
+
+
+@njit(inline="always", cache=True)
+def _block_mm(xf, xs, wb, blk, k0, k1, G, xm, sc, zf, zmode, part, s):
+    """One block for M > 1: unpack each weight row once, then M vector FMAs."""
+    M = xf.shape[0]
+    cbw = wb.shape[2]
+    uE = np.empty(cbw, np.float32)
+    uO = np.empty(cbw, np.float32)
+    pE = np.empty((M, cbw), np.float32)
+    pO = np.empty((M, cbw), np.float32)
+    accE = np.zeros((M, cbw), np.float32)
+    accO = np.zeros((M, cbw), np.float32)
+    for g in range(k0 // G, k1 // G):
+        pE[:] = 0.0
+        pO[:] = 0.0
+        for k in range(g * G, g * G + G):
+            r = wb[blk, k]
+            for j in range(cbw):
+                uE[j] = nib_x(r[j], xm, False)
+                uO[j] = nib_x(r[j], xm, True)
+            for m in range(M):
+                xv = xf[m, k]
+                for j in range(cbw):
+                    pE[m, j] = fma32(xv, uE[j], pE[m, j])
+                    pO[m, j] = fma32(xv, uO[j], pO[m, j])
+        for m in range(M):
+            _group_scale(xs[m, g], sc[blk, g], zf, blk, g, zmode, pE[m], pO[m], accE[m], accO[m])
+    base = blk * 2 * cbw
+    for m in range(M):
+        for j in range(cbw):
+            part[s, m, base + 2 * j] = accE[m, j]
+            part[s, m, base + 2 * j + 1] = accO[m, j]
+
+
+@njit(parallel=True, cache=True)
+def _gemv8(xf, xs, wb, sc, zf, zmode, G, part):
+    """int8 decode GEMV; wb[NBLK, K, 128] int8/uint8, lanes = columns."""
+    NBLK, K, W = wb.shape
+    S = part.shape[0]
+    M = xf.shape[0]
+    ng = K // G
+    gps = (ng + S - 1) // S
+    for t in prange(NBLK * S):
+        blk = t // S
+        s = t % S
+        p = np.empty((M, W), np.float32)
+        acc = np.zeros((M, W), np.float32)
+        for g in range(min(s * gps, ng), min((s + 1) * gps, ng)):
+            p[:] = 0.0
+            for k in range(g * G, g * G + G):
+                kp = min(k + 16, K - 1)
+                prefetch(wb[blk, kp], 0)
+                r = wb[blk, k]
+                for m in range(M):
+                    xv = xf[m, k]
+                    for j in range(W):
+                        p[m, j] = fma32(xv, i8_to_f32(r[j]), p[m, j])
+            srow = sc[blk, g]
+            for m in range(M):
+                xsum = xs[m, g]
+                if zmode == 1:
+                    zrow = zf[blk, g]
+                    for j in range(W):
+                        acc[m, j] = fma32(srow[j], p[m, j] - zrow[j] * xsum, acc[m, j])
+                else:
+                    for j in range(W):
+                        acc[m, j] = fma32(srow[j], p[m, j], acc[m, j])
+        for m in range(M):
+            for j in range(W):
+                part[s, m, blk * W + j] = acc[m, j]
+
+
+# ------------------------------------------------------ generic (any layout)
+@njit(inline="always", cache=True)
+def _wval(w, idx, bits4, signed):
+    """Integer weight at dense linear index ``idx`` (packed nibbles or bytes)."""
+    if bits4:
+        b = np.int32(w[idx >> 1])
+        q = (b >> 4) & 15 if idx & 1 else b & 15
+        if signed and q >= 8:
+            q -= 16
+        return np.float32(q)
+    return np.float32(w[idx])
+
+
+@njit(parallel=True, cache=True)
+def _dequant_panel(w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n0, rnd, panel):
+    """panel[k, j] = round((q[k, n0+j] - z) * s) for j < panel width (exact f32).
+
+    ``w`` is the user's flat buffer: [K, N] (``trans`` False, scales [K/G, N])
+    or [N, K] (``trans`` True, scales [N, K/G]).  Columns past N are zeros.
+    """
+    NB = panel.shape[1]
+    nk = (K + 63) // 64
+    for c in prange(nk):
+        for k in range(c * 64, min(c * 64 + 64, K)):
+            g = k // G
+            for j in range(NB):
+                n = n0 + j
+                if n >= N:
+                    panel[k, j] = 0.0
+                    continue
+                if trans:
+                    q = _wval(w, n * K + k, bits4, signed)
+                    s = sc[n, g]
+                    z = zp[n, g] if has_zp else np.float32(0.0)
+                else:
+                    q = _wval(w, k * N + n, bits4, signed)
+                    s = sc[g, n]
+                    z = zp[g, n] if has_zp else np.float32(0.0)
+                panel[k, j] = round_code((q - z) * s, rnd)
+
+
+@njit(parallel=True, cache=True)
+def _dequant_panel_blk(wb, xm, sc, zf, zmode, b0, rnd, panel):
+    """Dequantize blocks b0.. of the blocked int4 layout into panel[K, 128*nb]."""
+    K = wb.shape[1]
+    G = K // sc.shape[1]
+    nbk = panel.shape[1] // (2 * CB)
+    nk = (K + 31) // 32
+    for t in prange(nk * nbk):
+        c = t // nbk
+        bb = t % nbk
+        blk = b0 + bb
+        for k in range(c * 32, min(c * 32 + 32, K)):
+            g = k // G
+            r = wb[blk, k]
+            srow = sc[blk, g]
+            for j in range(CB):
+                if zmode == 0:
+                    zl = np.float32(0.0)
+                    zh = np.float32(0.0)
+                elif zmode == 2:
+                    zl = np.float32(8.0)
+                    zh = np.float32(8.0)
+                else:
+                    zl = zf[blk, g, 2 * j]
+                    zh = zf[blk, g, 2 * j + 1]
+                panel[k, bb * 2 * CB + 2 * j] = round_code(
+                    (nib_x(r[j], xm, False) - zl) * srow[2 * j], rnd)
+                panel[k, bb * 2 * CB + 2 * j + 1] = round_code(
+                    (nib_x(r[j], xm, True) - zh) * srow[2 * j + 1], rnd)
+
+
+@njit(parallel=True, cache=True)
+def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n_lo, out):
+    """out[m, n - n_lo] for n in n_lo..N: any layout, one column per work item.
+
+    Used for tails (N not a multiple of 128 in the [K, N] layout) and the
+    [N, K] decode path.  Sequential f32 FMAs per group, groups in order.
+    """
+    M = xf.shape[0]
+    for n in prange(n_lo, N):
+        for m in range(M):
+            acc = np.float32(0.0)
+            for g in range(K // G):
+                p = np.float32(0.0)
+                if trans:
+                    s = sc[n, g]
+                    z = zp[n, g] if has_zp else np.float32(0.0)
+                    for k in range(g * G, g * G + G):
+                        p = fma32(xf[m, k], _wval(w, n * K + k, bits4, signed) - z, p)
+                else:
+                    s = sc[g, n]
+                    z = zp[g, n] if has_zp else np.float32(0.0)
+                    for k in range(g * G, g * G + G):
+                        p = fma32(xf[m, k], _wval(w, k * N + n, bits4, signed) - z, p)
+                acc = fma32(s, p, acc)
+            out[m, n - n_lo] = acc
+
+
+# ------------------------------------------------------------- preparation
+@dataclass
+class WeightSpec:
+    """What the kernels need to know about a compressed weight (logical [K, N])."""
+
+    kind: str  # s4 u4 s8 u8
+    K: int
+    N: int
+    group: int  # G along K (K for per-channel)
+    transposed: bool  # stored [N, K] (transpose_b) with scales [N, K/G]
+
+
+@dataclass
+class PreparedWeight:
+    """Kernel-friendly copy of a constant weight (see module doc, 'blocked')."""
+
+    spec: WeightSpec
+    wb: np.ndarray  # [NBLK, K, CB] uint8 (int4) or [NBLK, K, 128] int8/uint8
+    sc: np.ndarray  # [NBLK, K/G, 128] f32
+    zf: np.ndarray  # [NBLK, K/G, 128] f32 or [1,1,1] dummy
+    zmode: int  # 0 none, 1 zf, 2 constant 8 (s4 stored XOR 0x88)
+    xm: int  # XOR mask for int4 bytes (0 after prepare)
+    src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
+
+
+def _unpack4(w, count, signed):
+    b = np.asarray(w, np.uint8).reshape(-1)
+    q = np.empty(b.size * 2, np.int8)
+    q[0::2] = b & 15
+    q[1::2] = b >> 4
+    q = q[:count]
+    if signed:
+        q = np.where(q >= 8, q - 16, q).astype(np.int8)
+    return q
+
+
+def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
+    """Repack a weight (user layout) into the blocked layout; call once per constant."""
+    K, N, G = spec.K, spec.N, spec.group
+    ng = K // G
+    bits4 = spec.kind in (S4, U4)
+    signed = spec.kind in (S4, S8)
+    if bits4:
+        q = _unpack4(w, K * N, signed).astype(np.int16)
+    else:
+        q = np.asarray(w).reshape(-1).astype(np.int16)
+    q = q.reshape(N, K).T if spec.transposed else q.reshape(K, N)
+    sc = np.asarray(scales, np.float32)
+    sc = sc.T if spec.transposed else sc  # -> [ng, N]
+    sc = sc.reshape(ng, N)
+    zp = None if zps is None else np.asarray(zps).astype(np.float32)
+    if zp is not None:
+        zp = (zp.T if spec.transposed else zp).reshape(ng, N)
+    Np = -(-N // 128) * 128
+    nblk = Np // 128
+    if bits4:
+        u = (q + 8) if signed else q  # s4 -> q + 8 (matches XOR 0x88 of the nibble)
+        u = np.pad(u, ((0, 0), (0, Np - N))).astype(np.uint8)
+        byte = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)  # [K, Np/2]
+        wb = np.ascontiguousarray(byte.reshape(K, nblk, CB).transpose(1, 0, 2))
+        zmode = 2 if signed else (1 if zp is not None else 0)
+    else:
+        dt = np.int8 if signed else np.uint8
+        qq = np.pad(q, ((0, 0), (0, Np - N))).astype(dt)
+        wb = np.ascontiguousarray(qq.reshape(K, nblk, 128).transpose(1, 0, 2))
+        zmode = 1 if zp is not None else 0
+    scp = np.ascontiguousarray(np.pad(sc, ((0, 0), (0, Np - N))).reshape(ng, nblk, 128)
+                               .transpose(1, 0, 2))
+    if zp is not None:
+        zf = np.ascontiguousarray(np.pad(zp, ((0, 0), (0, Np - N))).reshape(ng, nblk, 128)
+                                  .transpose(1, 0, 2))
+    else:
+        zf = np.zeros((1, 1, 1), np.float32)
+    return PreparedWeight(spec, wb, scp, zf, zmode, 0, (w, scales, zps))
+
+
+def natural_chunk(N: int) -> int:
+    """Bytes per row chunk for the natural [K, N] int4 layout: the largest
+    multiple of 16 dividing N/2 up to 768 (wide chunks avoid the cache-set
+    conflicts of reading 64 B from rows N/2 bytes apart); 0 if none."""
+    half = N // 2
+    if N % 32:
+        return 0
+    return max(d for d in range(16, min(768, half) + 1, 16) if half % d == 0)
+
+
+def _natural_blocked(w, spec: WeightSpec, scales, zps):
+    """Zero-copy blocked views of a natural [K, N] int4 weight (N % 32 == 0)."""
+    K, N, G = spec.K, spec.N, spec.group
+    cb = natural_chunk(N)
+    nblk = N // (2 * cb)
+    b = np.asarray(w, np.uint8).reshape(-1)
+    wb = np.lib.stride_tricks.as_strided(b, (nblk, K, cb), (cb, N // 2, 1))
+    sc = np.ascontiguousarray(np.asarray(scales).astype(np.float32)).reshape(K // G, N)
+    scv = np.lib.stride_tricks.as_strided(sc, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
+    if zps is not None:
+        zp = np.ascontiguousarray(np.asarray(zps).astype(np.float32).reshape(K // G, N))
+        zfv = np.lib.stride_tricks.as_strided(zp, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
+        zmode = 1
+    else:
+        zfv = np.zeros((1, 1, 1), np.float32)
+        zmode = 2 if spec.kind == S4 else 0
+    xm = 0x88 if spec.kind == S4 else 0
+    return PreparedWeight(spec, wb, scv, zfv, zmode, xm, (w, scales, zps))
+
+
+# ------------------------------------------------------------- entry point
+def _ksplits(nblk: int, ng: int) -> int:
+    threads = numba.get_num_threads()
+    if nblk >= 4 * threads:
+        return 1
+    return max(1, min(ng, (4 * threads + nblk - 1) // nblk))
+
+
+def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: PreparedWeight | None = None,
+            post_ops=(), out=None, out_dtype="f32", rnd_x: int = 0, rnd_w: int = 0,
+            act_dtype=None):
+    """``post_ops(x @ dequant(w))`` -> out [M, N].
+
+    Args:
+      x: activations [M, K] (batch dims flattened): float32, float16,
+        ml_dtypes.bfloat16, or uint16 bits with ``act_dtype`` "bf16"/"f16".
+      w: the user's weight buffer: packed uint8 for s4/u4 (two per byte, low
+        nibble first, row-major [K, N], or [N, K] if ``spec.transposed``),
+        int8/uint8 for s8/u8.  Ignored when ``prepared`` is given.
+      spec: kind, K, N, group size and orientation.
+      scales: f32 (or bf16/f16) [K/G, N] ([N, K/G] transposed); zps like scales.
+      prepared: result of :func:`prepare` for constant weights (fastest).
+      post_ops: epilogue list (see :func:`make_epilogue`).
+      out: optional preallocated output (f32, or uint16 for bf16/f16 output).
+      out_dtype: "f32", "bf16" or "f16" (TypeCast epilogue; uint16 bits).
+      rnd_x, rnd_w: fpmath rounding codes (``bits.rounding_code``) for f32
+        activations and, with apply_to_int, for the dequantized weights.
+    """
+    M, K = x.shape
+    N, G = spec.N, spec.group
+    ng = K // G
+    if act_dtype == "f16" and x.dtype == np.uint16:
+        xk, kind = x, 2
+    else:
+        from kernels.bits import act_kind
+        xk, kind = act_kind(np.ascontiguousarray(x))
+    xf = np.empty((M, K), np.float32)
+    xs = np.empty((M, ng), np.float32)
+    _prep_x(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
+    okind = {"f32": OUT_F32, "bf16": OUT_BF16, "f16": OUT_F16}[out_dtype]
+    if out is None:
+        out = np.empty((M, N), np.float32 if okind == 0 else np.uint16)
+    ep = make_epilogue(post_ops, M, N)
+    bits4 = spec.kind in (S4, U4)
+    if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0:
+        prepared = _natural_blocked(w, spec, scales, zps)
+    if M <= DECODE_MAX_M and rnd_w == 0 and prepared is not None:
+        pw = prepared
+        nblk = pw.wb.shape[0]
+        S = _ksplits(nblk, ng)
+        part = np.empty((S, M, pw.sc.shape[0] * pw.sc.shape[2]), np.float32)
+        if bits4:
+            _gemv4(xf, xs, pw.wb, np.uint8(pw.xm), pw.sc, pw.zf, pw.zmode, G, part)
+        else:
+            _gemv8(xf, xs, pw.wb, pw.sc, pw.zf, pw.zmode, G, part)
+        _finish(part, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        return out
+    if M <= DECODE_MAX_M and rnd_w == 0:
+        sc, zp, has_zp = _scales_zps(spec, scales, zps)
+        raw = np.empty((M, N), np.float32)
+        _gemv_generic(xf, _flat(w, bits4), bits4, spec.kind in (S4, S8), spec.transposed,
+                      K, N, G, sc, zp, has_zp, 0, raw)
+        _finish(raw[None], out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        return out
+    _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep)
+    return out
+
+
+def _flat(w, bits4):
+    a = np.asarray(w)
+    return a.reshape(-1).view(np.uint8) if bits4 else a.reshape(-1)
+
+
+def _scales_zps(spec, scales, zps):
+    sc = np.ascontiguousarray(np.asarray(scales).astype(np.float32))
+    sh = (spec.N, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, spec.N)
+    sc = sc.reshape(sh)
+    if zps is None:
+        return sc, np.zeros((1, 1), np.float32), False
+    return sc, np.ascontiguousarray(np.asarray(zps).astype(np.float32)).reshape(sh), True
+
+
+def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep):
+    """Panels of PANEL columns: dequantize (parallel, exact f32) then sgemm."""
+    M, K = xf.shape
+    N = spec.N
+    bits4 = spec.kind in (S4, U4)
+    panel = np.empty((K, PANEL), np.float32)
+    tile = np.empty((M, PANEL), np.float32)
+    use_blk = prepared is not None and bits4 and prepared.wb.shape[2] == CB
+    if prepared is not None and not bits4:
+        w, scales, zps = prepared.src
+    if not use_blk:
+        sc, zp, has_zp = _scales_zps(spec, scales, zps)
+        wf = _flat(w, bits4)
+    for n0 in range(0, N, PANEL):
+        width = min(PANEL, -(-(N - n0) // 128) * 128)
+        pv, tv = (panel, tile) if width == PANEL else (panel[:, :width], tile[:, :width])
+        if use_blk:
+            _dequant_panel_blk(prepared.wb, np.uint8(prepared.xm), prepared.sc, prepared.zf,
+                               prepared.zmode, n0 // 128, rnd_w, pv)
+        else:
+            _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group,
+                           sc, zp, has_zp, n0, rnd_w, pv)
+        np.matmul(xf, pv, out=tv)
+        _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+
+
+# ------------------------------------------------------------- registry glue
+#: (pattern, weight kind, fpmath) -> entry; the registry integration wraps these.
+KERNELS = {
+    ("wmatmul", kind, "*"): wmatmul for kind in (S4, U4, S8, U8)
+}
+
+
+def decoder_layer_decode_step(*args, **kwargs):  # pragma: no cover - needs the graph runtime
+    """Placeholder for the benchmark's decoder-layer tokens/s workload.
+
+    It needs the graph runtime (compiled partitions of the LLM sample's
+    graph); wire it in ``benchmarks`` once ``graph_api.engine`` executes
+    partitions through the registry.
+    """
+    raise NotImplementedError("decoder-layer decode step needs the graph runtime")
