@@ -227,12 +227,18 @@ def keep_pattern(shape) -> np.ndarray:
     return np.broadcast_to(j <= i + max(0, cols - rows), shape)
 
 
+# Values are made as float32 (every value used is exact in it) to keep the
+# 58M-element weights of the gated-MLP files cheap; dtypes.convert rounds to the tensor's type.
 def _choice(rng, values, shape) -> np.ndarray:
-    return rng.choice(np.asarray(values, dtype=np.float64), size=shape)
+    return rng.choice(np.asarray(values, dtype=np.float32), size=shape)
 
 
 def _ints(rng, lo, hi, shape) -> np.ndarray:
-    return rng.integers(lo, hi + 1, size=shape).astype(np.float64)
+    return rng.integers(lo, hi + 1, size=shape, dtype=np.int16).astype(np.float32)
+
+
+def _uniform(rng, lo, hi, shape) -> np.ndarray:
+    return rng.random(shape, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
 
 
 def _zero_point(op) -> float:
@@ -247,30 +253,30 @@ def _scores_shape(graph, role: Role):
 
 
 def _values(graph, rng, lt: LogicalTensor, role: Role) -> np.ndarray:
-    """Values (float64 or bool, shaped as ``lt``) for one role; stats are done later."""
+    """Values (float32, int64 or bool, shaped as ``lt``) for one role; stats are done later."""
     shape, name, dt = lt.shape, role.name, lt.dtype
     kind = dtypes.info(dt).kind
     ranges = INT_RANGES.get(dt)
     if name == "dropout_seed":
-        return np.full(shape, DROPOUT_SEED, dtype=np.float64)
+        return np.full(shape, DROPOUT_SEED, dtype=np.int64)
     if name == "dropout_offset":
-        return np.full(shape, DROPOUT_OFFSET, dtype=np.float64)
+        return np.full(shape, DROPOUT_OFFSET, dtype=np.int64)
     if name == "dropout_prob":
-        return np.full(shape, DROPOUT_PROBABILITY)
+        return np.full(shape, DROPOUT_PROBABILITY, dtype=np.float32)
     if name in ("causal_skv", "causal_sq"):
         scores = _scores_shape(graph, role)
-        return np.full(shape, scores[-1] if name == "causal_skv" else scores[-2], dtype=np.float64)
+        return np.full(shape, scores[-1] if name == "causal_skv" else scores[-2], dtype=np.int64)
     if name == "select_cond":
         keep = keep_pattern(shape)  # Select(cond, a, b) = cond ? a : b
         return np.array(keep if _scores_at(graph, role.op) == 1 else ~keep)
     if name == "select_fill":
-        return np.full(shape, -np.inf)
+        return np.full(shape, -np.inf, dtype=np.float32)
     if name == "scale_div":
         return _choice(rng, (2, 4, 8), shape)
     if name == "scale_mul":
         return _choice(rng, (0.25, 0.5, 1), shape)
     if name == "mask":
-        return np.where(keep_pattern(shape), 0.0, -np.inf)
+        return np.where(keep_pattern(shape), np.float32(0), np.float32(-np.inf))
     if name == "dq_src":
         if kind == "float":  # f8
             return _ints(rng, -4, 4, shape)
@@ -285,7 +291,7 @@ def _values(graph, rng, lt: LogicalTensor, role: Role) -> np.ndarray:
     if name == "dq_scales":
         return _choice(rng, (0.25, 0.5, 1), shape)
     if name == "weights":
-        return _ints(rng, -2, 2, shape) * 2.0 ** -weight_exponent(role.k)
+        return _ints(rng, -2, 2, shape) * np.float32(2.0 ** -weight_exponent(role.k))
     if name == "src":
         return _ints(rng, -4, 4, shape)
     if name == "bias":
@@ -293,7 +299,7 @@ def _values(graph, rng, lt: LogicalTensor, role: Role) -> np.ndarray:
     if name == "divisor":
         return _choice(rng, (1, 2, 4), shape)
     if name == "positive":
-        return rng.uniform(0.25, 4.0, size=shape)
+        return _uniform(rng, 0.25, 4.0, shape)
     return _generic(rng, lt)
 
 
@@ -309,7 +315,7 @@ def _generic(rng, lt: LogicalTensor) -> np.ndarray:
         return rng.random(lt.shape) < 0.5
     if info.kind == "int":
         return _ints(rng, *INT_RANGES.get(lt.dtype, (None, None, (0, 8)))[2], lt.shape)
-    return rng.uniform(-2.0, 2.0, size=lt.shape)
+    return _uniform(rng, -2.0, 2.0, lt.shape)
 
 
 def _stats(graph, feeds, role: Role, lt: LogicalTensor) -> np.ndarray:
