@@ -13,7 +13,7 @@ import numpy as np
 from . import dtypes
 from .engine import Engine
 from .enums import LayoutType, PropertyType
-from .errors import InvalidArguments, InvalidDataType, InvalidShape
+from .errors import InvalidArguments, InvalidDataType, InvalidShape, OutOfMemory
 from .logical_tensor import LogicalTensor, dense_strides
 
 
@@ -67,10 +67,13 @@ class Tensor:
         self.packed = self._info.packed
         span = _span(lt.shape, lt.strides)
         self._span = span
-        if self.packed:
-            self.buffer = self._packed_buffer(data, span)
-        else:
-            self.buffer = self._element_buffer(data, span)
+        try:
+            if self.packed:
+                self.buffer = self._packed_buffer(data, span)
+            else:
+                self.buffer = self._element_buffer(data, span)
+        except MemoryError:
+            raise OutOfMemory(f"tensor {lt!r}: cannot allocate {lt.size_in_bytes()} bytes") from None
 
     # ------------------------------------------------------------ construction
     def _element_buffer(self, data, span: int) -> np.ndarray:
