@@ -100,7 +100,10 @@ def f16_bits_to_f32(typingctx, h):
         v = args[0]
         if not isinstance(v.type, ir.IntType):  # float source: not bits; unused branch
             return context.cast(builder, v, signature.args[0], types.float32)
-        v = builder.trunc(v, ir.IntType(16)) if v.type.width > 16 else v
+        if v.type.width > 16:
+            v = builder.trunc(v, ir.IntType(16))
+        elif v.type.width < 16:
+            v = builder.zext(v, ir.IntType(16))
         return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
 
     return sig, codegen
@@ -278,11 +281,16 @@ nib_hi_s = _nibble_intrinsic(True, True)
 def i8_to_f32(typingctx, b):
     """int8/uint8 -> float32 through i32 lanes (sign per the numba type)."""
     sig = types.float32(b)
-    is_signed = b.signed
+    is_signed = getattr(b, "signed", True)
 
     def codegen(context, builder, signature, args):
         v = args[0]
-        v = builder.sext(v, ir.IntType(32)) if is_signed else builder.zext(v, ir.IntType(32))
+        if not isinstance(v.type, ir.IntType):  # float source (unused branch)
+            return context.cast(builder, v, signature.args[0], types.float32)
+        if v.type.width > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        elif v.type.width < 32:
+            v = builder.sext(v, ir.IntType(32)) if is_signed else builder.zext(v, ir.IntType(32))
         return builder.sitofp(v, ir.FloatType())
 
     return sig, codegen
@@ -301,6 +309,8 @@ def nib_x(typingctx, b, xm, hi):
     def codegen(context, builder, signature, args):
         i32 = ir.IntType(32)
         v, m, h = args
+        if not isinstance(v.type, ir.IntType):  # float source (unused branch)
+            v = builder.fptoui(v, ir.IntType(8))
         v = builder.zext(builder.trunc(v, ir.IntType(8)) if v.type.width > 8 else v, i32)
         m = builder.zext(builder.trunc(m, ir.IntType(8)) if m.type.width > 8 else m, i32)
         v = builder.xor(v, m)
@@ -309,3 +319,44 @@ def nib_x(typingctx, b, xm, hi):
         return builder.sitofp(v, ir.FloatType())
 
     return sig, codegen
+
+
+@intrinsic
+def pow2i(typingctx, n):
+    """2**n for an integral-valued float32 n in [-126, 127] (exponent bits)."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        e = builder.add(builder.fptosi(args[0], i32), i32(127))
+        return builder.bitcast(builder.shl(e, i32(23)), ir.FloatType())
+
+    return sig, codegen
+
+
+@njit(inline="always", cache=True)
+def exp32(x):
+    """exp(x) in f32 with branch-free range reduction (vectorises; <= 2 ulp).
+
+    x = n ln2 + r (Cody-Waite, |r| <= ln2/2), exp(r) by a degree-6 polynomial,
+    times 2**n from exponent bits.  Inputs below -87.3 give 0, above 88.7 inf.
+    """
+    xc = min(max(x, np.float32(-87.33654)), np.float32(88.72283))
+    n = np.floor(xc * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = xc - n * np.float32(0.693359375)
+    r = r - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    # 2**n in two steps so n = 128 (x near 88.7) does not overflow the exponent
+    h = np.floor(n * np.float32(0.5))
+    y = p * pow2i(h) * pow2i(n - h)
+    if x < np.float32(-87.33654):
+        y = np.float32(0.0)
+    if x > np.float32(88.72283):
+        y = np.float32(np.inf)
+    return y if x == x else x

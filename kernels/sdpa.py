@@ -1,0 +1,394 @@
+"""Scaled dot-product attention with plain or int4/int8-compressed K/V.
+
+Formula, per batch ``b``, query head ``h`` (KV head ``h // rep``), query row ``i``::
+
+    s[j]   = (q[i] . k[j]) * scale  (or / scale)  + mask[b, h, i, j]   (-inf if causal hides j)
+    out[i] = sum_j softmax(s)[j] * v[j]
+
+with ``k[j, d] = (K[.., j, d] - zk) * sk`` dequantized tile by tile (groups of
+``G`` along the head dimension ``D``) and the same for ``v``.  No f32 copy of K
+or V is ever made: each work item dequantizes a tile of ``T = 64`` positions
+into an L1-resident f32 buffer, scores it for all the query rows that share the
+KV head (GQA/MQA: the K/V tile is read once for ``rep * Sq`` rows), and updates
+an online softmax (running max ``m``, sum ``l`` and f32 accumulator).
+
+Decode (few query rows): the KV length is split over work items
+("flash-decoding"), so both threads are busy at batch 1 with one KV head; the
+partial ``(m, l, acc)`` are merged in a fixed order.  Prefill: work items are
+(batch, KV head, query tile of 32 positions); causal tiles beyond the diagonal
+are skipped.
+
+Arithmetic is f32 with explicit FMAs in a fixed order (no fastmath flags); the
+exponential is :func:`kernels.bits.exp32` (<= 2 ulp, vectorised).  fpmath
+rounding (``rnd``) applies to f32 Q and to f32/dequantized K and V when asked.
+
+Layouts: Q ``[B, Hq, Sq, D]``; K ``[B, Hkv, S, D]`` ("bhsd", scales
+``[B, Hkv, S, D/G]``) or transposed ``[B, Hkv, D, S]`` ("bhds", scales
+``[B, Hkv, D/G, S]``); V ``[B, Hkv, S, D]``.  The fast path is int4 K in
+"bhds" with even S (vectorised over positions) and int4 V "bhsd" with even D;
+other cases use per-element indexing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.numba_setup import numba  # noqa: F401
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
+                          f32_to_f16_bits, fma32, i8_to_f32, nib_x, prefetch, round_code)
+
+T = 64  #: KV positions per tile
+QT = 32  #: query positions per prefill tile
+KINDS = {"f32": 0, "bf16": 1, "f16": 2, "s8": 3, "u8": 4, "s4": 5, "u4": 6}
+CAUSAL = {None: 0, "none": 0, "top_left": 1, "bottom_right": 2}
+NEG_INF = np.float32(-np.inf)
+
+
+@dataclass
+class KV:
+    """One K or V operand.
+
+    ``data``: the storage (packed uint8 for s4/u4 flat or any shape, int8,
+    uint8, float32, uint16 bits for bf16/f16 or np.float16/bfloat16);
+    ``kind`` a key of :data:`KINDS`; ``shape`` the logical ``(B, H, S, D)``;
+    ``transposed``: stored ``[B, H, D, S]`` (K only); ``group``: G along D;
+    ``scales``/``zps``: shaped like the storage with D replaced by D/G.
+    """
+
+    data: np.ndarray
+    kind: str
+    shape: tuple
+    transposed: bool = False
+    group: int = 0
+    scales: np.ndarray | None = None
+    zps: np.ndarray | None = None
+
+
+def _kv_args(kv: KV):
+    B, H, S, D = kv.shape
+    kind = KINDS[kv.kind]
+    buf = np.asarray(kv.data)
+    if kind >= 5:
+        buf = buf.reshape(-1).view(np.uint8)
+    elif kind in (1, 2):
+        buf = buf.reshape(-1).view(np.uint16)
+    else:
+        buf = buf.reshape(-1)
+    G = kv.group if kind >= 3 else D
+    if kind >= 3 and kv.scales is not None:
+        sc = np.ascontiguousarray(np.asarray(kv.scales).astype(np.float32)).reshape(-1)
+    else:
+        sc = np.ones(1, np.float32)
+    has_sc = kind >= 3 and kv.scales is not None
+    if kind >= 3 and kv.zps is not None:
+        zp = np.ascontiguousarray(np.asarray(kv.zps).astype(np.float32)).reshape(-1)
+        has_zp = True
+    else:
+        zp = np.zeros(1, np.float32)
+        has_zp = False
+    return buf, kind, int(kv.transposed), G, sc, has_sc, zp, has_zp
+
+
+@njit(inline="always", cache=True)
+def _elem(buf, kind, idx):
+    """Stored element at flat index ``idx`` as f32 (integers not yet dequantized)."""
+    if kind == 0:
+        return np.float32(buf[idx])
+    if kind == 1:
+        return bf16_to_f32(buf[idx])
+    if kind == 2:
+        return f16_bits_to_f32(buf[idx])
+    if kind == 3 or kind == 4:
+        return i8_to_f32(buf[idx])
+    b = buf[idx >> 1]
+    if kind == 5:
+        return nib_x(b, np.uint8(0x88), (idx & 1) == 1) - np.float32(8.0)
+    return nib_x(b, np.uint8(0), (idx & 1) == 1)
+
+
+@njit(inline="always", cache=True)
+def _deq(v, sidx, sc, has_sc, zp, has_zp, rnd):
+    if has_zp:
+        v = v - zp[sidx]
+    if has_sc:
+        v = v * sc[sidx]
+    return round_code(v, rnd)
+
+
+@njit(cache=True)
+def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt, fast, kT, pos):
+    """kT[d, t] = dequantized K at position pos[t] (tile of nt positions from s0)."""
+    half = nt // 2
+    for t in range(nt):
+        pos[t] = s0 + 2 * t if (fast and t < half) else (s0 + 2 * (t - half) + 1 if fast else s0 + t)
+    base = (b * H + h) * D * S
+    ng = D // kG
+    if fast:  # int4, transposed, S and s0 even: row d is contiguous over positions
+        xm = np.uint8(0x88) if kk == 5 else np.uint8(0)
+        off = np.float32(8.0) if kk == 5 else np.float32(0.0)
+        for d in range(D):
+            g = d // kG
+            row0 = (base + d * S + s0) >> 1
+            sbase = ((b * H + h) * ng + g) * S + s0
+            for j in range(half):
+                byte = kb[row0 + j]
+                lo = nib_x(byte, xm, False) - off
+                hi = nib_x(byte, xm, True) - off
+                if khz:
+                    lo -= kzp[sbase + 2 * j]
+                    hi -= kzp[sbase + 2 * j + 1]
+                if khs:
+                    lo *= ksc[sbase + 2 * j]
+                    hi *= ksc[sbase + 2 * j + 1]
+                kT[d, j] = round_code(lo, rnd)
+                kT[d, half + j] = round_code(hi, rnd)
+        return
+    for t in range(nt):
+        s = pos[t]
+        for d in range(D):
+            g = d // kG
+            if ktr:
+                idx = base + d * S + s
+                sidx = ((b * H + h) * ng + g) * S + s
+            else:
+                idx = base + s * D + d
+                sidx = ((b * H + h) * S + s) * ng + g
+            kT[d, t] = _deq(_elem(kb, kk, idx), sidx, ksc, khs, kzp, khz, rnd)
+
+
+@njit(cache=True)
+def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, pos, vf):
+    """vf[t, dp] = dequantized V[pos[t], d]; with vperm, dp = d/2 (even d) or D/2 + d/2."""
+    ng = D // vG
+    half = D // 2
+    for t in range(nt):
+        s = pos[t]
+        rowbase = ((b * H + h) * S + s) * D
+        sbase = ((b * H + h) * S + s) * ng
+        if vperm:
+            xm = np.uint8(0x88) if vk == 5 else np.uint8(0)
+            off = np.float32(8.0) if vk == 5 else np.float32(0.0)
+            r0 = rowbase >> 1
+            for g in range(ng):
+                z = vzp[sbase + g] if vhz else np.float32(0.0)
+                sc = vsc[sbase + g] if vhs else np.float32(1.0)
+                for j in range(g * vG // 2, (g + 1) * vG // 2):
+                    byte = vb[r0 + j]
+                    vf[t, j] = round_code((nib_x(byte, xm, False) - off - z) * sc, rnd)
+                    vf[t, half + j] = round_code((nib_x(byte, xm, True) - off - z) * sc, rnd)
+        else:
+            for d in range(D):
+                vf[t, d] = _deq(_elem(vb, vk, rowbase + d), sbase + d // vG, vsc, vhs, vzp, vhz, rnd)
+
+
+@njit(parallel=True, cache=True)
+def _attn(q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
+          Hkv, S, scale, smul, mask, has_mask, causal, qt, nsplit, fastk, vperm,
+          pm, pl, pacc):
+    """Work item (b, kv head, query tile, kv split) -> partial (m, l, acc) per row.
+
+    Rows of an item: the rep query heads of the KV head x the tile's query
+    positions.  pm/pl: [items, rows], pacc: [items, rows, D] (d permuted if vperm).
+    """
+    B, Hq, Sq, D = q.shape
+    rep = Hq // Hkv
+    nqt = (Sq + qt - 1) // qt
+    nitems = B * Hkv * nqt * nsplit
+    coff = S - Sq if causal == 2 else 0
+    for it in prange(nitems):
+        sp = it % nsplit
+        r = it // nsplit
+        qi = r % nqt
+        r = r // nqt
+        hk = r % Hkv
+        b = r // Hkv
+        i0 = qi * qt
+        i1 = min(i0 + qt, Sq)
+        nrow = rep * (i1 - i0)
+        s_end = S
+        if causal != 0:
+            s_end = min(S, i1 - 1 + coff + 1)
+        per = (((S + nsplit - 1) // nsplit + T - 1) // T) * T
+        sa = sp * per
+        sb = min(s_end, sa + per)
+        kT = np.empty((D, T), np.float32)
+        vf = np.empty((T, D), np.float32)
+        sc = np.empty((nrow, T), np.float32)
+        pos = np.empty(T, np.int64)
+        acc = np.zeros((nrow, D), np.float32)
+        m = np.full(nrow, NEG_INF, np.float32)
+        l = np.zeros(nrow, np.float32)
+        s0 = sa
+        while s0 < sb:
+            nt = min(T, sb - s0)
+            fast = fastk and nt % 2 == 0
+            _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, hk, Hkv, S, D, s0, nt,
+                         fast, kT, pos)
+            # scores for every row (lanes over positions)
+            for rr in range(nrow):
+                hq = hk * rep + rr // (i1 - i0)
+                i = i0 + rr % (i1 - i0)
+                for t in range(nt):
+                    sc[rr, t] = 0.0
+                for d in range(D):
+                    qv = q[b, hq, i, d]
+                    for t in range(nt):
+                        sc[rr, t] = fma32(qv, kT[d, t], sc[rr, t])
+                for t in range(nt):
+                    v = sc[rr, t] * scale if smul else sc[rr, t] / scale
+                    p = pos[t]
+                    if has_mask:
+                        v += mask[b, hq, i, p]
+                    if causal != 0 and p > i + coff:
+                        v = NEG_INF
+                    sc[rr, t] = v
+            _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, hk, Hkv, S, D, nt, vperm, pos, vf)
+            for rr in range(nrow):
+                mt = m[rr]
+                for t in range(nt):
+                    mt = max(mt, sc[rr, t])
+                if mt == NEG_INF:
+                    continue
+                alpha = exp32(m[rr] - mt)
+                m[rr] = mt
+                ls = np.float32(0.0)
+                for t in range(nt):
+                    e = exp32(sc[rr, t] - mt)
+                    sc[rr, t] = e
+                for t in range(nt):
+                    ls += sc[rr, t]
+                l[rr] = l[rr] * alpha + ls
+                for d in range(D):
+                    acc[rr, d] *= alpha
+                for t in range(nt):
+                    p = sc[rr, t]
+                    for d in range(D):
+                        acc[rr, d] = fma32(p, vf[t, d], acc[rr, d])
+            s0 += nt
+        for rr in range(nrow):
+            pm[it, rr] = m[rr]
+            pl[it, rr] = l[rr]
+            for d in range(D):
+                pacc[it, rr, d] = acc[rr, d]
+
+
+@njit(parallel=True, cache=True)
+def _merge(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out):
+    """Combine split partials in split order; out[b, h, i, d] (f32 or bf16/f16 bits)."""
+    B, Hq, _, D = out.shape
+    rep = Hq // Hkv
+    nqt = (Sq + qt - 1) // qt
+    half = D // 2
+    for bh in prange(B * Hq):
+        b = bh // Hq
+        hq = bh % Hq
+        hk = hq // rep
+        for i in range(Sq):
+            qi = i // qt
+            i0 = qi * qt
+            rr = (hq - hk * rep) * (min(i0 + qt, Sq) - i0) + (i - i0)
+            base = ((b * Hkv + hk) * nqt + qi) * nsplit
+            mx = NEG_INF
+            for sp in range(nsplit):
+                mx = max(mx, pm[base + sp, rr])
+            den = np.float32(0.0)
+            for d in range(D):
+                o = np.float32(0.0)
+                for sp in range(nsplit):
+                    mm = pm[base + sp, rr]
+                    if mm != NEG_INF:
+                        dp = (d // 2 if d % 2 == 0 else half + d // 2) if vperm else d
+                        o += pacc[base + sp, rr, dp] * exp32(mm - mx)
+                if d == 0:
+                    for sp in range(nsplit):
+                        mm = pm[base + sp, rr]
+                        if mm != NEG_INF:
+                            den += pl[base + sp, rr] * exp32(mm - mx)
+                v = o / den
+                if okind == 0:
+                    out[b, hq, i, d] = v
+                elif okind == 1:
+                    out[b, hq, i, d] = f32_to_bf16(v)
+                else:
+                    out[b, hq, i, d] = f32_to_f16_bits(v)
+
+
+@njit(parallel=True, cache=True)
+def _prep_q(q, kind, rnd, qf):
+    B, H, Sq, D = qf.shape
+    for bh in prange(B * H):
+        b = bh // H
+        h = bh % H
+        for i in range(Sq):
+            for d in range(D):
+                if kind == 0:
+                    qf[b, h, i, d] = round_code(np.float32(q[b, h, i, d]), rnd)
+                elif kind == 1:
+                    qf[b, h, i, d] = bf16_to_f32(q[b, h, i, d])
+                else:
+                    qf[b, h, i, d] = f16_bits_to_f32(q[b, h, i, d])
+
+
+def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=None,
+         out=None, out_dtype="f32", q_dtype=None, rnd: int = 0, kv_splits: int | None = None):
+    """Attention ``softmax(q k^T * scale + mask) v`` -> [B, Hq, Sq, D].
+
+    Args:
+      q: [B, Hq, Sq, D] float32 / float16 / bfloat16 (or uint16 bits with
+        ``q_dtype`` "bf16"/"f16").
+      k, v: :class:`KV` operands (Hq must be a multiple of their H).
+      scale: scalar (default 1/sqrt(D)); ``scale_mode`` "mul" or "div".
+      mask: additive f32 mask broadcastable to [B, Hq, Sq, S] (any strides).
+      causal: None, "top_left" or "bottom_right".
+      out: optional preallocated output (f32 or uint16 for bf16/f16).
+      rnd: fpmath rounding code applied to f32 Q, K and V values.
+      kv_splits: override the KV split count (decode).
+    """
+    B, Hq, Sq, D = q.shape
+    _, Hkv, S, _ = k.shape
+    if q_dtype == "f16" and q.dtype == np.uint16:
+        qk, qkind = q, 2
+    else:
+        qk, qkind = act_kind(np.ascontiguousarray(q))
+    qf = np.empty((B, Hq, Sq, D), np.float32)
+    _prep_q(qk, qkind, rnd if qkind == 0 else 0, qf)
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
+    kb, kk, ktr, kG, ksc, khs, kzp, khz = _kv_args(k)
+    vb, vk, _, vG, vsc, vhs, vzp, vhz = _kv_args(v)
+    if mask is not None:
+        m = np.asarray(mask).astype(np.float32)
+        m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+        mask4 = np.broadcast_to(m, (B, Hq, Sq, S))
+        has_mask = True
+    else:
+        mask4 = np.zeros((1, 1, 1, 1), np.float32)
+        has_mask = False
+    qt = Sq if Sq <= 8 else QT
+    nqt = -(-Sq // qt)
+    threads = numba.get_num_threads()
+    if kv_splits is None:
+        base = B * Hkv * nqt
+        kv_splits = 1 if base >= 4 * threads else max(1, min(-(-S // 256), -(-8 * threads // base)))
+    nsplit = int(kv_splits)
+    items = B * Hkv * nqt * nsplit
+    rows = (Hq // Hkv) * qt
+    pm = np.empty((items, rows), np.float32)
+    pl = np.empty((items, rows), np.float32)
+    pacc = np.empty((items, rows, D), np.float32)
+    fastk = kk >= 5 and ktr == 1 and S % 2 == 0 and rnd >= 0
+    vperm = vk >= 5 and D % 2 == 0 and (vG % 2 == 0)
+    _attn(qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
+          Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
+          CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc)
+    okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
+    if out is None:
+        out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
+    _merge(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
+    return out
+
+
+KERNELS = {("sdpa", "*", "*"): sdpa}
