@@ -2,10 +2,12 @@
 
 For every op left in a single-op partition, each pattern that has a node of
 the op's kind is tried again, anchored at the op and at the ops downstream of
-it (a pattern's anchor is its last op), with the fused partitions in place.
-The matcher's :class:`~patterns.matcher.Trace` keeps the furthest point each
-attempt reached (ops bound) and the first condition that failed there; the
-attempt that got furthest while involving the op is reported.
+it (a pattern's anchor is its last op), with the ops that higher-priority
+patterns (and the same pattern) had claimed when it ran.  The matcher's
+:class:`~patterns.matcher.Trace`, focused on the op, keeps the furthest point
+each attempt reached while involving the op (ops bound) and the condition
+that failed there; the attempt that got furthest is reported, higher
+priority first on ties.
 """
 from __future__ import annotations
 
@@ -47,42 +49,39 @@ class Explanations(dict):
         return "\n".join(f"op {op_id} ({e.op_kind}): {e}" for op_id, e in sorted(self.items()))
 
 
-def _attempt(graph, pattern, anchor, owner, taken) -> tuple[Trace, object]:
-    trace = Trace()
-    match = find_fusion(graph, pattern, anchor, owner, taken, trace)
-    return trace, match
-
-
-def explain_op(graph, op_id: int, patterns, owner: dict, taken: dict) -> Explanation:
+def explain_op(graph, op_id: int, patterns, claimed: dict) -> Explanation:
+    """``claimed``: op id -> (pattern rank, fusion key) of the partitioning."""
     op = graph.ops[op_id]
     result = Explanation(op_id, op.kind.name)
-    candidates = [p for p in patterns if op.kind in p.op_kinds()]
+    candidates = [(rank, p) for rank, p in enumerate(patterns) if op.kind in p.op_kinds()]
     if not candidates:
         result.reason = f"no pattern has a {op.kind.name} op"
         return result
     reach = nx.single_source_shortest_path_length(graph.nx, op_id, cutoff=DOWNSTREAM_HOPS)
     anchors = sorted(reach, key=lambda a: (reach[a], a))
-    best_key = None
-    for pattern in candidates:
+    best = None
+    for rank, pattern in candidates:
+        # what the partitioner saw when this pattern ran
+        taken = {o: patterns[r].name for o, (r, _) in claimed.items() if r <= rank}
+        owner = {o: key for o, (r, key) in claimed.items() if r <= rank}
         kinds = pattern.anchor_kinds()
         for anchor in anchors:
             if anchor in taken or graph.ops[anchor].kind not in kinds:
                 continue
-            trace, match = _attempt(graph, pattern, anchor, owner, taken)
+            trace = Trace(focus=op_id)
+            match = find_fusion(graph, pattern, anchor, owner, taken, trace)
             if match is not None and op_id in match.op_ids:
-                reason = (f"would match now ({len(match.op_ids)} ops); an earlier pattern or "
-                          f"fusion order left it out")
-                key = (2, len(match.op_ids))
-                found = (pattern.name, anchor, tuple(sorted(match.op_ids)), reason)
-            elif trace.reason is not None:
-                involved = op_id in trace.ops or anchor == op_id
-                key = (1 if involved else 0, trace.score)
-                found = (pattern.name, anchor, tuple(sorted(trace.ops)), trace.reason)
+                score = 1e6
+                found = (tuple(sorted(match.op_ids)),
+                         f"matches ({len(match.op_ids)} ops) but the fusion order left it out")
+            elif trace.involved:
+                score, found = trace.score, (tuple(sorted(trace.ops)), trace.reason)
             else:
                 continue
-            if best_key is None or key > best_key:
-                best_key = key
-                result.pattern, result.anchor, result.matched, result.reason = found
+            if best is None or score > best:
+                best = score
+                result.pattern, result.anchor = pattern.name, anchor
+                result.matched, result.reason = found
     if result.pattern is None:
         result.reason = f"no pattern that has a {op.kind.name} op can end at {op_label(op)} or below it"
     return result
@@ -93,10 +92,12 @@ def explain(graph, patterns=None) -> Explanations:
     if patterns is None:
         from .library import PATTERNS as patterns
     topo = graph.topological_op_ids()
-    fusions, taken = fuse(graph, patterns, topo)
-    owner = {op_id: ("fusion", i) for i, f in enumerate(fusions) for op_id in f.op_ids}
+    fusions, _ = fuse(graph, patterns, topo)
+    rank = {p.name: i for i, p in enumerate(patterns)}
+    claimed = {op_id: (rank[f.pattern.name], ("fusion", i))
+               for i, f in enumerate(fusions) for op_id in f.op_ids}
     result = Explanations()
     for op_id in topo:
-        if op_id not in taken:
-            result[op_id] = explain_op(graph, op_id, patterns, owner, taken)
+        if op_id not in claimed:
+            result[op_id] = explain_op(graph, op_id, patterns, claimed)
     return result

@@ -53,18 +53,34 @@ class Match:
 
 @dataclass
 class Trace:
-    """The furthest a failed attempt got: ops bound and the condition that failed."""
+    """The furthest a failed attempt got: ops bound and the condition that failed.
 
-    score: float = -1.0
+    Score: ops bound when it failed, plus 0.5 when a condition failed on a
+    candidate op (a near miss).  With ``focus`` (an op id), a condition failing
+    on that very op ranks first and failures not involving it (bound, anchor
+    or near miss) rank last.
+    """
+
+    focus: int | None = None
+    score: float = -1e9
     reason: str | None = None
     ops: tuple = ()
     pattern: str | None = None
     anchor: int | None = None
 
-    def note(self, score: float, reason: str, ops=(), pattern=None, anchor=None) -> None:
+    def note(self, score: float, reason: str, ops=(), pattern=None, anchor=None, subject=None) -> None:
+        if subject is not None:
+            score += 100 if subject == self.focus else 0.5
+        if self.focus is not None and self.focus not in ops and self.focus != subject \
+                and self.focus != anchor:
+            score -= 1000
         if score > self.score:
             self.score, self.reason, self.ops = score, reason, tuple(ops)
             self.pattern, self.anchor = pattern, anchor
+
+    @property
+    def involved(self) -> bool:
+        return self.reason is not None and self.score > -500
 
 
 class _State:
@@ -101,21 +117,23 @@ class _Matcher:
     def node(self, st: _State, name):
         return st.nodes.get(name) or self.by_name[name]
 
-    def fail(self, st: _State, reason: str, bonus: float = 0.0) -> None:
+    def fail(self, st: _State, reason: str, subject: int | None = None) -> None:
+        """Note a dead end; ``subject`` is the op a condition failed on."""
         if self.trace is not None:
-            self.trace.note(len(st.used) + bonus, reason, st.used, self.pattern.name, self.anchor)
+            self.trace.note(len(st.used), reason, st.used, self.pattern.name, self.anchor, subject)
 
-    def op_problem(self, st: _State, node: Node, op) -> str | None:
-        if op.id in self.taken:
-            return f"{op_label(op)} is already in a '{self.taken[op.id]}' partition"
-        if op.id in st.used:
-            return f"{op_label(op)} is already matched as '{st.used[op.id]}'"
+    def op_problem(self, st: _State, node: Node, op) -> tuple[str | None, int | None]:
+        """(why ``op`` cannot be ``node`` or None, the op if it was a near miss)."""
         if op.kind not in node.kinds:
-            return f"node {node.label()} cannot be {op_label(op)}"
+            return f"node {node.label()} cannot be {op_label(op)}", None
+        if op.id in self.taken:
+            return f"{op_label(op)} is already in a '{self.taken[op.id]}' partition", op.id
+        if op.id in st.used:
+            return f"{op_label(op)} is already matched as '{st.used[op.id]}'", None
         for cond in node.when:
             if not cond(op, self.graph):
-                return f"{op_label(op)} as '{node.name}': condition '{cond.text}' fails"
-        return None
+                return f"{op_label(op)} as '{node.name}': condition '{cond.text}' fails", op.id
+        return None, None
 
     @staticmethod
     def forced(st: _State, node) -> bool | None:
@@ -175,7 +193,9 @@ class _Matcher:
             if self.graph.producer.get(tid) == (bound, port):
                 yield from self.solve(st, rest)
             else:
-                self.fail(st, f"node '{ref}' is op {bound}, but tensor {tid} comes from elsewhere")
+                prod = self.graph.producer.get(tid)
+                self.fail(st, f"node '{ref}' is op {bound}, but tensor {tid} comes from elsewhere",
+                          prod[0] if prod else None)
             return
         if (ref, port) in st.out:
             if st.out[(ref, port)] == tid:
@@ -210,12 +230,13 @@ class _Matcher:
             self.fail(st, f"node {node.label()} has no op to match: tensor {tid} is a graph input")
             return
         if prod[1] != port:
-            self.fail(st, f"node {node.label()}: tensor {tid} is output {prod[1]} of op {prod[0]}, not {port}")
+            self.fail(st, f"node {node.label()}: tensor {tid} is output {prod[1]} of op {prod[0]}, not {port}",
+                      prod[0])
             return
         op = self.graph.ops[prod[0]]
-        problem = self.op_problem(st, node, op)
+        problem, near = self.op_problem(st, node, op)
         if problem:
-            self.fail(st, problem)
+            self.fail(st, problem, near)
             return
         yield from self.bind(st, node, op, rest)
 
@@ -321,9 +342,9 @@ class _Matcher:
                     op = self.graph.ops[consumer]
                     if port not in edge.ports(op.kind):
                         continue
-                    problem = self.op_problem(st, node, op)
+                    problem, near = self.op_problem(st, node, op)
                     if problem:
-                        self.fail(st, problem)
+                        self.fail(st, problem, near)
                         continue
                     yield from self.bind(st, node, op, ())
                 if not node.optional:
@@ -377,4 +398,4 @@ def iter_matches(graph, pattern: Pattern, anchor: int, taken: dict | None = None
     except _OutOfSteps:
         if trace is not None:
             trace.note(0, f"pattern {pattern.name}: search budget exhausted at op {anchor}",
-                       pattern=pattern.name, anchor=anchor)
+                       (anchor,), pattern.name, anchor)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from graph_api.config import log
-from graph_api.enums import OpKind, PartitionPolicy
+from graph_api.enums import PartitionPolicy
 from graph_api.errors import op_label
 
 from .matcher import Match, Trace, iter_matches
@@ -84,7 +84,7 @@ def accept(graph, match: Match, owner: dict) -> tuple[str | None, float]:
         if not check.fn(match.bindings, graph):
             return f"whole-match condition '{check.text}' fails", size + 0.25
     if size < match.pattern.min_ops:
-        return f"only {size} op matched, a fusion needs {match.pattern.min_ops}", size
+        return f"only {size} op matched, a fusion needs {match.pattern.min_ops}", 0.0
     reason = escaping(graph, match)
     if reason:
         return reason, size + 0.5

@@ -233,7 +233,7 @@ class Pattern:
     def op_kinds(self) -> frozenset:
         kinds: set = set()
         for node in self.nodes:
-            kinds |= node.kinds
+            kinds |= getattr(node, "kinds", frozenset())
             for body in getattr(node, "bodies", ()):
                 for n in body.nodes:
                     kinds |= n.kinds
