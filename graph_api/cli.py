@@ -225,7 +225,11 @@ def explanation_lines(graph, partitions) -> list[str]:
     lines = ["", f"not fused   {len(single)} single-op partition(s)"]
     if not single:
         return lines
-    found = explanations(graph)
+    try:
+        found = explanations(graph)
+    except Exception as err:  # noqa: BLE001 - the table is still worth printing
+        lines.append(f"            pattern library explanation failed: {type(err).__name__}: {err}")
+        return lines
     if found is None:
         lines.append(f"            {NO_EXPLANATION}")
     elif isinstance(found, dict):
