@@ -1,0 +1,79 @@
+"""The oneDNN conformance graphs partition as benchdnn expects: one supported
+partition per file, and for the fusion files the pattern oneDNN would use.
+
+Partitioning only (no execution; ``tests/test_conformance.py`` runs them).
+"""
+from pathlib import Path
+
+import pytest
+
+import graph_api as ga
+
+ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onednn-graphs"
+FILES = sorted(ROOT.rglob("*.json"))
+
+#: pattern expected for the multi-op files, by file name prefix (first match wins)
+EXPECTED = [
+    ("complex_fusion/bmb/", "binary_matmul_binary"),
+    ("complex_fusion/mlp/", "gated_mlp"),
+    ("complex_fusion/mha/sdpa-compressed-", "sdpa_compressed"),
+    ("complex_fusion/mha/MHA-bert_large-inf-int8", "sdpa_quantized"),
+    ("complex_fusion/mha/sdpa-fp8", "sdpa_quantized"),
+    ("complex_fusion/mha/JAX-MHA", "sdpa_jax"),
+    ("complex_fusion/mha/JAX-MQA", "mqa_jax"),
+    ("complex_fusion/mha/gqa-plain-training-b", "sdpa_backward"),
+    ("complex_fusion/mha/sdpa-plain-training-backward", "sdpa_backward"),
+    ("complex_fusion/mha/hf-sdpa-bwd", "sdpa_backward"),
+    ("complex_fusion/mha/timms-sdpa-bwd", "sdpa_backward"),
+    ("complex_fusion/mha/torchbench-sdpa-bwd", "sdpa_backward"),
+    ("complex_fusion/mha/", "sdpa"),
+    ("pattern/f32/binary_", "binary_post_ops"),
+    ("pattern/f32/matmul_dropout", "matmul_dropout"),
+    ("pattern/f32/reciprocal", "reciprocal_multiply"),
+    ("pattern/f32/softmax", "softmax_post_ops"),
+    ("pattern/int8/int8_softmax", "softmax_post_ops"),
+    ("pattern/int8/int8_reorder", "x8_reorder"),
+    ("pattern/int8/", "matmul_quantized"),
+    ("pattern/f8/", "matmul_quantized"),
+    ("pattern/", "matmul_post_ops"),
+]
+
+
+def _expected(rel: str) -> str:
+    return next(pattern for prefix, pattern in EXPECTED if rel.startswith(prefix))
+
+
+def _load(path):
+    graph = ga.load(path)
+    if not graph.is_finalized():
+        graph.finalize()
+    return graph
+
+
+def test_the_conformance_folder_is_there():
+    assert len(FILES) >= 100
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
+def test_one_supported_partition_per_file(path):
+    graph = _load(path)
+    parts = graph.get_partitions()
+    assert len(parts) == 1, [repr(p) for p in parts]
+    assert parts[0].is_supported()
+    rel = str(path.relative_to(ROOT))
+    if len(graph.ops) > 1:
+        assert parts[0].get_kind() == _expected(rel)
+
+
+@pytest.mark.parametrize("name", ["complex_fusion/mha/sdpa-compressed-kv-int4-gs32.json",
+                                  "complex_fusion/mlp/gated-mlp-int4.json"])
+def test_int4_files_bind_their_dequantizers(name):
+    graph = _load(ROOT / name)
+    bindings = graph.get_partitions()[0].fusion.bindings
+    dequant = [v for k, v in bindings.items() if k.endswith("dequant")]
+    assert dequant and all(graph.ops[v].kind == ga.OpKind.DynamicDequantize for v in dequant)
+
+
+def test_debug_policy_on_a_fusion_file_gives_one_partition_per_op():
+    graph = _load(ROOT / "complex_fusion/mha/sdpa-plain-simplified-f32.json")
+    assert len(graph.get_partitions(ga.PartitionPolicy.debug)) == len(graph.ops) == 5
