@@ -8,7 +8,8 @@ acceptable when
 * its whole-match checks pass and it has at least ``pattern.min_ops`` ops;
 * no intermediate tensor escapes: every output of a matched op that is used
   outside the match or is a graph output must be allowed by the pattern (the
-  anchor's outputs, and node ``escape`` ports such as SoftMax stats);
+  anchor's outputs, node ``escape`` ports such as SoftMax stats, tensors an
+  End op of the match marks as outputs);
 * contracting it into one node keeps the partition graph acyclic (checked
   with networkx on the graph condensed by the partitions chosen so far).
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from graph_api.config import log
-from graph_api.enums import PartitionPolicy
+from graph_api.enums import OpKind, PartitionPolicy
 from graph_api.errors import op_label
 
 from .matcher import Match, Trace, iter_matches
@@ -42,14 +43,19 @@ class Fusion:
 
 
 def escaping(graph, match: Match) -> str | None:
-    """Why the match leaks an intermediate tensor, or None."""
+    """Why the match leaks an intermediate tensor, or None.
+
+    A tensor an End op of the match consumes is a declared output (dMask of
+    SDPA backward), so it may leave too.
+    """
     ops = match.op_ids
     outputs = set(graph.output_ids)
     for op_id in sorted(ops):
         op = graph.ops[op_id]
         allowed = match.escape.get(op_id, ())
         for port, lt in enumerate(op.outputs):
-            if port in allowed:
+            if port in allowed or any(graph.ops[c].kind == OpKind.End and c in ops
+                                      for c, _ in graph.consumers.get(lt.id, [])):
                 continue
             users = [c for c, _ in graph.consumers.get(lt.id, []) if c not in ops]
             if users:

@@ -11,9 +11,10 @@ match's ``bindings``) and says:
   Maximum, Minimum).  Ports not listed are free: their tensors come from
   outside the match;
 * ``optional``: ``True`` or a group name (all nodes of a group are present or
-  absent together).  An absent node passes its ``via`` input through: its
-  consumers see the tensor of ``via`` (default: its first edge's source), or a
-  free tensor when ``via`` is None;
+  absent together; a dotted sub-group ``"causal.br"`` is absent whenever its
+  parent ``"causal"`` is).  An absent node passes its ``via`` input through:
+  its consumers see the tensor of ``via`` (default: its first edge's source),
+  or a free tensor when ``via`` is None;
 * ``when``: predicates on the op (:class:`Cond`: dtypes, attributes, ranks);
 * ``escape``: output ports whose tensors may also be used outside the
   partition (SoftMax stats, LayerNorm mean/variance, extra outputs).

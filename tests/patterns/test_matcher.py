@@ -280,3 +280,18 @@ def test_pattern_declarations_are_validated():
     with pytest.raises(ValueError, match="body"):
         Pattern("p", 1, [Node("a", K.ReLU),
                          Repeat("r", (Body("b", [Node("x", K.Exp, [In("a", 0)])]),), via="a")])
+
+
+def test_a_tensor_marked_by_an_end_op_of_the_match_may_leave():
+    pat = Pattern("p", 9, [Node("e", K.Exp), Node("end", K.End, [In("e", 0)], optional=True),
+                           Node("act", K.ReLU, [In("e", 0)])])
+    g = G()
+    e = g.op(K.Exp, g.input((4, 8)))
+    g.op(K.End, e, outputs=0)
+    g.op(K.ReLU, e)
+    graph = g.done()
+    graph.output_ids.append(e.id)  # as oneDNN declares it (End marks an output)
+    from patterns.partitioner import escaping
+    match = next(iter_matches(graph, pat, 2))
+    assert match.bindings == {"e": 0, "end": 1, "act": 2}
+    assert escaping(graph, match) is None
