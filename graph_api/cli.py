@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import fill
+from . import fill, rewrite
 from .check import Verdict, compare
 from .enums import FPMathMode, OpKind, PartitionPolicy
 from .errors import GraphError
@@ -87,18 +87,18 @@ def prepare(path, fpmath: str | None = None, apply_to_int: bool | None = None,
     if fpmath is not None or apply_to_int is not None:
         mode = fpmath if fpmath is not None else graph.fpmath.mode
         apply = apply_to_int if apply_to_int is not None else graph.fpmath.apply_to_int
-        graph = fill.rebuild(graph, fpmath=FPMath.make(mode, apply))
+        graph = rewrite.rebuild(graph, fpmath=FPMath.make(mode, apply))
         notes.append(f"fpmath overridden: {graph.fpmath} (file: {loaded.fpmath})")
-    rounded = fill.power_of_two_scales(graph)
+    rounded = rewrite.power_of_two_scales(graph)
     if rounded is not graph:
         notes.append("static quantization scales rounded up to powers of two")
     graph = rounded
     if mb is not None:
-        graph, what = fill.set_batch(graph, mb)
+        graph, what = rewrite.set_batch(graph, mb)
         if what:
             notes.append(f"batch changed: {what}")
     if max_elements is not None:
-        graph, what = fill.reduce_batch(graph, max_elements)
+        graph, what = rewrite.reduce_batch(graph, max_elements)
         if what:
             notes.append(f"batch reduced to fit {max_elements:,} elements: {what}")
     return Prepared(str(path), loaded, graph, notes)

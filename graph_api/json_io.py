@@ -47,7 +47,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .enums import EngineKind, FPMathMode, LayoutType, OpKind, PropertyType
+from .enums import EngineKind, FPMathMode, OpKind
 from .errors import GraphError, InvalidGraph, InvalidGraphOp, op_label
 from .logical_tensor import UNKNOWN_DIM, LogicalTensor
 from .op import Op
