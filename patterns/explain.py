@@ -1,13 +1,15 @@
 """Why an op was not fused: the nearest pattern and the condition that failed.
 
 For every op left in a single-op partition, each pattern that has a node of
-the op's kind is tried again, anchored at the op and at the ops downstream of
-it (a pattern's anchor is its last op), with the ops that higher-priority
-patterns (and the same pattern) had claimed when it ran.  The matcher's
-:class:`~patterns.matcher.Trace`, focused on the op, keeps the furthest point
-each attempt reached while involving the op (ops bound) and the condition
-that failed there; the attempt that got furthest is reported, higher
-priority first on ties.
+the op's kind is tried again, anchored at the op and at the ops a few steps
+downstream of it (a pattern's anchor is its last op), with the ops that
+higher-priority patterns (and the same pattern) had claimed when it ran.  The
+matcher's :class:`~patterns.matcher.Trace` keeps every dead end: how many ops
+were bound (repeated post-ops count a quarter) and which condition failed.
+The reported miss is the dead end involving the op that ranks highest: a
+condition failing on the op itself (or its output leaking) first, then the
+most ops bound, less a quarter per step between the op and the anchor;
+higher-priority patterns win ties.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from .matcher import Trace
 from .partitioner import find_fusion, fuse
 
 #: how far downstream of an op its pattern's anchor is looked for
-DOWNSTREAM_HOPS = 30
+DOWNSTREAM_HOPS = 24
 
 
 @dataclass
@@ -49,35 +51,58 @@ class Explanations(dict):
         return "\n".join(f"op {op_id} ({e.op_kind}): {e}" for op_id, e in sorted(self.items()))
 
 
-def explain_op(graph, op_id: int, patterns, claimed: dict) -> Explanation:
-    """``claimed``: op id -> (pattern rank, fusion key) of the partitioning."""
+class _Attempts:
+    """Match attempts (pattern rank, anchor) -> (trace, match), each run once,
+    with the claims the partitioner had made when that pattern ran."""
+
+    def __init__(self, graph, patterns, claimed: dict):
+        self.graph, self.patterns, self.claimed = graph, patterns, claimed
+        self.cache: dict = {}
+
+    def taken(self, rank: int) -> tuple[dict, dict]:
+        taken = {o: self.patterns[r].name for o, (r, _) in self.claimed.items() if r <= rank}
+        owner = {o: key for o, (r, key) in self.claimed.items() if r <= rank}
+        return taken, owner
+
+    def get(self, rank: int, anchor: int):
+        key = (rank, anchor)
+        if key not in self.cache:
+            taken, owner = self.taken(rank)
+            trace = Trace()
+            match = find_fusion(self.graph, self.patterns[rank], anchor, owner, taken, trace)
+            self.cache[key] = (trace, match)
+        return self.cache[key]
+
+
+def explain_op(graph, op_id: int, attempts: _Attempts) -> Explanation:
     op = graph.ops[op_id]
     result = Explanation(op_id, op.kind.name)
-    candidates = [(rank, p) for rank, p in enumerate(patterns) if op.kind in p.op_kinds()]
+    patterns = attempts.patterns
+    candidates = [rank for rank, p in enumerate(patterns) if op.kind in p.op_kinds()]
     if not candidates:
         result.reason = f"no pattern has a {op.kind.name} op"
         return result
     reach = nx.single_source_shortest_path_length(graph.nx, op_id, cutoff=DOWNSTREAM_HOPS)
     anchors = sorted(reach, key=lambda a: (reach[a], a))
     best = None
-    for rank, pattern in candidates:
-        # what the partitioner saw when this pattern ran
-        taken = {o: patterns[r].name for o, (r, _) in claimed.items() if r <= rank}
-        owner = {o: key for o, (r, key) in claimed.items() if r <= rank}
+    for rank in candidates:
+        pattern = patterns[rank]
         kinds = pattern.anchor_kinds()
         for anchor in anchors:
-            if anchor in taken or graph.ops[anchor].kind not in kinds:
+            if anchor in attempts.claimed and attempts.claimed[anchor][0] <= rank \
+                    or graph.ops[anchor].kind not in kinds:
                 continue
-            trace = Trace(focus=op_id)
-            match = find_fusion(graph, pattern, anchor, owner, taken, trace)
+            trace, match = attempts.get(rank, anchor)
             if match is not None and op_id in match.op_ids:
                 score = 1e6
                 found = (tuple(sorted(match.op_ids)),
                          f"matches ({len(match.op_ids)} ops) but the fusion order left it out")
-            elif trace.involved:
-                score, found = trace.score, (tuple(sorted(trace.ops)), trace.reason)
             else:
-                continue
+                note = trace.best(op_id)
+                if note is None:
+                    continue
+                score = note.rank(op_id) - 0.25 * reach[anchor]
+                found = (tuple(sorted(note.ops)), note.reason)
             if best is None or score > best:
                 best = score
                 result.pattern, result.anchor = pattern.name, anchor
@@ -96,8 +121,9 @@ def explain(graph, patterns=None) -> Explanations:
     rank = {p.name: i for i, p in enumerate(patterns)}
     claimed = {op_id: (rank[f.pattern.name], ("fusion", i))
                for i, f in enumerate(fusions) for op_id in f.op_ids}
+    attempts = _Attempts(graph, patterns, claimed)
     result = Explanations()
     for op_id in topo:
         if op_id not in claimed:
-            result[op_id] = explain_op(graph, op_id, patterns, claimed)
+            result[op_id] = explain_op(graph, op_id, attempts)
     return result

@@ -51,36 +51,56 @@ class Match:
         return set(self.roles)
 
 
-@dataclass
-class Trace:
-    """The furthest a failed attempt got: ops bound and the condition that failed.
+@dataclass(frozen=True)
+class Note:
+    """One dead end of a match attempt."""
 
-    Score: ops bound when it failed, plus 0.5 when a condition failed on a
-    candidate op (a near miss).  With ``focus`` (an op id), a condition failing
-    on that very op ranks first and failures not involving it (bound, anchor
-    or near miss) rank last.
-    """
-
-    focus: int | None = None
-    score: float = -1e9
-    reason: str | None = None
-    ops: tuple = ()
+    score: float  # ops bound when it failed (a repeated post-op counts 1/4)
+    reason: str
+    ops: frozenset = frozenset()
     pattern: str | None = None
     anchor: int | None = None
+    subject: int | None = None  # the op a condition failed on (a near miss)
+
+    def rank(self, focus: int | None = None) -> float:
+        """Ops bound, +0.5 for a near miss, +100 when the near miss is ``focus``."""
+        if self.subject is None:
+            return self.score
+        return self.score + (100 if self.subject == focus else 0.5)
+
+    def involves(self, op_id: int) -> bool:
+        return op_id in self.ops or op_id in (self.subject, self.anchor)
+
+
+class Trace:
+    """Every dead end of some match attempts (for explanations and tests)."""
+
+    def __init__(self):
+        self.notes: list[Note] = []
 
     def note(self, score: float, reason: str, ops=(), pattern=None, anchor=None, subject=None) -> None:
-        if subject is not None:
-            score += 100 if subject == self.focus else 0.5
-        if self.focus is not None and self.focus not in ops and self.focus != subject \
-                and self.focus != anchor:
-            score -= 1000
-        if score > self.score:
-            self.score, self.reason, self.ops = score, reason, tuple(ops)
-            self.pattern, self.anchor = pattern, anchor
+        self.notes.append(Note(score, reason, frozenset(ops), pattern, anchor, subject))
+
+    def best(self, focus: int | None = None) -> Note | None:
+        """The furthest dead end (involving ``focus`` if given); the last among
+        equals (after optional nodes were tried, the required one failed)."""
+        best = None
+        for note in self.notes:
+            if focus is not None and not note.involves(focus):
+                continue
+            if best is None or note.rank(focus) >= best.rank(focus):
+                best = note
+        return best
 
     @property
-    def involved(self) -> bool:
-        return self.reason is not None and self.score > -500
+    def reason(self) -> str | None:
+        best = self.best()
+        return None if best is None else best.reason
+
+
+def weight(roles) -> float:
+    """How much of a pattern a set of bound roles is: repetition steps count 1/4."""
+    return sum(0.25 if "[" in role else 1.0 for role in roles)
 
 
 class _State:
@@ -120,7 +140,8 @@ class _Matcher:
     def fail(self, st: _State, reason: str, subject: int | None = None) -> None:
         """Note a dead end; ``subject`` is the op a condition failed on."""
         if self.trace is not None:
-            self.trace.note(len(st.used), reason, st.used, self.pattern.name, self.anchor, subject)
+            self.trace.note(weight(st.used.values()), reason, st.used, self.pattern.name,
+                            self.anchor, subject)
 
     def op_problem(self, st: _State, node: Node, op) -> tuple[str | None, int | None]:
         """(why ``op`` cannot be ``node`` or None, the op if it was a near miss)."""

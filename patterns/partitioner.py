@@ -26,7 +26,7 @@ from graph_api.config import log
 from graph_api.enums import OpKind, PartitionPolicy
 from graph_api.errors import op_label
 
-from .matcher import Match, Trace, iter_matches
+from .matcher import Match, Trace, iter_matches, weight
 
 #: matches tried per (pattern, anchor) before giving up on that anchor
 MAX_CANDIDATES = 64
@@ -42,8 +42,8 @@ class Fusion:
     bindings: dict = field(default_factory=dict)
 
 
-def escaping(graph, match: Match) -> str | None:
-    """Why the match leaks an intermediate tensor, or None.
+def escaping(graph, match: Match) -> tuple[str, int] | None:
+    """(why the match leaks an intermediate tensor, the leaking op) or None.
 
     A tensor an End op of the match consumes is a declared output (dMask of
     SDPA backward), so it may leave too.
@@ -60,10 +60,10 @@ def escaping(graph, match: Match) -> str | None:
             users = [c for c, _ in graph.consumers.get(lt.id, []) if c not in ops]
             if users:
                 return (f"intermediate tensor {lt.id} ({op_label(op)} as '{match.roles[op_id]}') "
-                        f"is also used by op {users[0]} outside the match")
+                        f"is also used by op {users[0]} outside the match"), op_id
             if lt.id in outputs:
                 return (f"intermediate tensor {lt.id} ({op_label(op)} as '{match.roles[op_id]}') "
-                        f"is a graph output")
+                        f"is a graph output"), op_id
     return None
 
 
@@ -83,38 +83,44 @@ def cycle(graph, owner: dict, match: Match) -> str | None:
     return f"fusing would create a cycle through {via if not isinstance(via, int) else f'op {via}'}"
 
 
-def accept(graph, match: Match, owner: dict) -> tuple[str | None, float]:
-    """(reason the match is rejected or None, how far it got for explanations)."""
-    size = len(match.op_ids)
+def accept(graph, match: Match) -> tuple[str | None, float, int | None]:
+    """(reason the match is rejected or None, how far it got, the op at fault)
+    for explanations; everything but the cycle check, which depends on the
+    other partitions."""
+    size = weight(match.roles.values())
     for check in match.pattern.checks:
         if not check.fn(match.bindings, graph):
-            return f"whole-match condition '{check.text}' fails", size + 0.25
-    if size < match.pattern.min_ops:
-        return f"only {size} op matched, a fusion needs {match.pattern.min_ops}", 0.0
-    reason = escaping(graph, match)
-    if reason:
-        return reason, size + 0.5
-    reason = cycle(graph, owner, match)
-    if reason:
-        return reason, size + 0.5
-    return None, size
+            return f"whole-match condition '{check.text}' fails", size + 0.25, None
+    if len(match.op_ids) < match.pattern.min_ops:
+        return (f"only {len(match.op_ids)} op matched, a fusion needs {match.pattern.min_ops}",
+                size - 0.5, None)
+    leak = escaping(graph, match)
+    if leak:
+        return leak[0], size, leak[1]
+    return None, size, None
 
 
 def find_fusion(graph, pattern, anchor: int, owner: dict, taken: dict,
                 trace: Trace | None = None) -> Match | None:
     """The biggest acceptable match of ``pattern`` anchored at ``anchor``
     (the first one found among equals: greedy choices come first)."""
-    best = None
+    candidates = []
     for n, match in enumerate(iter_matches(graph, pattern, anchor, taken, trace)):
         if n >= MAX_CANDIDATES:
             break
-        reason, score = accept(graph, match, owner)
+        reason, score, subject = accept(graph, match)
         if reason is None:
-            if best is None or len(match.op_ids) > len(best.op_ids):
-                best = match
+            candidates.append(match)
         elif trace is not None:
-            trace.note(score, reason, match.op_ids, pattern.name, anchor)
-    return best
+            trace.note(score, reason, match.op_ids, pattern.name, anchor, subject)
+    candidates.sort(key=lambda m: -len(m.op_ids))  # stable: first found among equals
+    for match in candidates:
+        reason = cycle(graph, owner, match)
+        if reason is None:
+            return match
+        if trace is not None:
+            trace.note(weight(match.roles.values()) + 0.5, reason, match.op_ids, pattern.name, anchor)
+    return None
 
 
 def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:

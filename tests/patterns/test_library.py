@@ -106,9 +106,23 @@ def test_canonical_graph_is_one_fused_partition(pattern, factory):
     assert len(graph.get_partitions()) == 1
 
 
+@pytest.fixture
+def reference_plans_only(monkeypatch):
+    """Fused partitions run the composed reference plan (no fast kernels)."""
+    import kernels.registry
+
+    monkeypatch.setattr(kernels.registry, "KERNELS", {})
+
+
 @pytest.mark.parametrize("factory", [pytest.param(f, id=i) for i, _, f in CANONICAL])
-def test_fused_run_equals_the_debug_policy_bit_for_bit(factory):
+def test_fused_run_equals_the_debug_policy_bit_for_bit(factory, reference_plans_only):
     assert_same_as_debug(factory())
+
+
+@pytest.mark.parametrize("factory", [pytest.param(f, id=i) for i, p, f in CANONICAL
+                                     if p in ("matmul_compressed", "sdpa", "sdpa_compressed")])
+def test_fused_run_with_the_registered_kernels_matches_the_debug_policy(factory):
+    assert_same_as_debug(factory(), exact=False)
 
 
 def test_every_pattern_has_a_canonical_graph_and_a_diagram():
