@@ -223,7 +223,7 @@ def gated_mlp(dtype=dt.f32, act="swish", weights=None, leak=None, src_shared=Tru
 def compressed_matmul(wdt=dt.s4, qtype="per_group", zps=True, transpose_b=False, bias=False,
                       post=("relu",), quant_out=None, src_dequant=False, static=False,
                       fpmath="strict", apply_to_int=False, act_dtype=dt.f32, leak=None,
-                      m=4, k=16, n=8):
+                      wei_cast=None, m=4, k=16, n=8):
     """DynamicDequantize(W) [-> TypeCast] -> MatMul -> post-ops -> [Dynamic]Quantize."""
     g = G(fpmath, apply_to_int)
     wshape = (n, k) if transpose_b else (k, n)
@@ -246,18 +246,22 @@ def compressed_matmul(wdt=dt.s4, qtype="per_group", zps=True, transpose_b=False,
             ins.append(g.input(s_shape, wdt if wdt in (dt.s4, dt.u4, dt.s8, dt.u8) else dt.s8))
         w = g.op(K.DynamicDequantize, *ins, dtype=act_dtype, attrs=attrs, name="wei_dequant")
     _leak(g, leak, "wei_dequant", w)
+    if wei_cast:
+        w = g.op(K.TypeCast, w, dtype=wei_cast, name="wei_cast")
+        act_dtype = wei_cast
     if src_dequant:
         x = g.op(K.DynamicDequantize, g.input((m, k), dt.u8), g.input((1,), act_dtype),
                  dtype=act_dtype, attrs={"qtype": "per_tensor"}, name="src_dequant")
     else:
         x = g.input((m, k), act_dtype)
     ins = [x, w] + ([g.input((n,), act_dtype)] if bias else [])
-    y = g.op(K.MatMul, *ins, attrs={"transpose_b": transpose_b}, name="matmul")
+    y = g.op(K.MatMul, *ins, dtype=dt.f32 if wei_cast else act_dtype, attrs={"transpose_b": transpose_b},
+             name="matmul")
     y = _leak(g, leak, "matmul", y)
     for p in post:
         y = _post_op(g, p, y)
     if quant_out == "dynamic_s4":
-        g.op(K.DynamicQuantize, y, g.input((m, n // 4), act_dtype), dtype=dt.s4, name="quant_out",
+        g.op(K.DynamicQuantize, y, g.input((m, n // 4), y.dtype), dtype=dt.s4, name="quant_out",
              attrs={"qtype": "per_group", "group_shape": [1, 4], "axis": 1})
     elif quant_out == "static":
         g.op(K.Quantize, y, dtype=dt.u8, attrs={"qtype": "per_tensor", "scales": [0.5], "zps": [3]},

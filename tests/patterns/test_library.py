@@ -25,6 +25,8 @@ CANONICAL = [
      lambda: gr.compressed_matmul(static=True, wdt=dt.s8, quant_out="static")),
     ("wc-dequantized-activation", "matmul_compressed",
      lambda: gr.compressed_matmul(src_dequant=True, quant_out="cast")),
+    ("wc-typecast-to-bf16", "matmul_compressed",
+     lambda: gr.compressed_matmul(wei_cast=dt.bf16, quant_out="dynamic_s4")),
     ("wc-f16-select", "matmul_compressed",
      lambda: gr.compressed_matmul(act_dtype=dt.f16, post=("select",), fpmath="f16", apply_to_int=True)),
     # ---- SDPA ----
@@ -248,6 +250,20 @@ def test_dequantize_matmul_without_weights_dequant_is_plain_post_ops():
 def test_a_lone_dynamic_dequantize_matmul_is_the_rfc_extension_not_onednn():
     graph = gr.compressed_matmul(post=())
     assert kinds(graph) == ["matmul_compressed"]
+
+
+def test_two_compressed_layers_give_two_partitions():
+    g = gr.G("bf16", True)
+    x = g.input((4, 16))
+    for layer in range(2):
+        w = g.op(K.DynamicDequantize, g.input((16, 16), dt.u4), g.input((4, 16)), g.input((4, 16), dt.u4),
+                 dtype=dt.f32, attrs={"qtype": "per_group", "group_shape": [4, 1], "axis": 0})
+        x = g.op(K.GELU, g.op(K.MatMul, x, w))
+    graph = g.done()
+    parts = graph.get_partitions()
+    assert [(p.get_kind(), p.get_ops_num()) for p in parts] == [("matmul_compressed", 3)] * 2
+    assert all(p.get_fpmath_mode() == (ga.FPMathMode.bf16, True) for p in parts)
+    assert_same_as_debug(graph, exact=False)
 
 
 def test_explanation_names_the_nearest_pattern_and_failed_condition():
