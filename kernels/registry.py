@@ -15,8 +15,25 @@ from .plan import ComposedPlan, CompileRequest
 
 Builder = Callable[[CompileRequest], object]
 
-#: (pattern name, dtype key, fpmath mode name or "*") -> builder
-KERNELS: dict[tuple[str, str, str], Builder] = {}
+def _wmatmul(request):
+    from .fused import wmatmul_plan
+
+    return wmatmul_plan.build(request)
+
+
+def _gated_mlp(request):
+    from .fused import mlp_plan
+
+    return mlp_plan.build(request)
+
+
+#: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
+#: import their Numba modules lazily so that graphs without fused partitions
+#: never pay Numba's import and compile time.
+KERNELS: dict[tuple[str, str, str], Builder] = {
+    ("matmul_compressed", "*", "*"): _wmatmul,
+    ("gated_mlp", "*", "*"): _gated_mlp,
+}
 
 
 def dtype_key(request: CompileRequest) -> str:

@@ -166,7 +166,11 @@ def main(small: bool = False) -> None:
     rng = np.random.default_rng(0)
     graph, ins, out = build(cfg, Ids())
     weights = make_weights(cfg, rng)
-    feeds = {lt.id: weights[name] for name, lt in ins.items()}
+    engine = ga.Engine()
+    # Tensors made once: int4 data is packed once and constant weights are prepared once
+    feeds = {lt.id: weights[name] if lt.property == ga.PropertyType.host_scalar
+             else ga.Tensor(lt, engine, np.asarray(weights[name]).reshape(lt.shape))
+             for name, lt in ins.items()}
     result = ga.run_graph(graph, feeds)
     print(f"{len(graph.ops)} ops -> {len(result.partitions)} partitions:")
     for run in result.partitions:

@@ -1,0 +1,36 @@
+"""``HybridPlan``: a fast kernel for the core of a partition, reference steps for the rest."""
+from __future__ import annotations
+
+from typing import Callable
+
+from kernels.plan import ComposedPlan, CompileRequest
+
+
+class HybridPlan:
+    """Runs ``core(inputs, arrays)`` then the ops it does not cover through REFERENCE.
+
+    ``core`` gets the partition's input tensors by id (raw buffers available:
+    packed int4 stays packed) and a dict to put the logical arrays it produces
+    in, keyed by tensor id.  ``covered`` are the op ids the core computes.
+    """
+
+    def __init__(self, request: CompileRequest, name: str, core: Callable, covered: set[int]):
+        self.request = request
+        self.name = name
+        self.core = core
+        self.covered = set(covered)
+        self.tail = ComposedPlan(request)
+        self.tail.steps = [s for s in self.tail.steps if s[1].id not in self.covered]
+        self._needs_inputs = any(lt.id in request.input_ids for _, op, _, _ in self.tail.steps
+                                 for lt in op.inputs)
+
+    def execute(self, inputs: dict, outputs: dict) -> None:
+        arrays: dict = {}
+        self.core(inputs, arrays)
+        if self.tail.steps:
+            if self._needs_inputs:
+                for tid, t in inputs.items():
+                    arrays.setdefault(tid, t.numpy())
+            arrays = self.tail.run_arrays(arrays)
+        for tid, tensor in outputs.items():
+            tensor.write(arrays[tid])

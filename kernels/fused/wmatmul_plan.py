@@ -1,0 +1,192 @@
+"""Weight-compressed MatMul partitions on the Numba kernels of ``kernels.wmatmul``.
+
+Covers ``DynamicDequantize(W int4/int8) [-> TypeCast] -> MatMul [+bias] ->
+post-ops [-> TypeCast]`` with W two-dimensional ([K, N], or [N, K] with
+``transpose_b``), grouped along K (per_group), per channel (along N) or per
+tensor.  Anything after the epilogue (Quantize/DynamicQuantize, Select) runs
+as reference steps.  Constant weights are repacked once into the kernel's
+blocked layout and cached by buffer address (oneDNN's constant-tensor rule:
+a constant tensor's data does not change).
+
+fpmath: the arithmetic of the composed reference plan, exactly: f32
+activations are rounded as the mode says; dequantized weights are rounded to
+the DynamicDequantize output type (the scales' type) or a following
+TypeCast's type, and to the mode's type only with ``apply_to_int``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graph_api import dtypes
+from graph_api.dtypes import DataType
+from graph_api.enums import OpKind as K
+from graph_api.enums import PropertyType
+from kernels.bits import RND_BF16, RND_F16, rounding_code
+from kernels.plan import CompileRequest
+
+from .epilogue import bind, chain_program
+from .hybrid import HybridPlan
+
+_WEIGHT_KINDS = {DataType.s4: "s4", DataType.u4: "u4", DataType.s8: "s8", DataType.u8: "u8"}
+_ACT = {DataType.f32: None, DataType.bf16: "bf16", DataType.f16: "f16"}
+_TYPE_RND = {DataType.bf16: RND_BF16, DataType.f16: RND_F16}
+
+
+def _group_layout(deq, w_shape, transposed: bool):
+    """(G along K, scale kind) or a reason."""
+    n_axis = 0 if transposed else 1
+    k_axis = 1 - n_axis
+    qtype = deq.attrs.get("qtype", "per_tensor")
+    if qtype == "per_group":
+        gs = list(deq.attrs.get("group_shape", []))
+        if len(gs) != 2 or gs[n_axis] != 1:
+            return f"group_shape {gs} does not group along K only"
+        return gs[k_axis], "group"
+    if qtype == "per_channel":
+        axis = deq.attrs.get("axis", 1) % 2
+        if axis != n_axis:
+            return f"per_channel axis {axis} is not the N axis"
+        return w_shape[k_axis], "channel"
+    return w_shape[k_axis], "tensor"
+
+
+@dataclass
+class Linear:
+    """``x @ dequant(W)`` of one DynamicDequantize -> MatMul pair, ready to run."""
+
+    x_id: int
+    w_id: int
+    s_id: int
+    z_id: int | None
+    spec: object
+    scale_kind: str
+    rnd_x: int
+    rnd_w: int
+    act: str | None
+    constant: bool
+    cache: dict = field(default_factory=dict)
+
+    @property
+    def K(self) -> int:
+        return self.spec.K
+
+    @property
+    def N(self) -> int:
+        return self.spec.N
+
+    def _params(self, tensor):
+        """Scales/zps as the kernel's per-group array ([K/G, N] or [N, K/G])."""
+        a = np.asarray(tensor.numpy())
+        if self.scale_kind == "group":
+            return a
+        spec = self.spec
+        shape = (spec.N, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, spec.N)
+        if self.scale_kind == "channel":
+            a = a.reshape(-1, 1) if spec.transposed else a.reshape(1, -1)
+        else:
+            a = a.reshape(1, 1)
+        return np.broadcast_to(a, shape)
+
+    def __call__(self, x2d, inputs, post=(), out_dtype="f32"):
+        from kernels import wmatmul as wm
+
+        w_buf = inputs[self.w_id].get_data_handle()
+        scales = self._params(inputs[self.s_id])
+        zps = None if self.z_id is None else self._params(inputs[self.z_id])
+        prepared = None
+        if self.constant and self.rnd_w == 0:
+            key = (w_buf.__array_interface__["data"][0],
+                   inputs[self.s_id].buffer.__array_interface__["data"][0])
+            prepared = self.cache.get(key)
+            if prepared is None:
+                self.cache.clear()
+                prepared = self.cache[key] = wm.prepare(w_buf, self.spec, scales, zps)
+        y = wm.wmatmul(x2d, w_buf, self.spec, scales, zps, prepared=prepared, post_ops=post,
+                       out_dtype=out_dtype, rnd_x=self.rnd_x, rnd_w=self.rnd_w, act_dtype=self.act)
+        return y if out_dtype == "f32" else y.view(dtypes.numpy_dtype(DataType[out_dtype]))
+
+
+def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id: int | None = None):
+    """A :class:`Linear` for a compressed-weight MatMul, or the reason it cannot be one."""
+    from kernels import wmatmul as wm
+
+    lts = request.lts
+    ops = {op.id: op for op in request.ops}
+    if deq_id is None:
+        return "the weights are not compressed"
+    deq, mm = ops[deq_id], ops[mm_id]
+    if deq.kind != K.DynamicDequantize:
+        return "static Dequantize weights take the reference path"
+    wq = lts[deq.inputs[0].id]
+    if wq.dtype not in _WEIGHT_KINDS or len(wq.shape) != 2 or not wq.is_dense():
+        return f"weights {wq!r} are not a dense 2-D s4/u4/s8/u8 tensor"
+    if mm.inputs[1].id != (ops[cast_id].outputs[0].id if cast_id is not None else deq.outputs[0].id):
+        return "the dequantized weights are not the MatMul's second input"
+    if mm.attrs.get("transpose_a"):
+        return "transpose_a"
+    transposed = bool(mm.attrs.get("transpose_b"))
+    layout = _group_layout(deq, wq.shape, transposed)
+    if isinstance(layout, str):
+        return layout
+    group, scale_kind = layout
+    x_lt = lts[mm.inputs[0].id]
+    if x_lt.dtype not in _ACT:
+        return f"activations {x_lt!r}"
+    K_ = wq.shape[1] if transposed else wq.shape[0]
+    N = wq.shape[0] if transposed else wq.shape[1]
+    if x_lt.shape[-1] != K_ or K_ % group:
+        return "activation K differs from the weights' K"
+    if lts[mm.outputs[0].id].dtype != DataType.f32:
+        return f"MatMul output is {lts[mm.outputs[0].id].dtype.name}; the epilogue runs in f32"
+    w_type = lts[ops[cast_id].outputs[0].id].dtype if cast_id is not None else lts[deq.outputs[0].id].dtype
+    rnd_w = _TYPE_RND.get(w_type) or rounding_code(request.fpmath, for_int_weights=True)
+    if lts[deq.outputs[0].id].dtype in _TYPE_RND and cast_id is not None and \
+            lts[ops[cast_id].outputs[0].id].dtype == DataType.f32:
+        rnd_w = _TYPE_RND[lts[deq.outputs[0].id].dtype]
+    rnd_x = rounding_code(request.fpmath, src_is_f32=x_lt.dtype == DataType.f32)
+    z_id = deq.inputs[2].id if len(deq.inputs) > 2 else None
+    return Linear(mm.inputs[0].id, deq.inputs[0].id, deq.inputs[1].id, z_id,
+                  wm.WeightSpec(_WEIGHT_KINDS[wq.dtype], K_, N, group, transposed), scale_kind,
+                  rnd_x, rnd_w, _ACT[x_lt.dtype], lts[wq.id].property == PropertyType.constant)
+
+
+def build(request: CompileRequest):
+    """The plan of a ``matmul_compressed`` partition, or why the fast path does not apply."""
+    b, lts = request.bindings, request.lts
+    ops = {op.id: op for op in request.ops}
+    if b.get("src_dequant") is not None:
+        return "dequantized activations take the reference path"
+    linear = make_linear(request, b["wei_dequant"], b["matmul"], b.get("wei_cast"))
+    if isinstance(linear, str):
+        return linear
+    mm = ops[b["matmul"]]
+    steps, value_id = [], mm.outputs[0].id
+    if len(mm.inputs) > 2:
+        steps.append(("add", mm.inputs[2].id))
+    program = chain_program(ops, list(b.get("post_ops") or []), value_id, lts)
+    if isinstance(program, str):
+        return program
+    chain_steps, value_id = program
+    steps += chain_steps
+    covered = {b["wei_dequant"], mm.id} | set(b.get("post_ops") or [])
+    if b.get("wei_cast") is not None:
+        covered.add(b["wei_cast"])
+    out_dtype = "f32"
+    if b.get("out_cast") is not None and b.get("select") is None:
+        out_cast = ops[b["out_cast"]]
+        out_dtype = lts[out_cast.outputs[0].id].dtype.name
+        covered.add(out_cast.id)
+        value_id = out_cast.outputs[0].id
+    out_shape = lts[value_id].shape
+
+    def core(inputs, arrays):
+        x = inputs[linear.x_id].numpy()
+        M = x.size // linear.K
+        post = bind(steps, lambda tid: arrays[tid] if tid in arrays else inputs[tid].numpy(),
+                    out_shape, M, linear.N)
+        y = linear(x.reshape(M, linear.K), inputs, post, out_dtype)
+        arrays[value_id] = y.reshape(out_shape)
+
+    return HybridPlan(request, "numba_wmatmul", core, covered)
