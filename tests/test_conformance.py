@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from graph_api.cli import execute, prepare, runnable
+from graph_api.cli import execute, graph_outputs, prepare, runnable
 from graph_api.enums import OpKind
 
 CONFORMANCE = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "onednn-graphs"
@@ -25,7 +25,12 @@ FILES = sorted(CONFORMANCE.rglob("*.json"))
 MAX_ELEMENTS = 16_000_000
 
 #: file (relative path) -> reason naming what is missing; strict, so a fix shows up
-XFAIL: dict[str, str] = {}
+XFAIL: dict[str, str] = {
+    "complex_fusion/mha/sdpa-plain-training-backward-w-dmask-bf16-f32.json":
+        "End op: the dMask tensor it marks as a graph output (id 23, in the file's output_ports) is "
+        "returned by no partition; Graph.finalize and Partition leave out a tensor consumed by an End "
+        "op and by other ops",
+}
 
 
 def _case(path: Path):
@@ -57,7 +62,7 @@ def test_file_runs_and_matches_the_reference(path):
     assert all(op.kind == OpKind.End for p in partitions if p not in runnable(partitions) for op in p.ops)
 
     report = execute(prepared, check=True)
-    assert [c.tid for c in report.checks] == graph.output_ids and report.checks
+    assert [c.tid for c in report.checks] == graph_outputs(graph) and report.checks
     failures = [f"output {c.tid} ({c.lt.dtype.name}): {c.verdict.message}" for c in report.checks
                 if not c.verdict.ok]
     assert not failures, "\n".join(failures)
