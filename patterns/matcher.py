@@ -20,7 +20,7 @@ match to take (escaping intermediates, cycles).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from graph_api.errors import op_label
 

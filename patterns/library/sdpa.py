@@ -28,7 +28,7 @@ from graph_api.enums import OpKind as K
 
 from ..pattern import (In, Node, Pattern, all_inputs_dtype, attr_is, axis_is_last, fed_by,
                        in_dtype, present)
-from .common import DEQUANT, FLOATS, FP8, INT4, INT8, SCALE, XF16
+from .common import FLOATS, FP8, INT4, INT8, SCALE
 
 _CAST = K.TypeCast
 
