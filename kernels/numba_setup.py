@@ -25,6 +25,9 @@ the user has not set them, then imports numba:
     Not set by default (Numba writes ``__pycache__`` next to the sources);
     set ``GRAPH_API_NUMBA_CACHE_DIR`` to redirect it for read-only installs.
 
+LLVM option ``-runtime-memory-check-threshold=64`` (set once per process,
+affects only code compiled here): see the comment below.
+
 Set ``GRAPH_API_NUMBA_DEFAULTS=0`` to leave the environment untouched.
 """
 from __future__ import annotations
@@ -70,5 +73,13 @@ def configure() -> dict[str, str]:
 APPLIED = configure()
 
 import numba  # noqa: E402  (must come after configure)
+
+# LLVM vectorises a loop whose arrays may alias only behind runtime overlap
+# checks, and gives up above 8 checks (numba has no ``restrict``).  The fused
+# kernels read 4-6 arrays per loop; allow more checks so they vectorise.
+if os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
+    import llvmlite.binding as _llvm
+
+    _llvm.set_option("", "-runtime-memory-check-threshold=64")
 
 __all__ = ["numba", "APPLIED", "configure"]

@@ -7,8 +7,8 @@ Formula, per batch ``b``, query head ``h`` (KV head ``h // rep``), query row ``i
 
 with ``k[j, d] = (K[.., j, d] - zk) * sk`` dequantized tile by tile (groups of
 ``G`` along the head dimension ``D``) and the same for ``v``.  No f32 copy of K
-or V is ever made: each work item dequantizes a tile of ``T = 64`` positions
-into an L1-resident f32 buffer, scores it for all the query rows that share the
+or V is ever made: each work item dequantizes a tile of ``T = 128`` positions
+into an L2-resident f32 buffer, scores it for all the query rows that share the
 KV head (GQA/MQA: the K/V tile is read once for ``rep * Sq`` rows), and updates
 an online softmax (running max ``m``, sum ``l`` and f32 accumulator).
 
@@ -40,7 +40,7 @@ from numba import njit, prange
 from kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, prefetch, round_code)
 
-T = 64  #: KV positions per tile
+T = 128  #: KV positions per tile
 QT = 32  #: query positions per prefill tile
 KINDS = {"f32": 0, "bf16": 1, "f16": 2, "s8": 3, "u8": 4, "s4": 5, "u4": 6}
 CAUSAL = {None: 0, "none": 0, "top_left": 1, "bottom_right": 2}
@@ -129,22 +129,28 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
     if fast:  # int4, transposed, S and s0 even: row d is contiguous over positions
         xm = np.uint8(0x88) if kk == 5 else np.uint8(0)
         off = np.float32(8.0) if kk == 5 else np.float32(0.0)
-        for d in range(D):
-            g = d // kG
-            row0 = (base + d * S + s0) >> 1
+        zE = np.empty(half, np.float32)
+        zO = np.empty(half, np.float32)
+        sE = np.empty(half, np.float32)
+        sO = np.empty(half, np.float32)
+        for g in range(ng):
             sbase = ((b * H + h) * ng + g) * S + s0
             for j in range(half):
-                byte = kb[row0 + j]
-                lo = nib_x(byte, xm, False) - off
-                hi = nib_x(byte, xm, True) - off
-                if khz:
-                    lo -= kzp[sbase + 2 * j]
-                    hi -= kzp[sbase + 2 * j + 1]
-                if khs:
-                    lo *= ksc[sbase + 2 * j]
-                    hi *= ksc[sbase + 2 * j + 1]
-                kT[d, j] = round_code(lo, rnd)
-                kT[d, half + j] = round_code(hi, rnd)
+                zE[j] = off + (kzp[sbase + 2 * j] if khz else np.float32(0.0))
+                zO[j] = off + (kzp[sbase + 2 * j + 1] if khz else np.float32(0.0))
+                sE[j] = ksc[sbase + 2 * j] if khs else np.float32(1.0)
+                sO[j] = ksc[sbase + 2 * j + 1] if khs else np.float32(1.0)
+            for d in range(g * kG, (g + 1) * kG):
+                row0 = (base + d * S + s0) >> 1
+                kd = kT[d]
+                for j in range(half):
+                    byte = kb[row0 + j]
+                    kd[j] = (nib_x(byte, xm, False) - zE[j]) * sE[j]
+                    kd[half + j] = (nib_x(byte, xm, True) - zO[j]) * sO[j]
+        if rnd != 0:
+            for d in range(D):
+                for t in range(nt):
+                    kT[d, t] = round_code(kT[d, t], rnd)
         return
     for t in range(nt):
         s = pos[t]
@@ -172,13 +178,23 @@ def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, 
             xm = np.uint8(0x88) if vk == 5 else np.uint8(0)
             off = np.float32(8.0) if vk == 5 else np.float32(0.0)
             r0 = rowbase >> 1
+            vt = vf[t]
+            vlo = vf[t, :half]
+            vhi = vf[t, half:]
+            gb = vG // 2
             for g in range(ng):
-                z = vzp[sbase + g] if vhz else np.float32(0.0)
+                z = off + (vzp[sbase + g] if vhz else np.float32(0.0))
                 sc = vsc[sbase + g] if vhs else np.float32(1.0)
-                for j in range(g * vG // 2, (g + 1) * vG // 2):
-                    byte = vb[r0 + j]
-                    vf[t, j] = round_code((nib_x(byte, xm, False) - off - z) * sc, rnd)
-                    vf[t, half + j] = round_code((nib_x(byte, xm, True) - off - z) * sc, rnd)
+                src = vb[r0 + g * gb:r0 + g * gb + gb]
+                lo = vlo[g * gb:g * gb + gb]
+                hi = vhi[g * gb:g * gb + gb]
+                for j in range(gb):
+                    byte = src[j]
+                    lo[j] = (nib_x(byte, xm, False) - z) * sc
+                    hi[j] = (nib_x(byte, xm, True) - z) * sc
+            if rnd != 0:
+                for d in range(D):
+                    vt[d] = round_code(vt[d], rnd)
         else:
             for d in range(D):
                 vf[t, d] = _deq(_elem(vb, vk, rowbase + d), sbase + d // vG, vsc, vhs, vzp, vhz, rnd)
@@ -231,42 +247,54 @@ def _attn(q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz
             for rr in range(nrow):
                 hq = hk * rep + rr // (i1 - i0)
                 i = i0 + rr % (i1 - i0)
+                srow = sc[rr]
+                qrow = q[b, hq, i]
                 for t in range(nt):
-                    sc[rr, t] = 0.0
+                    srow[t] = 0.0
                 for d in range(D):
-                    qv = q[b, hq, i, d]
+                    qv = qrow[d]
+                    kd = kT[d]
                     for t in range(nt):
-                        sc[rr, t] = fma32(qv, kT[d, t], sc[rr, t])
-                for t in range(nt):
-                    v = sc[rr, t] * scale if smul else sc[rr, t] / scale
-                    p = pos[t]
-                    if has_mask:
-                        v += mask[b, hq, i, p]
-                    if causal != 0 and p > i + coff:
-                        v = NEG_INF
-                    sc[rr, t] = v
+                        srow[t] = fma32(qv, kd[t], srow[t])
+                if smul:
+                    for t in range(nt):
+                        srow[t] = srow[t] * scale
+                else:
+                    for t in range(nt):
+                        srow[t] = srow[t] / scale
+                if has_mask:
+                    mrow = mask[b, hq, i]
+                    for t in range(nt):
+                        srow[t] += mrow[pos[t]]
+                if causal != 0 and s0 + nt - 1 > i + coff:
+                    for t in range(nt):
+                        if pos[t] > i + coff:
+                            srow[t] = NEG_INF
             _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, hk, Hkv, S, D, nt, vperm, pos, vf)
             for rr in range(nrow):
+                srow = sc[rr]
+                arow = acc[rr]
                 mt = m[rr]
                 for t in range(nt):
-                    mt = max(mt, sc[rr, t])
+                    mt = max(mt, srow[t])
                 if mt == NEG_INF:
                     continue
                 alpha = exp32(m[rr] - mt)
                 m[rr] = mt
                 ls = np.float32(0.0)
                 for t in range(nt):
-                    e = exp32(sc[rr, t] - mt)
-                    sc[rr, t] = e
+                    srow[t] = exp32(srow[t] - mt)
                 for t in range(nt):
-                    ls += sc[rr, t]
+                    ls += srow[t]
                 l[rr] = l[rr] * alpha + ls
-                for d in range(D):
-                    acc[rr, d] *= alpha
-                for t in range(nt):
-                    p = sc[rr, t]
+                if alpha != np.float32(1.0):
                     for d in range(D):
-                        acc[rr, d] = fma32(p, vf[t, d], acc[rr, d])
+                        arow[d] *= alpha
+                for t in range(nt):
+                    p = srow[t]
+                    vt = vf[t]
+                    for d in range(D):
+                        arow[d] = fma32(p, vt[d], arow[d])
             s0 += nt
         for rr in range(nrow):
             pm[it, rr] = m[rr]
