@@ -514,6 +514,47 @@ def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n_lo, ou
             out[m, n - n_lo] = acc
 
 
+@njit(parallel=True, cache=True)
+def _gemv_nk4(xe, xo, xs, w, K, N, G, xm, sc, zp, zmode, out):
+    """int4 decode straight from the user's [N, K] packed rows (transpose_b).
+
+    One row per output column; 16 byte lanes accumulate ``x[2j] * lo +
+    x[2j+1] * hi`` over a group (xe/xo: even/odd activations, f32), then the
+    lanes are summed in a fixed order and scaled.  ``G`` must be a multiple of
+    32 (16 bytes per chunk); other groups use the generic kernel.
+    """
+    M = xe.shape[0]
+    kb = K // 2
+    gb = G // 2
+    ng = K // G
+    for n in prange(N):
+        lanes = np.empty(16, np.float32)
+        row = w[n * kb:(n + 1) * kb]
+        for m in range(M):
+            xer = xe[m]
+            xor_ = xo[m]
+            acc = np.float32(0.0)
+            for g in range(ng):
+                for l in range(16):
+                    lanes[l] = 0.0
+                for c in range(g * gb, g * gb + gb, 16):
+                    rb = row[c:c + 16]
+                    ev = xer[c:c + 16]
+                    od = xor_[c:c + 16]
+                    for l in range(16):
+                        lanes[l] = fma32(od[l], nib_x(rb[l], xm, True),
+                                         fma32(ev[l], nib_x(rb[l], xm, False), lanes[l]))
+                p = np.float32(0.0)
+                for l in range(16):
+                    p += lanes[l]
+                if zmode == 1:
+                    p = p - zp[n, g] * xs[m, g]
+                elif zmode == 2:
+                    p = p - np.float32(8.0) * xs[m, g]
+                acc = fma32(sc[n, g], p, acc)
+            out[m, n] = acc
+
+
 # ------------------------------------------------------------- preparation
 @dataclass
 class WeightSpec:
@@ -676,6 +717,16 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         else:
             _gemv8(xf, xs, pw.wb, pw.sc, pw.zf, pw.zmode, G, part)
         _finish(part, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        return out
+    if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0:
+        sc, zp, has_zp = _scales_zps(spec, scales, zps)
+        raw = np.empty((M, N), np.float32)
+        xe = np.ascontiguousarray(xf[:, 0::2])
+        xo = np.ascontiguousarray(xf[:, 1::2])
+        zmode = 1 if has_zp else (2 if spec.kind == S4 else 0)
+        _gemv_nk4(xe, xo, xs, _flat(w, True), K, N, G, np.uint8(0x88 if spec.kind == S4 else 0),
+                  sc, zp, zmode, raw)
+        _finish(raw[None], out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)

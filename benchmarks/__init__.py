@@ -1,0 +1,1 @@
+"""Benchmark suite: ``python -m benchmarks [--quick] [--out FILE]``."""

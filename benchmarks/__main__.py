@@ -1,0 +1,103 @@
+"""Run the benchmark suite: ``python -m benchmarks [--quick] [--out FILE] [--no-peers]``.
+
+Prints one table (workload, hot/cold, implementation, ms, time / project time,
+bandwidth or throughput) and writes it as markdown to ``benchmarks/results.md``
+or ``--out``.  Peers (PyTorch, ONNX Runtime) are used when installed (the
+``bench`` extra).  ``--quick`` runs a representative subset in < 2 minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+from kernels.numba_setup import numba
+
+import numpy as np
+
+from benchmarks import peers, suite
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m benchmarks")
+    ap.add_argument("--quick", action="store_true", help="subset, < 2 minutes")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.md"))
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--only", default="", help="comma list: bw,int4,prefill,sdpa,prefill_sdpa,compile,overhead")
+    args = ap.parse_args(argv)
+    only = set(filter(None, args.only.split(",")))
+    want = lambda k: not only or k in only
+    rng = np.random.default_rng(0)
+    t_start = time.perf_counter()
+    rows = []
+    peers_on = not args.no_peers
+    bw = suite.measure_bandwidth(args.quick)
+    head = [f"# graph_api benchmark ({'quick' if args.quick else 'full'})", "",
+            f"python {platform.python_version()}, numba {numba.__version__} "
+            f"({numba.config.THREADING_LAYER} layer, {numba.get_num_threads()} threads), "
+            f"torch {'yes' if peers.have_torch() else 'no'}, onnxruntime {'yes' if peers.have_ort() else 'no'}",
+            f"measured read bandwidth: cold (> L3) {bw[0]:.1f} GB/s, L3-resident {bw[1]:.1f} GB/s", ""]
+    print("\n".join(head), flush=True)
+
+    def flush():
+        _print(rows[-1:])
+
+    if want("int4"):
+        shapes = [(4096, 4096, 128, "s4"), (4096, 4096, 32, "u4")] if args.quick else \
+            [(K, N, G, kd) for (K, N) in ((4096, 4096), (4096, 11008)) for G in (32, 128) for kd in ("s4", "u4")]
+        for K, N, G, kd in shapes:
+            n0 = len(rows)
+            suite.bench_int4(rows, bw, K, N, G, kd, 1, args.quick, rng, peers_on)
+            _print(rows[n0:])
+    if want("prefill"):
+        for M in ((128,) if args.quick else (32, 128, 512)):
+            n0 = len(rows)
+            suite.bench_int4(rows, bw, 4096, 4096, 128, "s4", M, args.quick, rng, peers_on)
+            _print(rows[n0:])
+    if want("sdpa"):
+        cases = [(8, 4096, "s4"), (8, 4096, "s8")] if args.quick else \
+            [(h, L, kd) for h in (8, 32) for L in (1024, 4096, 16384) for kd in ("s4", "s8")]
+        for h, L, kd in cases:
+            n0 = len(rows)
+            suite.bench_sdpa_decode(rows, bw, h, L, kd, args.quick, rng, peers_on)
+            _print(rows[n0:])
+    if want("prefill_sdpa") and not args.quick:
+        n0 = len(rows)
+        suite.bench_sdpa_prefill(rows, args.quick, rng, peers_on)
+        _print(rows[n0:])
+    if want("compile"):
+        n0 = len(rows)
+        suite.bench_compile(rows)
+        _print(rows[n0:])
+    if want("overhead"):
+        n0 = len(rows)
+        suite.bench_overhead(rows)
+        suite.bench_decoder_layer(rows)
+        _print(rows[n0:])
+    table = _markdown(rows)
+    with open(args.out, "w") as f:
+        f.write("\n".join(head) + "\n" + table + f"\n\ntotal suite time {time.perf_counter() - t_start:.0f} s\n")
+    print(f"\nwritten to {args.out} ({time.perf_counter() - t_start:.0f} s)")
+
+
+def _fmt(r):
+    w, mode, name, ms, ratio, extra = r
+    return f"| {w} | {mode} | {name} | {ms:.3f} | {ratio:.2f} | {extra} |"
+
+
+def _print(rs):
+    for r in rs:
+        print(_fmt(r), flush=True)
+
+
+def _markdown(rows):
+    out = ["| workload | cache | implementation | ms | time / project | effective |",
+           "|---|---|---|---:|---:|---|"]
+    out += [_fmt(r) for r in rows]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""The workloads.  Every figure is a median wall time of the call as a user
+makes it (entry-point overhead included), hot = one buffer reused (L3/L2
+resident), cold = rotating through distinct copies totalling more than the L3.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from kernels.numba_setup import numba
+
+import numpy as np
+from numba import njit, prange
+
+from benchmarks import peers
+from kernels import sdpa as SD
+from kernels import wmatmul as WM
+from kernels.bits import prefetch
+
+COLD_BYTES = 1 << 30  # rotation working set for "cold" (quick: 640 MiB)
+
+
+def timeit(fn, ncopies, reps, warm=2):
+    for i in range(warm):
+        fn(i % ncopies)
+    ts = []
+    for i in range(reps):
+        t = time.perf_counter()
+        fn(i % ncopies)
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+# --------------------------------------------------------------- bandwidth
+@njit(parallel=True, fastmath=True, cache=True)
+def _read(a, nch):
+    n = a.size // nch
+    s = np.zeros(nch, np.float32)
+    for c in prange(nch):
+        acc = np.zeros(64, np.float32)
+        for i0 in range(c * n, (c + 1) * n - 63, 64):
+            prefetch(a, i0 + 512)
+            prefetch(a, i0 + 528)
+            prefetch(a, i0 + 544)
+            prefetch(a, i0 + 560)
+            for j in range(64):
+                acc[j] += a[i0 + j]
+        s[c] = acc.sum()
+    return s.sum()
+
+
+def measure_bandwidth(quick):
+    """(cold GB/s, L3 GB/s): best of a prefetching Numba read and, if present,
+    torch.sum, over 512 MiB (cold) and 32 MiB (L3-resident)."""
+    out = []
+    for mib in (512 if not quick else 384, 32):
+        a = np.ones(mib * (1 << 20) // 4, np.float32)
+        nch = numba.get_num_threads()
+        _read(a, nch)
+        t = min(timeit(lambda i: _read(a, nch), 1, 5, 1) for _ in range(3))
+        best = a.nbytes / t / 1e9
+        if peers.have_torch():
+            ta = peers.torch.from_numpy(a)
+            t2 = min(timeit(lambda i: ta.sum(), 1, 5, 1) for _ in range(3))
+            best = max(best, a.nbytes / t2 / 1e9)
+        out.append(best)
+    return tuple(out)
+
+
+# ---------------------------------------------------------- int4 matmul
+def _weights(K, N, G, signed, zp, ncopies, rng):
+    base = rng.integers(0, 256, K * N // 2, dtype=np.uint8)
+    copies = []
+    for c in range(ncopies):
+        w = base ^ np.uint8((c * 37 + 1) & 255)  # distinct bytes per copy
+        sc = (rng.random((N, K // G), dtype=np.float32) * 0.02 + 0.001)
+        z = rng.integers(0, 16, (N, K // G)).astype(np.uint8) if zp else None
+        copies.append((w, sc, z, N, K))
+    return copies
+
+
+def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
+    signed = kind == "s4"
+    zp = kind == "u4"
+    wbytes = K * N // 2 + (K // G) * N * 4 + ((K // G) * N // 2 if zp else 0)
+    decode = M == 1
+    ncold = max(2, int((COLD_BYTES if not quick else 640 << 20) // wbytes)) if decode else 1
+    copies = _weights(K, N, G, signed, zp, ncold, rng)
+    spec = WM.WeightSpec(kind, K, N, G, True)
+    prepared = [WM.prepare(w, spec, sc, z) for (w, sc, z, _, _) in copies]
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    out = np.empty((M, N), np.float32)
+    ours = lambda i: WM.wmatmul(x, None, spec, prepared=prepared[i], out=out)
+    direct = lambda i: WM.wmatmul(x, copies[i][0], spec, copies[i][1], copies[i][2], out=out)
+    reps = 60 if decode else (5 if quick else 10)
+    label = f"int4 {'decode' if decode else 'prefill'} M={M} K={K} N={N} g{G} {kind}{'+zp' if zp else ''}"
+    flops = 2.0 * M * K * N
+    modes = [("cold", ncold), ("hot", 1)] if decode else [("hot", 1)]
+    for mode, nc in modes:
+        t = timeit(ours, nc, reps)
+        res = {"project (blocked, prepared)": t}
+        if decode and mode == "hot":
+            res["project direct [N,K]"] = timeit(direct, 1, 10)
+        if peers_on:
+            pl = copies[:nc]
+            if decode and (not quick or mode == "hot"):
+                res["numpy dequant+matmul"] = timeit(peers.make_numpy_dequant_matmul(x, pl, G, signed), nc, 3, 1)
+            dense_n = min(nc, 2 if not decode else nc)
+            if not decode or not quick:
+                dense = [peers.dequant_nk(peers.unpack_nk(w, N, K), signed, sc, z, G).T.copy()
+                         for (w, sc, z, _, _) in pl[:dense_n]] if (not decode or mode == "hot") else None
+                if dense is not None:
+                    res["numpy f32 BLAS (pre-dequantized)"] = timeit(peers.make_numpy_dense(x, dense), len(dense), reps)
+                    f = peers.make_torch_dense(x, dense, "bf16")
+                    if f:
+                        res["torch bf16 dense (AMX)"] = timeit(f, len(dense), reps)
+            f = peers.make_torch_int4(x, pl, G, signed)
+            if f:
+                res["torch int4pack_mm (bf16 act)"] = timeit(f, nc, reps)
+            for acc in (0, 4):
+                f = peers.make_ort_matmulnbits(x, pl, G, signed, acc)
+                if f:
+                    res[f"ORT MatMulNBits acc{acc}"] = timeit(f, nc, reps)
+        ref = res["project (blocked, prepared)"]
+        for name, t in res.items():
+            gbs = wbytes / t / 1e9
+            pct = 100 * gbs / (bw[0] if mode == "cold" else bw[1])
+            rows.append((label, mode, name, t * 1e3, t / ref, f"{gbs:.1f} GB/s ({pct:.0f}%)"
+                         if decode else f"{flops / t / 1e9:.0f} GFLOP/s"))
+    return rows
+
+
+# ------------------------------------------------------------ SDPA decode
+def _kv_copies(Hkv, S, D, G, kind, ncopies, rng):
+    n = Hkv * S * D
+    bits4 = kind in ("s4", "u4")
+    base = (rng.integers(0, 256, n // 2, dtype=np.uint8) if bits4 else rng.integers(-128, 128, n).astype(np.int8))
+    out = []
+    for c in range(ncopies):
+        data = base ^ (base.dtype.type((c * 29 + 3) & 127))
+        k = SD.KV(data, kind, (1, Hkv, S, D), True, G,
+                  (rng.random((1, Hkv, D // G, S), dtype=np.float32) * 0.05), None)
+        v = SD.KV(data[::-1].copy(), kind, (1, Hkv, S, D), False, G,
+                  (rng.random((1, Hkv, S, D // G), dtype=np.float32) * 0.05), None)
+        out.append((k, v))
+    return out
+
+
+def _kv_dense(kv):
+    """Dequantized logical [B, H, S, D] f32 of a KV operand (numpy, peers only)."""
+    B, H, S, D = kv.shape
+    from kernels.quantize import dequantize
+    if kv.transposed:
+        x = dequantize(kv.data, (B, H, D, S), np.repeat(kv.scales, kv.group, axis=2),
+                       dtype=kv.kind, group=1)
+        return np.ascontiguousarray(x.swapaxes(2, 3))
+    return dequantize(kv.data, (B, H, S, D), kv.scales, dtype=kv.kind, group=kv.group)
+
+
+def numpy_sdpa(q, k, v, causal=False):
+    B, Hq, Sq, D = q.shape
+    rep = Hq // k.shape[1]
+    k = np.repeat(k, rep, 1)
+    v = np.repeat(v, rep, 1)
+    s = q @ k.swapaxes(2, 3) / np.float32(np.sqrt(D))
+    if causal:
+        S = k.shape[2]
+        s = np.where(np.arange(S)[None] > np.arange(Sq)[:, None] + (S - Sq), -np.inf, s)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return (s / s.sum(-1, keepdims=True)) @ v
+
+
+def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=("cold", "hot")):
+    Hq, D, G = 32, 128, 32
+    bits = 4 if kind in ("s4", "u4") else 8
+    kvbytes = 2 * Hkv * S * D * bits // 8 + 2 * Hkv * S * (D // G) * 4
+    ncold = max(2, int((COLD_BYTES if not quick else 640 << 20) // kvbytes))
+    copies = _kv_copies(Hkv, S, D, G, kind, ncold, rng)
+    q = rng.standard_normal((1, Hq, 1, D)).astype(np.float32)
+    out = np.empty((1, Hq, 1, D), np.float32)
+    label = f"SDPA decode Hq=32 Hkv={Hkv} D=128 L={S} {kind} K/V g32"
+    for mode in modes:
+        nc = ncold if mode == "cold" else 1
+        res = {"project (split-KV, fused dequant)": timeit(
+            lambda i: SD.sdpa(q, copies[i][0], copies[i][1], out=out), nc, 30)}
+        if peers_on:
+            nd = min(nc, max(2, int((COLD_BYTES if not quick else 640 << 20) // (2 * Hkv * S * D * 2))))
+            dense = [(_kv_dense(k), _kv_dense(v)) for k, v in copies[:nd]]
+            if mode == "hot" or not quick:
+                res["numpy (dequantized f32)"] = timeit(
+                    lambda i: numpy_sdpa(q, dense[i][0], dense[i][1]), 1, 3, 1)
+            for dt in ("bf16", "f32"):
+                f = peers.make_torch_sdpa(q, [d[0] for d in dense], [d[1] for d in dense], dt)
+                if f:
+                    res[f"torch SDPA {dt} dense"] = timeit(f, len(dense), 30)
+        ref = res["project (split-KV, fused dequant)"]
+        for name, t in res.items():
+            extra = ""
+            if name.startswith("project"):
+                gbs = kvbytes / t / 1e9
+                extra = f"{gbs:.1f} GB/s ({100 * gbs / (bw[0] if mode == 'cold' else bw[1]):.0f}%)"
+            rows.append((label, mode, name, t * 1e3, t / ref, extra))
+    return rows
+
+
+def bench_sdpa_prefill(rows, quick, rng, peers_on=True):
+    B, H, S, D = 1, 32, 512, 128
+    q = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    k = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    v = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    import ml_dtypes
+    for dt in ("f32", "bf16"):
+        if dt == "f32":
+            K, V, qq = SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), q
+        else:
+            K = SD.KV(k.astype(ml_dtypes.bfloat16).view(np.uint16), "bf16", k.shape)
+            V = SD.KV(v.astype(ml_dtypes.bfloat16).view(np.uint16), "bf16", v.shape)
+            qq = q.astype(ml_dtypes.bfloat16)
+        label = f"SDPA prefill 512x512 causal H=32 D=128 {dt}"
+        res = {"project (tiled flash)": timeit(lambda i: SD.sdpa(qq, K, V, causal="top_left"), 1, 3, 1)}
+        if peers_on:
+            if dt == "f32":
+                res["numpy reference"] = timeit(lambda i: numpy_sdpa(q, k, v, True), 1, 3, 1)
+            f = peers.make_torch_sdpa(q, [k], [v], dt, causal=True)
+            if f:
+                res[f"torch SDPA {dt}"] = timeit(f, 1, 5)
+        ref = res["project (tiled flash)"]
+        for name, t in res.items():
+            rows.append((label, "hot", name, t * 1e3, t / ref, ""))
+    return rows
+
+
+# ------------------------------------------------------------ compile cost
+_COMPILE_SNIPPET = r"""
+import time, sys
+t0 = time.perf_counter()
+sys.path.insert(0, {root!r})
+import numpy as np
+from kernels import wmatmul as WM, sdpa as SD
+t1 = time.perf_counter()
+K = N = 256; G = 32
+w = np.zeros(K * N // 2, np.uint8); sc = np.ones((N, K // G), np.float32)
+spec = WM.WeightSpec("s4", K, N, G, True)
+pw = WM.prepare(w, spec, sc)
+x = np.ones((1, K), np.float32)
+WM.wmatmul(x, None, spec, prepared=pw)
+t2 = time.perf_counter()
+q = np.ones((1, 4, 1, 64), np.float32)
+def kv(S, tr):
+    sh = (1, 1, 64 // 32, S) if tr else (1, 1, S, 64 // 32)
+    return SD.KV(np.zeros(S * 64 // 2, np.uint8), "s4", (1, 1, S, 64), tr, 32, np.ones(sh, np.float32))
+SD.sdpa(q, kv(100, True), kv(100, False))
+t3 = time.perf_counter()
+n0 = len(SD._attn.signatures)
+SD.sdpa(q, kv(333, True), kv(333, False))
+t4 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, len(SD._attn.signatures) - n0)
+"""
+
+
+def bench_compile(rows):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        snippet = _COMPILE_SNIPPET.format(root=root)
+        res = []
+        for _ in range(2):
+            p = subprocess.run([sys.executable, "-c", snippet], env=env, capture_output=True, text=True)
+            if p.returncode:
+                rows.append(("compile", "-", "error: " + p.stderr[-200:], float("nan"), 1.0, ""))
+                return rows
+            res.append([float(v) for v in p.stdout.split()])
+    cold, warm = res
+    rows.append(("compile: import kernels", "-", "project", warm[0] * 1e3, 1.0, ""))
+    rows.append(("compile: wmatmul decode, first call", "cold (empty cache)", "project", cold[1] * 1e3, 1.0, ""))
+    rows.append(("compile: wmatmul decode, first call", "warm (disk cache, new process)", "project", warm[1] * 1e3, 1.0, ""))
+    rows.append(("compile: sdpa decode, first call", "cold (empty cache)", "project", cold[2] * 1e3, 1.0, ""))
+    rows.append(("compile: sdpa decode, first call", "warm (disk cache, new process)", "project", warm[2] * 1e3, 1.0, ""))
+    rows.append(("compile: sdpa new KV length (in-process)", "warm", "project", warm[3] * 1e3, 1.0,
+                 f"new signatures: {int(warm[4])}"))
+    return rows
+
+
+def bench_overhead(rows):
+    K = N = 128
+    G = 32
+    spec = WM.WeightSpec("s4", K, N, G, True)
+    pw = WM.prepare(np.zeros(K * N // 2, np.uint8), spec, np.ones((N, K // G), np.float32))
+    x = np.ones((1, K), np.float32)
+    out = np.empty((1, N), np.float32)
+    t = timeit(lambda i: WM.wmatmul(x, None, spec, prepared=pw, out=out), 1, 2000, 50)
+    rows.append(("per-execute overhead: wmatmul M=1 K=N=128", "hot", "project", t * 1e3, 1.0,
+                 f"{t * 1e6:.1f} us"))
+    return rows
+
+
+def bench_decoder_layer(rows):
+    """Decoder-layer decode step in tokens/s: needs the graph runtime (see
+    ``kernels.wmatmul.decoder_layer_decode_step``); reported as not run."""
+    rows.append(("decoder-layer decode step (tokens/s)", "-", "not run: needs graph runtime",
+                 float("nan"), float("nan"), ""))
+    return rows
