@@ -129,8 +129,10 @@ class Graph:
         seen = set()
         self.input_ids = [lt.id for op in self.ops.values() for lt in op.inputs
                           if lt.id not in producer and not (lt.id in seen or seen.add(lt.id))]
+        # outputs: tensors nobody consumes, and tensors an End op marks as outputs
         self.output_ids = [tid for tid in producer
-                           if all(self.ops[c].kind.name == "End" for c, _ in consumers.get(tid, []))]
+                           if not consumers.get(tid)
+                           or any(self.ops[c].kind.name == "End" for c, _ in consumers[tid])]
         known = {tid: tensors[tid] for tid in self.input_ids}
         for tid, lt in tensors.items():
             known.setdefault(tid, lt)

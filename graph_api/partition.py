@@ -47,7 +47,8 @@ class Partition:
         for op in self.ops:
             for lt in op.outputs:
                 users = graph.consumers.get(lt.id, [])
-                if not users or any(u not in op_set for u, _ in users):
+                if not users or any(u not in op_set or graph.ops[u].kind == OpKind.End
+                                    for u, _ in users):
                     self.output_ids.append(lt.id)
         self._cache: dict = {}
 

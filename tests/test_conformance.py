@@ -25,12 +25,7 @@ FILES = sorted(CONFORMANCE.rglob("*.json"))
 MAX_ELEMENTS = 16_000_000
 
 #: file (relative path) -> reason naming what is missing; strict, so a fix shows up
-XFAIL: dict[str, str] = {
-    "complex_fusion/mha/sdpa-plain-training-backward-w-dmask-bf16-f32.json":
-        "End op: the dMask tensor it marks as a graph output (id 23, in the file's output_ports) is "
-        "returned by no partition; Graph.finalize and Partition leave out a tensor consumed by an End "
-        "op and by other ops",
-}
+XFAIL: dict[str, str] = {}
 
 
 def _case(path: Path):
