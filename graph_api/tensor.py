@@ -143,7 +143,11 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The logical array (a view for byte-sized types, a copy for s4/u4)."""
         if not self.packed:
-            return self._view_of(self.buffer)
+            view = self.__dict__.get("_view")
+            if view is None or view.base is None or self._view_buffer is not self.buffer:
+                view = self._view = self._view_of(self.buffer)
+                self._view_buffer = self.buffer
+            return view
         signed = self.lt.dtype == dtypes.DataType.s4
         if self.lt.is_dense():
             flat = dtypes.unpack_int4(self.buffer, self.lt.nelems(), signed)
@@ -165,7 +169,7 @@ class Tensor:
         if self.packed:
             self._pack_into(self.buffer, values)
         else:
-            self._view_of(self.buffer)[...] = values
+            self.numpy()[...] = values
 
     # ------------------------------------------------------------ oneDNN API
     def get_logical_tensor(self) -> LogicalTensor:
