@@ -24,7 +24,8 @@ from a MatMul::
     mask           Add(scores, x) leading to SoftMax or Exp    0 where kept, -inf elsewhere
     dq_src         Dequantize src                              zero point + integers in [-16, 16]
                                                                (f8: integers in [-4, 4])
-    ddq_src/zps    DynamicDequantize src / zero points         small integers (table INT_RANGES)
+    ddq_src        DynamicDequantize src                       small integers (table INT_RANGES)
+    ddq_zps        DynamicDequantize zero points               the middle of the src range +- 1
     ddq_scales     DynamicDequantize scales                    2^-(e+1) or 2^-(e+2), e as for weights
     dq_scales      DynamicQuantize scales                      one of {0.25, 0.5, 1}
     weights        MatMul input 1                              integers in [-2, 2] * 2^-e,
@@ -37,9 +38,10 @@ from a MatMul::
                                                                in INT_RANGES; booleans coin flips
 
 Why these values: MatMul operands are small integers, and weights are scaled
-by a power of two so that a K-long sum stays O(1): every product and partial
-sum is then exact in f32 (so fused and unfused runs agree up to summation
-order), and chains such as gated MLP (K = 14336) never overflow f16.
+by a power of two so that a K-long sum stays O(1): a MatMul of filled inputs is
+then exact in f32 whatever the summation order (fused and unfused kernels
+agree), the values are exact in bf16/f16/f8 too, and chains such as gated MLP
+(K = 14336) never overflow f16.
 Quantization scales are powers of two (Quantize divides exactly).  The causal
 keep-pattern of a mask whose last two dims are (A, B) keeps column j of row i
 when ``j <= i + max(0, B - A)`` (bottom-right aligned; a [.., 1, B] padding
@@ -73,14 +75,14 @@ ROLE_ORDER = ("dropout_seed", "dropout_offset", "dropout_prob", "causal_skv", "c
               "dq_src", "ddq_src", "ddq_scales", "ddq_zps", "dq_scales", "weights", "src",
               "bias", "divisor", "positive", "generic")
 
-#: inclusive integer ranges: (data of DynamicDequantize/Dequantize, zero points, generic)
+#: inclusive integer ranges: (data dequantized by DynamicDequantize, anything else)
 INT_RANGES = {
-    DataType.s8: ((-4, 4), (-2, 2), (-8, 8)),
-    DataType.u8: ((0, 8), (2, 6), (0, 16)),
-    DataType.s4: ((-2, 2), (-1, 1), (-4, 4)),
-    DataType.u4: ((0, 4), (1, 3), (0, 8)),
-    DataType.s32: ((-4, 4), (-2, 2), (-8, 8)),
-    DataType.s64: ((0, 8), (0, 4), (0, 8)),
+    DataType.s8: ((-4, 4), (-8, 8)),
+    DataType.u8: ((0, 8), (0, 16)),
+    DataType.s4: ((-2, 2), (-4, 4)),
+    DataType.u4: ((0, 4), (0, 8)),
+    DataType.s32: ((-4, 4), (-8, 8)),
+    DataType.s64: ((0, 8), (0, 8)),
 }
 
 
@@ -223,23 +225,23 @@ def keep_pattern(shape) -> np.ndarray:
     return np.broadcast_to(j <= i + max(0, cols - rows), shape)
 
 
-# Values are made as float32 (every value used is exact in it) to keep the
-# 58M-element weights of the gated-MLP files cheap; dtypes.convert rounds to the tensor's type.
+# Values are made as int16 or float32 (every value used is exact in them) to keep
+# the 58M-element weights of the gated-MLP files cheap; dtypes.convert makes the tensor's type.
 def _choice(rng, values, shape) -> np.ndarray:
     return rng.choice(np.asarray(values, dtype=np.float32), size=shape)
 
 
 def _ints(rng, lo, hi, shape) -> np.ndarray:
-    return rng.integers(lo, hi + 1, size=shape, dtype=np.int16).astype(np.float32)
+    return rng.integers(lo, hi + 1, size=shape, dtype=np.int16)
 
 
 def _uniform(rng, lo, hi, shape) -> np.ndarray:
     return rng.random(shape, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
 
 
-def _zero_point(op) -> float:
+def _zero_point(op) -> int:
     zps = op.attrs.get("zps") or [0]
-    return float(np.round(np.mean(zps)))
+    return int(np.round(np.mean(zps)))
 
 
 def _scores_shape(graph, role: Role):
@@ -248,55 +250,59 @@ def _scores_shape(graph, role: Role):
     return graph.tensors[gen.inputs[0].id].shape
 
 
+#: roles with one value everywhere: (value, numpy dtype)
+FIXED = {"dropout_seed": (DROPOUT_SEED, np.int64), "dropout_offset": (DROPOUT_OFFSET, np.int64),
+         "dropout_prob": (DROPOUT_PROBABILITY, np.float32), "select_fill": (-np.inf, np.float32)}
+#: roles whose elements are each one of a few values
+CHOICES = {"scale_div": (2, 4, 8), "scale_mul": (0.25, 0.5, 1), "dq_scales": (0.25, 0.5, 1),
+           "divisor": (1, 2, 4)}
+#: roles whose elements are integers in an inclusive range
+INTEGERS = {"src": (-4, 4), "bias": (-2, 2)}
+
+
 def _values(graph, rng, lt: LogicalTensor, role: Role) -> np.ndarray:
-    """Values (float32, int64 or bool, shaped as ``lt``) for one role; stats are done later."""
-    shape, name, dt = lt.shape, role.name, lt.dtype
-    kind = dtypes.info(dt).kind
-    ranges = INT_RANGES.get(dt)
-    if name == "dropout_seed":
-        return np.full(shape, DROPOUT_SEED, dtype=np.int64)
-    if name == "dropout_offset":
-        return np.full(shape, DROPOUT_OFFSET, dtype=np.int64)
-    if name == "dropout_prob":
-        return np.full(shape, DROPOUT_PROBABILITY, dtype=np.float32)
+    """Values (float32, integers or bool, shaped as ``lt``) for one role; stats are done later."""
+    shape, name = lt.shape, role.name
+    if name in FIXED:
+        return np.full(shape, *FIXED[name])
+    if name in CHOICES:
+        return _choice(rng, CHOICES[name], shape)
+    if name in INTEGERS:
+        return _ints(rng, *INTEGERS[name], shape)
+    if name == "weights":
+        return _ints(rng, -2, 2, shape) * np.float32(2.0 ** -weight_exponent(role.k))
     if name in ("causal_skv", "causal_sq"):
         scores = _scores_shape(graph, role)
         return np.full(shape, scores[-1] if name == "causal_skv" else scores[-2], dtype=np.int64)
     if name == "select_cond":
         keep = keep_pattern(shape)  # Select(cond, a, b) = cond ? a : b
         return np.array(keep if _scores_at(graph, role.op) == 1 else ~keep)
-    if name == "select_fill":
-        return np.full(shape, -np.inf, dtype=np.float32)
-    if name == "scale_div":
-        return _choice(rng, (2, 4, 8), shape)
-    if name == "scale_mul":
-        return _choice(rng, (0.25, 0.5, 1), shape)
     if name == "mask":
         return np.where(keep_pattern(shape), np.float32(0), np.float32(-np.inf))
-    if name == "dq_src":
-        if kind == "float":  # f8
-            return _ints(rng, -4, 4, shape)
-        info = dtypes.info(dt)
-        spread = 16 if info.bits == 8 else 4
-        return np.clip(_zero_point(role.op) + _ints(rng, -spread, spread, shape), info.lowest, info.highest)
-    if name in ("ddq_src", "ddq_zps") and ranges:
-        return _ints(rng, *ranges[0 if name == "ddq_src" else 1], shape)
-    if name == "ddq_scales":
-        e = weight_exponent(role.k) if role.k else 0
-        return _choice(rng, (2.0 ** -(e + 1), 2.0 ** -(e + 2)), shape)
-    if name == "dq_scales":
-        return _choice(rng, (0.25, 0.5, 1), shape)
-    if name == "weights":
-        return _ints(rng, -2, 2, shape) * np.float32(2.0 ** -weight_exponent(role.k))
-    if name == "src":
-        return _ints(rng, -4, 4, shape)
-    if name == "bias":
-        return _ints(rng, -2, 2, shape)
-    if name == "divisor":
-        return _choice(rng, (1, 2, 4), shape)
     if name == "positive":
         return _uniform(rng, 0.25, 4.0, shape)
+    if name in ("dq_src", "ddq_src", "ddq_zps", "ddq_scales"):
+        return _quantized(rng, lt, role)
     return _generic(rng, lt)
+
+
+def _quantized(rng, lt: LogicalTensor, role: Role) -> np.ndarray:
+    """Inputs of Dequantize / DynamicDequantize: narrow ints, dequantized values O(1)."""
+    info, shape = dtypes.info(lt.dtype), lt.shape
+    if role.name == "dq_src":
+        if info.kind == "float":  # f8
+            return _ints(rng, -4, 4, shape)
+        spread = 16 if info.bits == 8 else 4
+        values = _ints(rng, -spread, spread, shape) + np.int16(_zero_point(role.op))
+        return np.clip(values, int(info.lowest), int(info.highest))
+    if role.name == "ddq_scales":
+        e = weight_exponent(role.k) if role.k else 0
+        return _choice(rng, (2.0 ** -(e + 1), 2.0 ** -(e + 2)), shape)
+    src_range = INT_RANGES.get(role.op.inputs[0].dtype, ((0, 8), None))[0]
+    if role.name == "ddq_src":
+        return _ints(rng, *src_range, shape)
+    middle = sum(src_range) // 2  # zero points mid-range: (src - zp) takes both signs
+    return np.clip(_ints(rng, middle - 1, middle + 1, shape), int(info.lowest), int(info.highest))
 
 
 def _scores_at(graph, select_op) -> int:
@@ -310,7 +316,7 @@ def _generic(rng, lt: LogicalTensor) -> np.ndarray:
     if info.kind == "bool":
         return rng.random(lt.shape) < 0.5
     if info.kind == "int":
-        return _ints(rng, *INT_RANGES.get(lt.dtype, (None, None, (0, 8)))[2], lt.shape)
+        return _ints(rng, *INT_RANGES.get(lt.dtype, (None, (0, 8)))[1], lt.shape)
     return _uniform(rng, -2.0, 2.0, lt.shape)
 
 
