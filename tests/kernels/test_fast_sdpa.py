@@ -1,0 +1,130 @@
+"""Fast SDPA kernels (plain and int4/int8 K/V) vs a float64 formula.
+
+The reference dequantizes K/V in f32 exactly as the kernel does ((q - z) * s),
+then computes attention in float64.  Kernel error: f32 dot products of D terms
+(<= D u |q||k|), exp32 (<= 2 ulp), the online-softmax rescaling (a few ulp per
+tile) and sums of S terms: with |scores| = O(1) the result error is below
+(D + S/T + 16) * u relative to max |out|; we assert 1e-5 relative, well above
+that bound for these sizes (D <= 64, S <= 300 -> ~1e-7..1e-6) and far below
+any real bug (the int4 quantization error itself is ~1e-1).
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels import sdpa as SD
+
+
+def pack4(q):
+    f = (np.asarray(q).reshape(-1).astype(np.int16) & 15).astype(np.uint8)
+    if f.size % 2:
+        f = np.concatenate([f, np.zeros(1, np.uint8)])
+    return (f[0::2] | (f[1::2] << 4)).astype(np.uint8)
+
+
+def quant(x, G, kind, rng):
+    sh = x.shape
+    D = sh[-1]
+    lo, hi = {"s4": (-8, 7), "u4": (0, 15), "s8": (-128, 127), "u8": (0, 255)}[kind]
+    q = rng.integers(lo, hi + 1, size=sh)
+    s = (rng.random(sh[:-1] + (D // G,)) * 0.1 + 0.05).astype(np.float32)
+    z = rng.integers(lo, hi + 1, size=s.shape).astype(np.float32) if kind[0] == "u" else None
+    zz = 0 if z is None else np.repeat(z, G, -1)
+    deq = ((q - zz) * np.repeat(s, G, -1)).astype(np.float32)
+    return q, s, z, deq
+
+
+def make(kind, x, G, transposed, rng):
+    """KV operand for logical x [B,H,S,D] -> (KV, f32 dense values it holds)."""
+    if kind in ("f32", "bf16", "f16"):
+        xs = x.transpose(0, 1, 3, 2).copy() if transposed else x
+        if kind == "f32":
+            return SD.KV(xs, "f32", x.shape, transposed), x
+        dt = ml_dtypes.bfloat16 if kind == "bf16" else np.float16
+        stored = xs.astype(dt)
+        return SD.KV(stored.view(np.uint16), kind, x.shape, transposed), \
+            x.astype(dt).astype(np.float32)
+    q, s, z, deq = quant(x, G, kind, rng)
+    if transposed:
+        q, s = q.transpose(0, 1, 3, 2), s.transpose(0, 1, 3, 2)
+        z = None if z is None else z.transpose(0, 1, 3, 2)
+    data = pack4(q) if kind in ("s4", "u4") else q.astype(np.int8 if kind == "s8" else np.uint8)
+    return SD.KV(data, kind, x.shape, transposed, G, np.ascontiguousarray(s),
+                 None if z is None else np.ascontiguousarray(z)), deq
+
+
+def ref(q, k, v, scale, mask, causal):
+    B, Hq, Sq, D = q.shape
+    rep = Hq // k.shape[1]
+    S = k.shape[2]
+    kk = np.repeat(k, rep, 1).astype(np.float64)
+    vv = np.repeat(v, rep, 1).astype(np.float64)
+    s = q.astype(np.float64) @ kk.transpose(0, 1, 3, 2) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        off = S - Sq if causal == "bottom_right" else 0
+        s = np.where(np.arange(S)[None] > np.arange(Sq)[:, None] + off, -np.inf, s)
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(-1, keepdims=True)) @ vv
+
+
+CASES = [  # B, Hq, Hkv, Sq, S, D, G
+    (1, 4, 2, 1, 200, 64, 32),   # GQA decode, S not a multiple of the tile
+    (2, 4, 1, 3, 130, 32, 32),   # MQA, batch 2, 3 query rows
+    (1, 2, 2, 37, 70, 32, 16),   # prefill-ish, query tile tail
+    (1, 3, 3, 1, 1, 64, 32),     # length-1 KV
+    (1, 2, 1, 1, 301, 32, 32),   # odd S (int4 K transposed: generic path)
+]
+
+
+@pytest.mark.parametrize("kind", ["s4", "u4", "s8", "u8", "f32", "bf16", "f16"])
+@pytest.mark.parametrize("case", CASES)
+def test_sdpa_kv_kinds(kind, case):
+    B, Hq, Hkv, Sq, S, D, G = case
+    rng = np.random.default_rng(abs(hash((kind,) + case)) % 2**32)
+    x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    y = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    for tr, causal, use_mask in ((True, None, True), (False, "bottom_right", False),
+                                 (True, "top_left" if Sq <= S else None, False)):
+        K, kd = make(kind, x, G, tr, rng)
+        V, vd = make(kind, y, G, False, rng)
+        mask = rng.standard_normal((1, 1, Sq, S)).astype(np.float32) if use_mask else None
+        o = SD.sdpa(q, K, V, scale=0.125, mask=mask, causal=causal)
+        r = ref(q, kd, vd, 0.125, mask, causal)
+        assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r)), (tr, causal)
+
+
+@pytest.mark.parametrize("qdt", ["bf16", "f16"])
+def test_low_precision_q_div_scale_splits_and_out(qdt):
+    rng = np.random.default_rng(1)
+    B, Hq, Hkv, Sq, S, D, G = 1, 8, 2, 2, 260, 64, 32
+    x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    y = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    dt = ml_dtypes.bfloat16 if qdt == "bf16" else np.float16
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(dt)
+    K, kd = make("s4", x, G, True, rng)
+    V, vd = make("u4", y, G, False, rng)
+    mask = rng.standard_normal((B, Hq, Sq, S)).astype(np.float32)
+    r = ref(q.astype(np.float32), kd, vd, 1 / 8.0, mask, None)
+    for splits in (1, 3, 7):
+        o = SD.sdpa(q, K, V, scale=8.0, scale_mode="div", mask=mask, kv_splits=splits)
+        assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r))
+    ob = SD.sdpa(q, K, V, scale=8.0, scale_mode="div", mask=mask, out_dtype="bf16")
+    expect = r.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.int32)
+    assert np.max(np.abs(ob.astype(np.int32) - expect)) <= 1
+
+
+def test_fully_masked_rows_and_rounding_mode():
+    rng = np.random.default_rng(2)
+    B, Hq, Hkv, Sq, S, D = 1, 2, 1, 4, 40, 32
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    # bf16 fpmath on f32 inputs: reference rounds q, k, v to bf16 first
+    rb = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32)
+    o = SD.sdpa(q, SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), rnd=1)
+    r = ref(rb(q), rb(k), rb(v), 1 / np.sqrt(D), None, None)
+    assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r))

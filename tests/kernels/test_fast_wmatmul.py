@@ -1,0 +1,158 @@
+"""Fast weight-compressed MatMul kernels vs an independent float64 formula.
+
+Tolerance: the kernel sums each group sequentially in f32 with FMAs (G terms),
+subtracts the zero-point term, then adds K/G scaled group sums sequentially.
+Each rounding contributes at most u = 2**-24 relative to a partial sum bounded
+by sum |x| (|u_q| + |z|) |s|, so |y - y64| <= (G + K/G + 4) * u * B with
+B = |x| @ ((|q| + |z|) |s|) elementwise (the stored unsigned value is used for
+s4, hence the +8).  The prefill path uses BLAS sgemm (any order): K instead
+of G + K/G.  With fpmath rounding the reference rounds the same inputs first.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels import wmatmul as W
+from kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32
+
+U = 2.0 ** -24
+RANGES = {"s4": (-8, 7), "u4": (0, 15), "s8": (-128, 127), "u8": (0, 255)}
+
+
+def pack4(q):
+    f = (np.asarray(q).reshape(-1).astype(np.int16) & 15).astype(np.uint8)
+    if f.size % 2:
+        f = np.concatenate([f, np.zeros(1, np.uint8)])
+    return (f[0::2] | (f[1::2] << 4)).astype(np.uint8)
+
+
+def make(kind, K, N, G, trans, zp, rng):
+    lo, hi = RANGES[kind]
+    q = rng.integers(lo, hi + 1, size=(K, N))
+    sc = (rng.random((K // G, N)) + 0.5).astype(np.float32)
+    z = rng.integers(lo, hi + 1, size=(K // G, N)) if zp else None
+    stored = q.T if trans else q
+    w = pack4(stored) if kind in ("s4", "u4") else stored.astype(np.int8 if kind == "s8" else np.uint8)
+    scu = np.ascontiguousarray(sc.T) if trans else sc
+    zu = None if z is None else (np.ascontiguousarray(z.T) if trans else z)
+    return q, sc, z, w, scu, zu
+
+
+def ref(x64, q, sc, z, G, rnd_w=None):
+    s = np.repeat(sc, G, 0).astype(np.float64)
+    zz = 0 if z is None else np.repeat(z, G, 0)
+    w = ((q - zz) * s).astype(np.float32)  # the reference dequantizes in f32
+    if rnd_w is not None:
+        w = rnd_w(w)
+    wa = (np.abs(q) + 8 + np.abs(zz)) * s
+    return x64 @ w.astype(np.float64), np.abs(x64) @ wa
+
+
+def check(y, r, bound, terms):
+    assert np.all(np.abs(y.astype(np.float64) - r) <= (terms + 4) * U * bound + 1e-30), \
+        np.max(np.abs(y - r) / bound)
+
+
+SHAPES = [(1, 256, 256, 32), (1, 128, 384, 128), (3, 128, 130, 64), (7, 64, 127, 32),
+          (33, 128, 256, 128), (1, 64, 1, 64), (2, 96, 3, 32)]
+
+
+@pytest.mark.parametrize("kind", ["s4", "u4", "s8", "u8"])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("M,K,N,G", SHAPES)
+def test_wmatmul_direct_and_prepared(kind, trans, M, K, N, G):
+    rng = np.random.default_rng(hash((kind, trans, M, K, N, G)) % 2**32)
+    for zp in ((False, True) if kind[0] == "u" else (False,)):
+        q, sc, z, w, scu, zu = make(kind, K, N, G, trans, zp, rng)
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        spec = W.WeightSpec(kind, K, N, G, trans)
+        r, b = ref(x.astype(np.float64), q, sc, z, G)
+        terms = K if M > W.DECODE_MAX_M else G + K // G
+        check(W.wmatmul(x, w, spec, scu, zu), r, b, terms)
+        pw = W.prepare(w, spec, scu, zu)
+        check(W.wmatmul(x, None, spec, prepared=pw), r, b, terms)
+
+
+@pytest.mark.parametrize("act", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("M", [1, 33])
+def test_activation_dtypes(act, M):
+    rng = np.random.default_rng(5)
+    K, N, G = 128, 256, 32
+    q, sc, z, w, scu, zu = make("s4", K, N, G, True, False, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    xin = {"f32": x, "bf16": x.astype(ml_dtypes.bfloat16), "f16": x.astype(np.float16)}[act]
+    spec = W.WeightSpec("s4", K, N, G, True)
+    r, b = ref(xin.astype(np.float64), q, sc, z, G)
+    terms = K if M > 8 else G + K // G
+    check(W.wmatmul(xin, w, spec, scu), r, b, terms)
+    check(W.wmatmul(xin.view(np.uint16) if act != "f32" else x, w, spec, scu,
+                    act_dtype=act if act != "f32" else None), r, b, terms)
+
+
+def _round(code):
+    if code == RND_BF16:
+        return lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32)
+    if code == RND_F16:
+        return lambda a: a.astype(np.float16).astype(np.float32)
+    if code == RND_TF32:
+        from graph_api.dtypes import round_to_tf32
+        return round_to_tf32
+    return None
+
+
+@pytest.mark.parametrize("rnd", [RND_NONE, RND_BF16, RND_F16, RND_TF32])
+@pytest.mark.parametrize("apply_to_int", [False, True])
+@pytest.mark.parametrize("M", [1, 9])
+def test_fpmath_roundings(rnd, apply_to_int, M):
+    rng = np.random.default_rng(7)
+    K, N, G = 128, 128, 32
+    q, sc, z, w, scu, zu = make("u4", K, N, G, False, True, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    rx = _round(rnd)
+    x64 = (rx(x) if rx else x).astype(np.float64)
+    r, b = ref(x64, q, sc, z, G, rx if apply_to_int else None)
+    y = W.wmatmul(x, w, W.WeightSpec("u4", K, N, G, False), scu, zu, rnd_x=rnd,
+                  rnd_w=rnd if apply_to_int else 0)
+    terms = K if (M > 8 or (apply_to_int and rnd)) else G + K // G
+    check(y, r, b, terms)
+
+
+def test_epilogue_chain_and_bf16_out():
+    rng = np.random.default_rng(3)
+    M, K, N, G = 3, 128, 256, 32
+    q, sc, z, w, scu, zu = make("s4", K, N, G, True, False, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32) * 0.05
+    bias = rng.standard_normal(N).astype(np.float32)
+    full = rng.standard_normal((M, N)).astype(np.float32)
+    col = rng.standard_normal((M, 1)).astype(np.float32)
+    r, _ = ref(x.astype(np.float64), q, sc, z, G)
+    from scipy.special import erf
+    sig = lambda v: 1 / (1 + np.exp(-v))
+    chains = [
+        ([("bias", bias), ("relu", None)], lambda v: np.maximum(v + bias, 0)),
+        ([("mul", full), ("gelu_erf", None)], lambda v: 0.5 * (v * full) * (1 + erf(v * full / np.sqrt(2)))),
+        ([("gelu_tanh", None), ("sub", col)],
+         lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))) - col),
+        ([("sigmoid", None), ("div", 2.0)], lambda v: sig(v) / 2),
+        ([("silu", None), ("clamp", (-0.1, 0.2))], lambda v: np.clip(v * sig(v), -0.1, 0.2)),
+        ([("tanh", None), ("add", full), ("max", 0.5)], lambda v: np.maximum(np.tanh(v) + full, 0.5)),
+    ]
+    pw = W.prepare(w, W.WeightSpec("s4", K, N, G, True), scu)
+    for ops, f in chains:
+        y = W.wmatmul(x, None, pw.spec, prepared=pw, post_ops=ops)
+        np.testing.assert_allclose(y, f(r), rtol=2e-5, atol=2e-6)
+    yb = W.wmatmul(x, None, pw.spec, prepared=pw, post_ops=[("bias", bias)], out_dtype="bf16")
+    expect = (r + bias).astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.max(np.abs(yb.astype(np.int32) - expect.astype(np.int32))) <= 1  # f32 vs f64 then RNE
+
+
+def test_ksplit_small_n_and_preallocated_out():
+    rng = np.random.default_rng(11)
+    M, K, N, G = 1, 1024, 128, 32  # one block -> K is split across threads
+    q, sc, z, w, scu, zu = make("s4", K, N, G, False, False, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    out = np.empty((M, N), np.float32)
+    y = W.wmatmul(x, w, W.WeightSpec("s4", K, N, G, False), scu, out=out)
+    assert y is out
+    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    check(y, r, b, G + K // G + 8)
