@@ -107,6 +107,26 @@ def test_partitions_explains_unfused_ops(capsys):
         assert cli.NO_EXPLANATION in out
 
 
+def test_partitions_says_why_an_op_was_not_fused(capsys, tmp_path):
+    # MatMul -> ReLU would fuse, but the MatMul result also feeds an Exp outside
+    def lt(tid, shape):
+        return {"id": tid, "dtype": "f32", "shape": shape, "stride": [shape[1], 1],
+                "layout_type": "strided", "property_type": "undef"}
+
+    ops = [("MatMul", 7, [lt(0, [2, 3]), lt(1, [3, 2])], lt(2, [2, 2])),
+           ("ReLU", 8, [lt(2, [2, 2])], lt(3, [2, 2])), ("Exp", 9, [lt(2, [2, 2])], lt(4, [2, 2]))]
+    doc = {"version": "3.5.0", "engine_kind": "cpu", "fpmath_mode": "strict",
+           "graph": [{"id": i, "name": k.lower(), "kind": k, "attrs": {}, "inputs": ins, "outputs": [out]}
+                     for k, i, ins, out in ops]}
+    path = tmp_path / "escape.json"
+    path.write_text(json.dumps(doc))
+    code, out, _ = run(capsys, "partitions", path)
+    assert code == 0 and "not fused   3 single-op partition(s)" in out
+    why = out.split("not fused")[1]
+    assert "op 7 (MatMul): " in why and "op 8 (ReLU): " in why and "op 9 (Exp): " in why
+    assert "tensor 2" in why  # the escaping intermediate is named
+
+
 def test_explanations_accept_the_shapes_the_library_may_return(monkeypatch):
     class G:
         pass
