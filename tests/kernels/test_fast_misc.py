@@ -1,0 +1,156 @@
+"""bits helpers, exp32, grouped (de)quantization, norms/softmax, gated MLP."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import njit
+
+from kernels import bits, mlp, norm, quantize
+from kernels import wmatmul as W
+from graph_api.dtypes import round_to_tf32
+
+SPECIAL = np.array([0.0, -0.0, 1.0, -1.5, 3.1415927, 1e-40, -1e-45, 65504.0, 65520.0, 1e38,
+                    3.4e38, np.inf, -np.inf, np.nan, 1.00390625, 1.01171875, 2.0 ** -14,
+                    2.0 ** -24 * 1.5], np.float32)
+
+
+@njit(cache=True)
+def _apply(x, which):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        if which == 0:
+            out[i] = bits.round_bf16(x[i])
+        elif which == 1:
+            out[i] = bits.round_f16(x[i])
+        elif which == 2:
+            out[i] = bits.round_tf32(x[i])
+        elif which == 3:
+            out[i] = bits.bf16_to_f32(bits.f32_to_bf16(x[i]))
+        elif which == 4:
+            out[i] = bits.f16_bits_to_f32(bits.f32_to_f16_bits(x[i]))
+        else:
+            out[i] = bits.exp32(x[i])
+    return out
+
+
+def _same(a, b):
+    return np.array_equal(a.view(np.uint32), b.view(np.uint32)) or \
+        np.all((a == b) | (np.isnan(a) & np.isnan(b)))
+
+
+def test_roundings_match_ml_dtypes():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([SPECIAL, rng.standard_normal(1000).astype(np.float32) * 100,
+                        (rng.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32)).view(np.float32)])
+    with np.errstate(over="ignore", invalid="ignore"):
+        bf = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+        f16 = x.astype(np.float16).astype(np.float32)
+    assert _same(_apply(x, 0), bf) and _same(_apply(x, 3), bf)
+    if True:
+        assert _same(_apply(x, 1), f16) and _same(_apply(x, 4), f16)
+    assert _same(_apply(x, 2), round_to_tf32(x))
+
+
+def test_exp32_ulp():
+    x = np.concatenate([np.linspace(-87, 88.5, 20001, dtype=np.float32),
+                        np.array([-100, -87.5, 0, 89, 1000, -np.inf, np.inf, np.nan], np.float32)])
+    y = _apply(x, 5)
+    with np.errstate(over="ignore"):
+        r = np.exp(x.astype(np.float64))
+    fin = (r > 1.2e-38) & (r < 3e38)
+    ulp = np.abs(y[fin] - r[fin]) / np.spacing(r[fin].astype(np.float32)).astype(np.float64)
+    assert ulp.max() <= 2.0
+    tail = y[-8:]
+    assert tail[0] == 0 and tail[2] == 1 and np.isinf(tail[3]) and np.isinf(tail[4])
+    assert tail[5] == 0 and np.isinf(tail[6]) and np.isnan(tail[7])
+
+
+@pytest.mark.parametrize("dtype", ["s8", "u8", "s4", "u4"])
+@pytest.mark.parametrize("shape,G", [((3, 64), 32), ((2, 5, 33), 33), ((1, 1), 1), ((4, 96), 96)])
+@pytest.mark.parametrize("src", ["f32", "bf16", "f16"])
+def test_quantize_dequantize(dtype, shape, G, src):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    xin = {"f32": x, "bf16": x.astype(ml_dtypes.bfloat16), "f16": x.astype(np.float16)}[src]
+    xf = xin.astype(np.float32)
+    gshape = shape[:-1] + (shape[-1] // G,)
+    sc = (rng.random(gshape) + 0.1).astype(np.float32)
+    zp = rng.integers(0, 8, gshape) if dtype[0] == "u" else None
+    lo, hi = quantize._RANGES[dtype]
+    s_ = np.repeat(sc, G, -1)
+    z_ = 0 if zp is None else np.repeat(zp, G, -1)
+    expect = np.clip(np.rint(xf / s_) + z_, lo, hi).astype(np.int64)
+    q = quantize.quantize(xin, sc, zp, dtype=dtype, group=G)
+    if dtype in ("s4", "u4"):
+        b = q.reshape(-1)
+        nib = np.empty(b.size * 2, np.int64)
+        nib[0::2], nib[1::2] = b & 15, b >> 4
+        nib = nib[:x.size]
+        if dtype == "s4":
+            nib = np.where(nib >= 8, nib - 16, nib)
+        got = nib.reshape(shape)
+    else:
+        got = q.astype(np.int64)
+    np.testing.assert_array_equal(got, expect)
+    d = quantize.dequantize(q, shape, sc, zp, dtype=dtype, group=G)
+    np.testing.assert_array_equal(d, ((expect - z_) * s_.astype(np.float32)).astype(np.float32))
+
+
+@pytest.mark.parametrize("R,C", [(1, 1), (3, 37), (5, 256)])
+@pytest.mark.parametrize("src", ["f32", "bf16"])
+def test_norms_and_softmax(R, C, src):
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((R, C)) * 3 + 1).astype(np.float32)
+    xin = x if src == "f32" else x.astype(ml_dtypes.bfloat16)
+    x64 = xin.astype(np.float64)
+    g = rng.standard_normal(C).astype(np.float32)
+    b = rng.standard_normal(C).astype(np.float32)
+    mu = x64.mean(-1, keepdims=True)
+    ln = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
+    np.testing.assert_allclose(norm.layer_norm(xin, g, b, 1e-5), ln, rtol=1e-5, atol=1e-5)
+    rms = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * g
+    np.testing.assert_allclose(norm.rms_norm(xin, g, 1e-6, post_ops=[("relu", None)]),
+                               np.maximum(rms, 0), rtol=1e-5, atol=1e-5)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    np.testing.assert_allclose(norm.softmax(xin), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def _pack(q):
+    f = (np.asarray(q).reshape(-1).astype(np.int16) & 15).astype(np.uint8)
+    return (f[0::2] | (f[1::2] << 4)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("M", [1, 12])
+def test_gated_mlp(M):
+    rng = np.random.default_rng(3)
+    K, N, G = 128, 200, 32
+    def w(Kin, Nout):
+        q = rng.integers(-8, 8, size=(Nout, Kin))
+        s = (rng.random((Nout, Kin // G)) * 0.05 + 0.01).astype(np.float32)
+        deq = (q * np.repeat(s, G, 1)).T.astype(np.float64)  # [Kin, Nout]
+        return _pack(q), s, deq
+    wg, sg, dg = w(K, N)
+    wu, su, du = w(K, N)
+    wd, sd, dd = w(N - N % G, K)  # down projection reads the first 192 of 200 (K multiple of G)
+    spec_gu = W.WeightSpec("s4", K, N, G, True)
+    spec_d = W.WeightSpec("s4", N - N % G, K, G, True)
+    p = mlp.prepare_mlp(wg, sg, wu, su, wd, sd, spec_gu, spec_d)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    hg = x.astype(np.float64) @ dg
+    h = hg / (1 + np.exp(-hg)) * (x.astype(np.float64) @ du)
+    r = h[:, :N - N % G] @ dd
+    # the kernel's down projection sees h[:, :192]: feed only those columns
+    pd = mlp.PreparedMLP(p.gate_up, p.down, N - N % G, p.off_up)
+    y = mlp.gated_mlp(x, pd)
+    np.testing.assert_allclose(y, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+    yd = mlp.gated_mlp_dense(x, dg.astype(np.float32), du.astype(np.float32), np.pad(dd, ((0, N % G), (0, 0))).astype(np.float32))
+    np.testing.assert_allclose(yd, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+def test_epilogue_program_layout():
+    ep = W.make_epilogue([("add", np.ones(5, np.float32)), ("relu", None), ("mul", np.ones((3, 1))),
+                          ("clamp", (0.0, 1.0))], 3, 5)
+    assert list(ep.ops) == [W.EP_ADD, W.EP_RELU, W.EP_MUL, W.EP_CLAMP]
+    assert tuple(ep.ipar[0]) == (0, 0, 1) and tuple(ep.ipar[2]) == (5, 1, 0)
+    assert tuple(ep.fpar[3]) == (0.0, 1.0)
