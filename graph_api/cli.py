@@ -161,14 +161,16 @@ def partition_table(partitions, runs=None) -> list[str]:
     """One row per partition; timings when ``runs`` (PartitionRun by id) is given."""
     head = f"{'id':>4}  {'ops':>3}  {'op kinds':<44}  {'pattern':<30}  {'supported':<9}  {'fpmath':<18}"
     if runs is not None:
-        head += f"  {'compile ms':>10}  {'execute ms':>10}"
+        head += f"  {'kernel':<16}  {'compile ms':>10}  {'execute ms':>10}"
     lines = [head.rstrip(), "-" * len(head.rstrip())]
     for p in partitions:
         row = (f"{p.id:>4}  {len(p.ops):>3}  {_kinds(p.ops):<44}  {p.get_kind():<30}  "
                f"{'yes' if p.is_supported() else 'no':<9}  {str(p.fpmath):<18}")
         if runs is not None:
             r = runs.get(p.id)
-            row += f"  {r.compile_ms:>10.2f}  {r.execute_ms:>10.3f}" if r else f"  {'-':>10}  {'-':>10}"
+            kernel = r.compiled.plan.name if r and r.compiled is not None else "-"
+            row += f"  {kernel:<16}  {r.compile_ms:>10.2f}  {r.execute_ms:>10.3f}" if r else \
+                f"  {'-':<16}  {'-':>10}  {'-':>10}"
         lines.append(row.rstrip())
     if runs is not None:
         total_c = sum(r.compile_ms for r in runs.values())
