@@ -118,6 +118,7 @@ def make_ort_matmulnbits(x, copies, G, signed, accuracy_level):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for w, sc, zp, N, _ in copies:
         nb = K // G
         b = np.ascontiguousarray(w.reshape(N, nb, G // 2))  # u = q + 8 for s4

@@ -87,7 +87,7 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
     zp = kind == "u4"
     wbytes = K * N // 2 + (K // G) * N * 4 + ((K // G) * N // 2 if zp else 0)
     decode = M == 1
-    ncold = max(2, int((COLD_BYTES if not quick else 640 << 20) // wbytes)) if decode else 1
+    ncold = max(2, int((COLD_BYTES if not quick else 400 << 20) // wbytes)) if decode else 1
     copies = _weights(K, N, G, signed, zp, ncold, rng)
     spec = WM.WeightSpec(kind, K, N, G, True)
     prepared = [WM.prepare(w, spec, sc, z) for (w, sc, z, _, _) in copies]
@@ -177,7 +177,7 @@ def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=(
     Hq, D, G = 32, 128, 32
     bits = 4 if kind in ("s4", "u4") else 8
     kvbytes = 2 * Hkv * S * D * bits // 8 + 2 * Hkv * S * (D // G) * 4
-    ncold = max(2, int((COLD_BYTES if not quick else 640 << 20) // kvbytes))
+    ncold = max(2, int((COLD_BYTES if not quick else 400 << 20) // kvbytes))
     copies = _kv_copies(Hkv, S, D, G, kind, ncold, rng)
     q = rng.standard_normal((1, Hq, 1, D)).astype(np.float32)
     out = np.empty((1, Hq, 1, D), np.float32)
@@ -187,7 +187,7 @@ def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=(
         res = {"project (split-KV, fused dequant)": timeit(
             lambda i: SD.sdpa(q, copies[i][0], copies[i][1], out=out), nc, 30)}
         if peers_on:
-            nd = min(nc, max(2, int((COLD_BYTES if not quick else 640 << 20) // (2 * Hkv * S * D * 2))))
+            nd = min(nc, max(2, int((COLD_BYTES if not quick else 400 << 20) // (2 * Hkv * S * D * 2))))
             dense = [(_kv_dense(k), _kv_dense(v)) for k, v in copies[:nd]]
             if mode == "hot" or not quick:
                 res["numpy (dequantized f32)"] = timeit(
@@ -261,10 +261,12 @@ print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, len(SD._attn.signatures) - n0)
 """
 
 
-def bench_compile(rows):
+def bench_compile(rows, quick=False):
+    """Cold = empty NUMBA_CACHE_DIR (full mode only), warm = a new process on
+    the populated cache (quick mode: the project's normal cache)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        env = dict(os.environ) if quick else dict(os.environ, NUMBA_CACHE_DIR=cache)
         snippet = _COMPILE_SNIPPET.format(root=root)
         res = []
         for _ in range(2):
@@ -275,9 +277,11 @@ def bench_compile(rows):
             res.append([float(v) for v in p.stdout.split()])
     cold, warm = res
     rows.append(("compile: import kernels", "-", "project", warm[0] * 1e3, 1.0, ""))
-    rows.append(("compile: wmatmul decode, first call", "cold (empty cache)", "project", cold[1] * 1e3, 1.0, ""))
+    if not quick:
+        rows.append(("compile: wmatmul decode, first call", "cold (empty cache)", "project", cold[1] * 1e3, 1.0, ""))
     rows.append(("compile: wmatmul decode, first call", "warm (disk cache, new process)", "project", warm[1] * 1e3, 1.0, ""))
-    rows.append(("compile: sdpa decode, first call", "cold (empty cache)", "project", cold[2] * 1e3, 1.0, ""))
+    if not quick:
+        rows.append(("compile: sdpa decode, first call", "cold (empty cache)", "project", cold[2] * 1e3, 1.0, ""))
     rows.append(("compile: sdpa decode, first call", "warm (disk cache, new process)", "project", warm[2] * 1e3, 1.0, ""))
     rows.append(("compile: sdpa new KV length (in-process)", "warm", "project", warm[3] * 1e3, 1.0,
                  f"new signatures: {int(warm[4])}"))

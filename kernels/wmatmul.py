@@ -30,9 +30,14 @@ Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
   M > 8 and a K-reduction kernel for decode.
 
 Paths: decode (M <= 8): GEMV streaming the packed weights once, N blocks (and
-K splits when there are few blocks) over threads.  Prefill: per panel of 256
-columns, a parallel dequantization into an L2/L3-resident f32 panel, then
-BLAS ``sgemm`` on it (dequantization amortised over M), then the epilogue.
+K splits when there are few blocks) over threads; activation prep and the
+epilogue run serially for small outputs (one thread launch per call).
+Prefill: per panel of ``PANEL`` columns, a parallel exact dequantization into
+an L3-resident f32 panel (BLAS tiles it for L2 itself), then numpy's BLAS
+``sgemm`` on it (dequantization amortised over M), then the epilogue.  The
+Numba team and OpenBLAS's pool alternate; set ``OPENBLAS_THREAD_TIMEOUT=4``
+before numpy is imported, otherwise OpenBLAS workers spin ~2**28 cycles after
+each call and slow the next Numba launch (the benchmark suite sets it).
 
 Post-ops are an *epilogue program* (see :func:`make_epilogue`): int-coded ops
 with per-op scalars and an operand view ``(offset, stride_m, stride_n)`` into
@@ -54,7 +59,7 @@ from kernels.bits import (bf16_to_f32, f32_to_bf16, f32_to_f16_bits, fma32, nib_
                           round_code, i8_to_f32, load_row_f32)
 
 CB = 64  #: bytes per block row (128 int4 columns)
-PANEL = 256  #: prefill panel width (columns)
+PANEL = 1024  #: prefill panel width (columns; a K x 1024 f32 panel is L3-resident)
 DECODE_MAX_M = 8
 _PF_ROWS = 32  #: software prefetch distance in block rows (32 * 64 B = 2 KiB)
 
@@ -197,6 +202,44 @@ def _store_rows(acc, m0, n0, out, okind, ops, fpar, ipar, buf):
                 out[m0 + i, n] = f32_to_bf16(v)
             else:
                 out[m0 + i, n] = f32_to_f16_bits(v)
+
+
+@njit(cache=True)
+def _finish_serial(part, out, okind, ops, fpar, ipar, buf):
+    """:func:`_finish` without a thread launch (decode outputs are small)."""
+    S, M, Np = part.shape
+    N = out.shape[1]
+    for m in range(M):
+        for n in range(N):
+            v = part[0, m, n]
+            for s in range(1, S):
+                v += part[s, m, n]
+            v = _ep_one(v, m, n, ops, fpar, ipar, buf)
+            if okind == 0:
+                out[m, n] = v
+            elif okind == 1:
+                out[m, n] = f32_to_bf16(v)
+            else:
+                out[m, n] = f32_to_f16_bits(v)
+
+
+@njit(cache=True)
+def _prep_x_serial(x, kind, rnd, G, xf, xs):
+    """:func:`_prep_x` without a thread launch."""
+    M, K = xf.shape
+    for m in range(M):
+        load_row_f32(x[m], kind, rnd, xf[m])
+        for g in range(K // G):
+            s = np.float32(0.0)
+            for k in range(g * G, g * G + G):
+                s += xf[m, k]
+            xs[m, g] = s
+
+
+def finish(part, out, okind, ep):
+    """Sum partials, epilogue, store (serial below 64K outputs: no launch cost)."""
+    f = _finish_serial if out.size < 65536 else _finish
+    f(part, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
 
 
 @njit(parallel=True, cache=True)
@@ -458,7 +501,11 @@ def _dequant_panel(w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n0, rnd, pa
 
 @njit(parallel=True, cache=True)
 def _dequant_panel_blk(wb, xm, sc, zf, zmode, b0, rnd, panel):
-    """Dequantize blocks b0.. of the blocked int4 layout into panel[K, 128*nb]."""
+    """Dequantize blocks b0.. of the blocked int4 layout into panel[K, 128*nb].
+
+    Exact f32 ``(u - z) * s`` per element (z = 8 for s4, the zero point, or 0);
+    branch-free inner loops over a block row (vectorised), rounding pass after.
+    """
     K = wb.shape[1]
     G = K // sc.shape[1]
     nbk = panel.shape[1] // (2 * CB)
@@ -467,24 +514,19 @@ def _dequant_panel_blk(wb, xm, sc, zf, zmode, b0, rnd, panel):
         c = t // nbk
         bb = t % nbk
         blk = b0 + bb
+        zc = np.full(2 * CB, 8.0 if zmode == 2 else 0.0, np.float32)
         for k in range(c * 32, min(c * 32 + 32, K)):
             g = k // G
             r = wb[blk, k]
             srow = sc[blk, g]
+            zrow = zf[blk, g] if zmode == 1 else zc
+            prow = panel[k, bb * 2 * CB:(bb + 1) * 2 * CB]
             for j in range(CB):
-                if zmode == 0:
-                    zl = np.float32(0.0)
-                    zh = np.float32(0.0)
-                elif zmode == 2:
-                    zl = np.float32(8.0)
-                    zh = np.float32(8.0)
-                else:
-                    zl = zf[blk, g, 2 * j]
-                    zh = zf[blk, g, 2 * j + 1]
-                panel[k, bb * 2 * CB + 2 * j] = round_code(
-                    (nib_x(r[j], xm, False) - zl) * srow[2 * j], rnd)
-                panel[k, bb * 2 * CB + 2 * j + 1] = round_code(
-                    (nib_x(r[j], xm, True) - zh) * srow[2 * j + 1], rnd)
+                prow[2 * j] = (nib_x(r[j], xm, False) - zrow[2 * j]) * srow[2 * j]
+                prow[2 * j + 1] = (nib_x(r[j], xm, True) - zrow[2 * j + 1]) * srow[2 * j + 1]
+            if rnd != 0:
+                for j in range(2 * CB):
+                    prow[j] = round_code(prow[j], rnd)
 
 
 @njit(parallel=True, cache=True)
@@ -699,7 +741,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         xk, kind = act_kind(np.ascontiguousarray(x))
     xf = np.empty((M, K), np.float32)
     xs = np.empty((M, ng), np.float32)
-    _prep_x(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
+    (_prep_x_serial if M * K < 65536 else _prep_x)(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
     okind = {"f32": OUT_F32, "bf16": OUT_BF16, "f16": OUT_F16}[out_dtype]
     if out is None:
         out = np.empty((M, N), np.float32 if okind == 0 else np.uint16)
@@ -716,7 +758,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
             _gemv4(xf, xs, pw.wb, np.uint8(pw.xm), pw.sc, pw.zf, pw.zmode, G, part)
         else:
             _gemv8(xf, xs, pw.wb, pw.sc, pw.zf, pw.zmode, G, part)
-        _finish(part, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        finish(part, out, okind, ep)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
@@ -726,14 +768,14 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         zmode = 1 if has_zp else (2 if spec.kind == S4 else 0)
         _gemv_nk4(xe, xo, xs, _flat(w, True), K, N, G, np.uint8(0x88 if spec.kind == S4 else 0),
                   sc, zp, zmode, raw)
-        _finish(raw[None], out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        finish(raw[None], out, okind, ep)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         raw = np.empty((M, N), np.float32)
         _gemv_generic(xf, _flat(w, bits4), bits4, spec.kind in (S4, S8), spec.transposed,
                       K, N, G, sc, zp, has_zp, 0, raw)
-        _finish(raw[None], out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        finish(raw[None], out, okind, ep)
         return out
     _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep)
     return out
