@@ -24,9 +24,11 @@ rounding (``rnd``) applies to f32 Q and to f32/dequantized K and V when asked.
 
 Layouts: Q ``[B, Hq, Sq, D]``; K ``[B, Hkv, S, D]`` ("bhsd", scales
 ``[B, Hkv, S, D/G]``) or transposed ``[B, Hkv, D, S]`` ("bhds", scales
-``[B, Hkv, D/G, S]``); V ``[B, Hkv, S, D]``.  The fast path is int4 K in
-"bhds" with even S (vectorised over positions) and int4 V "bhsd" with even D;
-other cases use per-element indexing.
+``[B, Hkv, D/G, S]``); V ``[B, Hkv, S, D]``.  Fastest: K transposed ("bhds":
+the tile load is vectorised over positions; int4 needs even S) and V "bhsd"
+(vectorised over d; int4 needs even D and G).  K "bhsd" is transposed into
+the tile while converting (scalar stores); odd int4 shapes use per-element
+indexing.
 """
 from __future__ import annotations
 
@@ -110,6 +112,18 @@ def _elem(buf, kind, idx):
 
 
 @njit(inline="always", cache=True)
+def _cvt(x, kind):
+    """One stored f32 / bf16 / f16 / s8 / u8 value as f32."""
+    if kind == 0:
+        return np.float32(x)
+    if kind == 1:
+        return bf16_to_f32(x)
+    if kind == 2:
+        return f16_bits_to_f32(x)
+    return i8_to_f32(x)
+
+
+@njit(inline="always", cache=True)
 def _deq(v, sidx, sc, has_sc, zp, has_zp, rnd):
     if has_zp:
         v = v - zp[sidx]
@@ -147,6 +161,58 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                     byte = kb[row0 + j]
                     kd[j] = (nib_x(byte, xm, False) - zE[j]) * sE[j]
                     kd[half + j] = (nib_x(byte, xm, True) - zO[j]) * sO[j]
+        if rnd != 0:
+            for d in range(D):
+                for t in range(nt):
+                    kT[d, t] = round_code(kT[d, t], rnd)
+        return
+    if ktr and (kk == 3 or kk == 4 or kk == 0):  # 8-bit / f32 transposed: rows contiguous over s
+        zr = np.zeros(nt, np.float32)
+        sr = np.ones(nt, np.float32)
+        for g in range(ng):
+            sbase = ((b * H + h) * ng + g) * S + s0
+            if khz:
+                for t in range(nt):
+                    zr[t] = kzp[sbase + t]
+            if khs:
+                for t in range(nt):
+                    sr[t] = ksc[sbase + t]
+            for d in range(g * kG, (g + 1) * kG):
+                row = kb[base + d * S + s0:base + d * S + s0 + nt]
+                kd = kT[d]
+                for t in range(nt):
+                    kd[t] = (i8_to_f32(row[t]) - zr[t]) * sr[t]
+        if rnd != 0:
+            for d in range(D):
+                for t in range(nt):
+                    kT[d, t] = round_code(kT[d, t], rnd)
+        return
+    if not ktr:  # [S, D] rows: contiguous over d, transposed into kT while converting
+        for t in range(nt):
+            s = pos[t]
+            row = kb[base + s * D:base + s * D + D] if kk < 5 else kb[:1]
+            sb = ((b * H + h) * S + s) * ng
+            if kk < 5:
+                for g in range(ng):
+                    z = kzp[sb + g] if khz else np.float32(0.0)
+                    sc = ksc[sb + g] if khs else np.float32(1.0)
+                    for d in range(g * kG, (g + 1) * kG):
+                        kT[d, t] = (_cvt(row[d], kk) - z) * sc
+            elif D % 2 == 0 and kG % 2 == 0:
+                xm = np.uint8(0x88) if kk == 5 else np.uint8(0)
+                off = np.float32(8.0) if kk == 5 else np.float32(0.0)
+                r0 = (base + s * D) >> 1
+                for g in range(ng):
+                    z = off + (kzp[sb + g] if khz else np.float32(0.0))
+                    sc = ksc[sb + g] if khs else np.float32(1.0)
+                    for j in range(g * kG // 2, (g + 1) * kG // 2):
+                        byte = kb[r0 + j]
+                        kT[2 * j, t] = (nib_x(byte, xm, False) - z) * sc
+                        kT[2 * j + 1, t] = (nib_x(byte, xm, True) - z) * sc
+            else:
+                for d in range(D):
+                    kT[d, t] = _deq(_elem(kb, kk, base + s * D + d), sb + d // kG,
+                                    ksc, khs, kzp, khz, np.int64(0))
         if rnd != 0:
             for d in range(D):
                 for t in range(nt):
@@ -192,6 +258,18 @@ def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, 
                     byte = src[j]
                     lo[j] = (nib_x(byte, xm, False) - z) * sc
                     hi[j] = (nib_x(byte, xm, True) - z) * sc
+            if rnd != 0:
+                for d in range(D):
+                    vt[d] = round_code(vt[d], rnd)
+        elif vk < 5:
+            vt = vf[t]
+            for g in range(ng):
+                z = vzp[sbase + g] if vhz else np.float32(0.0)
+                sc = vsc[sbase + g] if vhs else np.float32(1.0)
+                src = vb[rowbase + g * vG:rowbase + g * vG + vG]
+                dst = vt[g * vG:g * vG + vG]
+                for j in range(vG):
+                    dst[j] = (_cvt(src[j], vk) - z) * sc
             if rnd != 0:
                 for d in range(D):
                     vt[d] = round_code(vt[d], rnd)
