@@ -27,12 +27,21 @@ def _gated_mlp(request):
     return mlp_plan.build(request)
 
 
+def _sdpa(request):
+    from .fused import sdpa_plan
+
+    return sdpa_plan.build(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
 KERNELS: dict[tuple[str, str, str], Builder] = {
     ("matmul_compressed", "*", "*"): _wmatmul,
     ("gated_mlp", "*", "*"): _gated_mlp,
+    ("sdpa", "*", "*"): _sdpa,
+    ("sdpa_compressed", "*", "*"): _sdpa,
+    ("sdpa_gqa", "*", "*"): _sdpa,
 }
 
 

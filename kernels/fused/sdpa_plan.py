@@ -1,0 +1,677 @@
+"""SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``) on the Numba kernel of ``kernels.sdpa``.
+
+The whole partition becomes one ``kernels.sdpa.sdpa`` call plus numpy
+reshapes/transposes of its output::
+
+    Q ─[q_reshape]─┐
+    K ─[k_reshape | k_dequant ─ [k_cast]]─┴ qk_matmul ─ [pre_select] ─ [scale] ─ [causal]
+        ─ [mask_add] ─ [select_mask] ─ softmax ─ [prob_cast] ─┐
+    V ─[v_reshape | v_dequant ─ [v_cast]]─────────────────────┴ pv_matmul
+        ─ [pv_reshape] ─ [out_transpose ─ out_reshape|Reorder]
+
+Shapes.  Q = qk_matmul input 0 ``[*L, Sq, D]``; K = qk_matmul input 1,
+``[*Lk, S, D]`` with ``transpose_b`` or ``[*Lk, D, S]`` without; V = pv_matmul
+input 1 ``[*Lk, S, D]``.  The leading dims of K and V (left-padded with 1s)
+must be equal, match L on a prefix and be 1 after it: 4-D MHA and MQA
+(``[B, 1, S, D]``), 5-D GQA (Q ``[B, Hkv, rep, Sq, D]``, K/V
+``[B, Hkv, 1, S, D]``), K/V broadcast over the batch.  The kernel sees
+``q [B, Hq, Sq, D]`` and K/V ``[B, Hkv, S, D]``, query head ``h`` reading KV
+head ``h // (Hq / Hkv)``; the output is reshaped back.
+
+Memory.  Each K/V is given to the kernel in the order its strides store it:
+``[.., S, D]`` dense ("bhsd"), for K also ``[.., D, S]`` dense (the kernel's
+"transposed" K, e.g. the conformance int4 K, logically ``[B, H, D, S]``).
+int4 data are the tensor's packed bytes (strided-offset order, so a storage
+that permutes dims is a dense packed buffer in the permuted order); other
+layouts of byte-sized data are copied dense, of int4 data refused.
+Scales/zero points: DynamicDequantize per_group with the group along D only,
+or per_tensor.
+
+Scores.  ``scale`` (Multiply, or Divide with the scores as dividend) by a
+one-element tensor or host scalar read at execute.  Every mask becomes one
+additive f32 mask broadcast to the scores: ``mask_add``'s operand, and each
+Select (``pre_select``, ``select_mask``, the implicit causal ``causal_select``)
+as 0 / -inf.  That is exact when the Select's fill is -inf and, for
+``pre_select`` (applied before the scale), the scale is positive: these are
+values, checked at execute; otherwise the partition runs the composed
+reference plan for that call.  The implicit causal mask uses the kernel's
+``top_left`` (no causal_add/causal_sub, or s_kv == s_q) or ``bottom_right``
+(s_kv - s_q == S - Sq) alignment, any other offset an additive triangle.
+SoftMax ``inf_as_zero``: rows the masks hide completely are set to 0 (the
+kernel gives 0/0 there; ``mode=none`` gives NaN like the reference).
+
+Numerics.  The kernel keeps scores and probabilities in f32 where the
+reference rounds them to the intermediate types (bf16/f16 scores, SoftMax
+output, ``prob_cast``) and, for f32 probabilities, to the fpmath type before
+the PV MatMul.  Those roundings are at most the output type's (or the fpmath
+type's) precision, which ``graph_api.check`` allows; a partition with an
+intermediate type coarser than both (bf16 probabilities, f32 output, strict)
+is refused.  fpmath: Q, K and V are rounded as the reference MatMul rounds
+them (f32 data by the mode; dequantized K/V to the dequantize/TypeCast type
+and by the mode only with ``apply_to_int``).  The kernel takes one rounding
+code for all three; when they need different ones (bf16 mode on f32 Q with
+int K/V and no apply_to_int) the partition is refused.
+
+Refused (reference path): soft-capping, Dropout, any tensor but the final
+output leaving the partition (SoftMax stats of a training forward),
+non-scalar scales, K/V head size different from Q's, transposed probabilities.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+
+import numpy as np
+
+from graph_api import dtypes
+from graph_api.check import EPS
+from graph_api.config import log
+from graph_api.dtypes import DataType
+from graph_api.enums import OpKind as K
+from kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
+from kernels.plan import ComposedPlan, CompileRequest
+
+from .hybrid import HybridPlan
+
+_FLOATS = {DataType.f32: "f32", DataType.bf16: "bf16", DataType.f16: "f16"}
+_INTS = {DataType.s4: "s4", DataType.u4: "u4", DataType.s8: "s8", DataType.u8: "u8"}
+_TYPE_RND = {DataType.bf16: RND_BF16, DataType.f16: RND_F16}
+_ANY_RND = frozenset({RND_NONE, RND_BF16, RND_F16, RND_TF32})
+#: rounding codes that leave stored bf16 / f16 values unchanged
+_KEEPS = {DataType.bf16: frozenset({RND_NONE, RND_BF16, RND_TF32}),
+          DataType.f16: frozenset({RND_NONE, RND_F16, RND_TF32})}
+_REFUSED_ROLES = {"softcap_tanh": "soft-capping (tanh) has no kernel form",
+                  "dropout": "Dropout has no kernel form"}
+_NEG_INF = np.float32(-np.inf)
+
+
+class _Fallback(Exception):
+    """A value read at execute that the kernel cannot express."""
+
+
+def _dense(shape, strides) -> bool:
+    """Row-major dense, ignoring the strides of size-1 dims."""
+    expected = 1
+    for d, s in reversed(list(zip(shape, strides))):
+        if d != 1 and s != expected:
+            return False
+        expected *= d
+    return True
+
+
+def _swap(t: tuple) -> tuple:
+    return tuple(t[:-2]) + (t[-1], t[-2])
+
+
+def _compose(codes) -> int | None:
+    """One rounding code equal to applying ``codes`` in turn, or None."""
+    code = RND_NONE
+    for c in codes:
+        if c in (RND_NONE, code) or (c == RND_TF32 and code in (RND_BF16, RND_F16)):
+            continue  # tf32 keeps bf16/f16 values
+        if code != RND_NONE:
+            return None
+        code = c
+    return code
+
+
+# ====================================================================== K / V operands
+@dataclass
+class Operand:
+    """K or V as the kernel reads it.
+
+    ``data_id`` holds the stored values (the integer tensor when compressed);
+    ``swapped``: the MatMul sees it as ``[.., D, S]``; ``packed``: int4 memory
+    order from the strides ("bhsd"/"bhds"); ``rnd``: the rounding codes that
+    give the reference MatMul's input values.
+    """
+
+    data_id: int
+    kind: str
+    swapped: bool
+    rnd: frozenset
+    packed: str | None = None
+    group: int = 0
+    scale_id: int | None = None
+    zp_id: int | None = None
+
+
+def _group(deq, src_lt, scale_lt, d_axis: int):
+    """Group size along D, or a reason."""
+    from kernels.reference.quant import group_shape
+
+    qtype = deq.attrs.get("qtype", "per_tensor")
+    shape, D = src_lt.shape, src_lt.shape[d_axis]
+    if qtype == "per_tensor":
+        return D if scale_lt.nelems() == 1 else f"per_tensor scales of {scale_lt.nelems()} values"
+    if qtype != "per_group":
+        return f"{qtype} scales (only per_group along the head size, or per_tensor)"
+    gs = group_shape(deq, shape, scale_lt.shape)
+    d = d_axis % len(shape)
+    if len(gs) != len(shape) or any(g != 1 for i, g in enumerate(gs) if i != d) or D % gs[d]:
+        return f"group_shape {list(gs)} does not group along the head size (dim {d}) only"
+    expected = tuple(D // gs[d] if i == d else n for i, n in enumerate(shape))
+    if tuple(scale_lt.shape) != expected:
+        return f"scales shape {list(scale_lt.shape)}, expected {list(expected)}"
+    return gs[d]
+
+
+def _compressed(request, deq_id, cast_id, swapped, allow_bhds):
+    """The Operand of a DynamicDequantize [-> TypeCast] K or V, or a reason."""
+    lts, ops = request.lts, {op.id: op for op in request.ops}
+    deq = ops[deq_id]
+    if deq.kind != K.DynamicDequantize:
+        return f"{deq.kind.name} K/V"
+    src = lts[deq.inputs[0].id]
+    if src.dtype not in _INTS:
+        return f"{src.dtype.name} compressed data"
+    group = _group(deq, src, lts[deq.inputs[1].id], -2 if swapped else -1)
+    if isinstance(group, str):
+        return group
+    zp_id = deq.inputs[2].id if len(deq.inputs) > 2 else None
+    if zp_id is not None and lts[zp_id].nelems() not in (1, lts[deq.inputs[1].id].nelems()):
+        return f"zero points of shape {list(lts[zp_id].shape)}"
+    packed = None
+    if src.dtype in (DataType.s4, DataType.u4):
+        canon = (_swap(src.shape), _swap(src.strides)) if swapped else (src.shape, src.strides)
+        if _dense(*canon):
+            packed = "bhsd"
+        elif allow_bhds and _dense(_swap(canon[0]), _swap(canon[1])):
+            packed = "bhds"
+        else:
+            return f"int4 data with strides {list(src.strides)} is dense in neither [.., S, D] " \
+                   f"nor{' [.., D, S]' if allow_bhds else ''} order"
+    types = [lts[deq.outputs[0].id].dtype] + ([lts[ops[cast_id].outputs[0].id].dtype] if cast_id else [])
+    code = _compose([_TYPE_RND.get(t, RND_NONE) for t in types]
+                    + [rounding_code(request.fpmath, for_int_weights=True)])
+    if code is None:
+        return f"dequantized values rounded twice ({', '.join(t.name for t in types)}, fpmath {request.fpmath})"
+    return Operand(src.id, _INTS[src.dtype], swapped, frozenset({code}), packed, group,
+                   deq.inputs[1].id, zp_id)
+
+
+def _float_operand(request, tid, swapped):
+    dt = request.lts[tid].dtype
+    if dt not in _FLOATS:
+        return f"{dt.name} K/V"
+    rnd = _KEEPS.get(dt) or frozenset({rounding_code(request.fpmath)})
+    return Operand(tid, _FLOATS[dt], swapped, rnd)
+
+
+def _params(array, op: Operand, transposed: bool, shape4):
+    """Scales or zero points in the kernel's layout ([B,H,S,D/G] or [B,H,D/G,S])."""
+    B, H, S, D = shape4
+    ng = D // op.group
+    a = np.asarray(array)
+    if a.size == 1:
+        return np.broadcast_to(a.reshape(1, 1, 1, 1), (B, H, ng, S) if transposed else (B, H, S, ng))
+    canon = np.swapaxes(a, -1, -2) if op.swapped else a  # [.., S, ng]
+    if transposed:
+        return np.swapaxes(canon, -1, -2).reshape(B, H, ng, S)
+    return canon.reshape(B, H, S, ng)
+
+
+def make_kv(op: Operand, inputs, fetch, shape4, allow_bhds: bool):
+    """A ``kernels.sdpa.KV`` for this execute's tensors (no copy when the layout allows)."""
+    from kernels import sdpa as SD
+
+    if op.packed:
+        data, transposed = inputs[op.data_id].get_data_handle(), op.packed == "bhds"
+    else:
+        x = fetch(inputs, op.data_id)
+        canon = np.swapaxes(x, -1, -2) if op.swapped else x  # [.., S, D]
+        if canon.flags.c_contiguous:
+            data, transposed = canon, False
+        elif allow_bhds and np.swapaxes(canon, -1, -2).flags.c_contiguous:
+            data, transposed = np.swapaxes(canon, -1, -2), True
+        else:
+            data, transposed = np.ascontiguousarray(canon), False
+    scales = zps = None
+    if op.scale_id is not None:
+        scales = _params(inputs[op.scale_id].numpy(), op, transposed, shape4)
+        if op.zp_id is not None:
+            zps = _params(inputs[op.zp_id].numpy(), op, transposed, shape4)
+    return SD.KV(data, op.kind, tuple(shape4), transposed, op.group, scales, zps)
+
+
+# ====================================================================== compile
+@dataclass
+class Geometry:
+    """How the partition's shapes map to the kernel's 4-D ones."""
+
+    lead: tuple      # Q's leading dims L
+    Sq: int
+    S: int
+    D: int
+    B: int
+    Hq: int
+    Hkv: int
+    split: bool      # kernel B is L[0] (else 1, all of L in the heads)
+
+    def kernel_mask(self, m):
+        """An additive mask broadcastable to [*L, Sq, S] as one broadcastable to [B, Hq, Sq, S]."""
+        r = len(self.lead) + 2
+        m = np.asarray(m)
+        m = m.reshape((1,) * (r - m.ndim) + m.shape)
+        ml, tail = m.shape[:-2], m.shape[-2:]
+        lead, first = (self.lead[1:], ml[:1]) if self.split else (self.lead, (1,))
+        rest = ml[1:] if self.split else ml
+        if all(d == 1 for d in rest):
+            return m.reshape(first + (1,) + tail)
+        if tuple(rest) != tuple(lead):
+            m = np.broadcast_to(m, tuple(ml[:1] if self.split else ()) + tuple(lead) + tail)
+        return m.reshape(first + (self.Hq,) + tail)
+
+
+def _geometry(q_shape, k_shape, v_shape):
+    """Geometry from Q [*L,Sq,D], K [*Lk,S,D], V [*Lk,S,D] (canonical orders), or a reason."""
+    if min(len(q_shape), len(k_shape), len(v_shape)) < 2:
+        return "1-D Q/K/V"
+    lq, lk, lv = tuple(q_shape[:-2]), tuple(k_shape[:-2]), tuple(v_shape[:-2])
+    Sq, D = q_shape[-2:]
+    S, Dk = k_shape[-2:]
+    if Dk != D or v_shape[-2] != S:
+        return f"Q {list(q_shape)}, K {list(k_shape)}, V {list(v_shape)} do not chain"
+    if v_shape[-1] != D:
+        return f"V head size {v_shape[-1]} differs from Q/K's {D} (the kernel has one head size)"
+    if len(lk) > len(lq) or len(lv) > len(lq):
+        return "K/V have more dims than Q (Q broadcast)"
+    lk = (1,) * (len(lq) - len(lk)) + lk
+    lv = (1,) * (len(lq) - len(lv)) + lv
+    if lk != lv:
+        return f"K leading dims {list(lk)} differ from V's {list(lv)}"
+    p = len(lk)
+    while p and lk[p - 1] == 1:
+        p -= 1
+    if any(lk[i] != lq[i] for i in range(p)):
+        return f"K/V leading dims {list(lk)} are not Q's {list(lq)} then broadcast dims"
+    split = p >= 1
+    prod = lambda t: int(np.prod(t, dtype=np.int64))  # noqa: E731
+    return Geometry(lq, Sq, S, D, lq[0] if split else 1, prod(lq[1:] if split else lq),
+                    prod(lk[1:]) if split else 1, split)
+
+
+@dataclass
+class Scores:
+    """The score chain between the two MatMuls, ready to bind at execute."""
+
+    scale_id: int | None = None
+    scale_mode: str = "mul"
+    pre_select: bool = False
+    masks: tuple = ()          # ("select", cond_id, fill_id, keep_when_true) | ("add", tid)
+    causal: tuple | None = None  # (s_kv id | None, s_q id | None, fill id)
+    inf_as_zero: bool = False
+    prob_id: int = -1          # the pv_matmul input 0
+    dtypes: tuple = ()         # types the reference rounds scores / probabilities to
+
+
+def _select(op, value):
+    """("select", cond, fill, keep_when_true) of a Select taking the scores ``value``, or None."""
+    ids = [lt.id for lt in op.inputs]
+    if ids[1] == value:
+        return ("select", ids[0], ids[2], True)
+    if ids[2] == value:
+        return ("select", ids[0], ids[1], False)
+    return None
+
+
+def _scalar_operand(op, value, lts):
+    """The other operand's id of a binary ``op`` taking ``value``, if it holds one value."""
+    ids = [lt.id for lt in op.inputs]
+    if value not in ids:
+        return None
+    other = ids[1 - ids.index(value)]
+    return other if lts[other].nelems() == 1 else None
+
+
+def _scores(request, b, ops) -> Scores | str:
+    lts = request.lts
+    sc = Scores()
+    value = ops[b["qk_matmul"]].outputs[0].id
+    scores_shape = lts[value].shape
+    kinds = [lts[value].dtype]
+    masks = []
+    if b.get("pre_select") is not None:
+        entry = _select(ops[b["pre_select"]], value)
+        if entry is None:
+            return "pre_select does not take the scores"
+        masks.append(entry)
+        sc.pre_select = True
+        value = ops[b["pre_select"]].outputs[0].id
+        kinds.append(lts[value].dtype)
+    if b.get("scale") is not None:
+        op = ops[b["scale"]]
+        sc.scale_id = _scalar_operand(op, value, lts)
+        if sc.scale_id is None or (op.kind == K.Divide and op.inputs[0].id != value):
+            return f"scale {op.kind.name} (op {op.id}) is not (scores, one value)"
+        sc.scale_mode = "div" if op.kind == K.Divide else "mul"
+        value = op.outputs[0].id
+        kinds.append(lts[value].dtype)
+    if b.get("causal_select") is not None:
+        reason = _causal(request, b, ops, value, sc)
+        if reason:
+            return reason
+        value = ops[b["causal_select"]].outputs[0].id
+        kinds.append(lts[value].dtype)
+    for role in ("mask_add", "select_mask"):
+        if b.get(role) is None:
+            continue
+        op = ops[b[role]]
+        if role == "mask_add":
+            ids = [lt.id for lt in op.inputs]
+            entry = ("add", ids[1 - ids.index(value)]) if value in ids else None
+        else:
+            entry = _select(op, value)
+        if entry is None:
+            return f"{role} (op {op.id}) does not take the scores"
+        masks.append(entry)
+        value = op.outputs[0].id
+        kinds.append(lts[value].dtype)
+    softmax = ops[b["softmax"]]
+    if softmax.inputs[0].id != value:
+        return "SoftMax does not take the masked scores"
+    if any(lts[o.id].shape != scores_shape for o in softmax.outputs[:1]) or lts[value].shape != scores_shape:
+        return f"a mask widens the scores {list(scores_shape)}"
+    sc.inf_as_zero = softmax.attrs.get("mode", "none") == "inf_as_zero"
+    prob = softmax.outputs[0].id
+    kinds.append(lts[prob].dtype)
+    if b.get("prob_cast") is not None:
+        prob = ops[b["prob_cast"]].outputs[0].id
+        kinds.append(lts[prob].dtype)
+    sc.prob_id, sc.masks, sc.dtypes = prob, tuple(masks), tuple(kinds)
+    return sc
+
+
+def _causal(request, b, ops, value, sc: Scores) -> str | None:
+    lts = request.lts
+    sel = ops[b["causal_select"]]
+    if [lt.id for lt in sel.inputs][1] != value:
+        return "causal_select does not keep the scores where the condition holds"
+    skv = sq = None
+    if b.get("causal_add") is not None:
+        row = ops[b["causal_row"]].outputs[0].id
+        skv = _scalar_operand(ops[b["causal_add"]], row, lts)
+        sub = ops[b["causal_sub"]]
+        sq = sub.inputs[1].id if lts[sub.inputs[1].id].nelems() == 1 else None
+        if skv is None or sq is None:
+            return "bottom-right causal offsets are not single values"
+    sc.causal = (skv, sq, sel.inputs[2].id)
+    return None
+
+
+def _roundings(request, q_lt, k: Operand, v: Operand):
+    q = frozenset({rounding_code(request.fpmath)}) if q_lt.dtype == DataType.f32 else _ANY_RND
+    common = q & k.rnd & v.rnd
+    if not common:
+        names = {RND_NONE: "none", RND_BF16: "bf16", RND_F16: "f16", RND_TF32: "tf32"}
+        show = lambda s: "|".join(names[c] for c in sorted(s))  # noqa: E731
+        return f"Q, K and V need different fpmath roundings (Q {show(q)}, K {show(k.rnd)}, " \
+               f"V {show(v.rnd)}; fpmath {request.fpmath}) and the kernel applies one"
+    return RND_NONE if RND_NONE in common else min(common)
+
+
+def _precision(request, out_dt, kinds) -> str | None:
+    limit = EPS[out_dt]
+    if request.fpmath.rounding is not None:
+        limit = max(limit, EPS["tf32" if request.fpmath.rounding == "tf32" else DataType[request.fpmath.rounding]])
+    coarse = [t.name for t in kinds if t in EPS and EPS[t] > limit]
+    if coarse:
+        return f"the reference rounds scores/probabilities to {', '.join(coarse)}, coarser than " \
+               f"the {out_dt.name} output and fpmath {request.fpmath} the check allows"
+    return None
+
+
+def _output_chain(request, b, ops):
+    """([("reshape", shape) | ("transpose", order)], final id) after pv_matmul, or a reason."""
+    steps, value = [], ops[b["pv_matmul"]].outputs[0].id
+    for role in ("pv_reshape", "out_transpose", "out_reshape"):
+        if b.get(role) is None:
+            continue
+        op = ops[b[role]]
+        if op.inputs[0].id != value:
+            return f"{role} does not take the attention output"
+        out = request.lts[op.outputs[0].id]
+        if out.dtype != request.lts[value].dtype:
+            return f"{role} changes the data type"
+        if op.kind == K.StaticTranspose:
+            order = [int(a) % len(out.shape) for a in op.attrs.get("order") or []]
+            steps.append(("transpose", tuple(order) or None))
+        else:
+            steps.append(("reshape", tuple(out.shape)))
+        value = out.id
+    if list(request.output_ids) != [value]:
+        others = [t for t in request.output_ids if t != value]
+        return f"tensors {others} leave the partition (SoftMax stats or an intermediate); " \
+               f"the kernel produces only the attention output"
+    return steps, value
+
+
+# ====================================================================== the plan
+@dataclass
+class SdpaCore:
+    """Everything the execute needs, computed at compile."""
+
+    request: CompileRequest
+    geo: Geometry
+    q_id: int
+    q_transposed: bool
+    k: Operand
+    v: Operand
+    scores: Scores
+    rnd: int
+    out_dtype: DataType
+    steps: list
+    final_id: int
+    reshaped: dict           # tensor id -> source id of a StaticReshape inside (sdpa_gqa)
+
+    def fetch(self, inputs, tid):
+        """The logical array of ``tid``: a partition input, or a reshape of one."""
+        if tid in self.reshaped:
+            return np.reshape(self.fetch(inputs, self.reshaped[tid]), self.request.lts[tid].shape)
+        return inputs[tid].numpy()
+
+    def _value(self, inputs, tid) -> np.ndarray:
+        return dtypes.to_f32(np.asarray(self.fetch(inputs, tid)))
+
+    def _masks(self, inputs, scale):
+        """(additive f32 mask or None, causal alignment or None, causal offset) for this call."""
+        g, sc = self.geo, self.scores
+        parts = []
+        for entry in sc.masks:
+            if entry[0] == "add":
+                parts.append(self.fetch(inputs, entry[1]))
+                continue
+            _, cond_id, fill_id, keep = entry
+            if not np.all(np.isneginf(self._value(inputs, fill_id))):
+                raise _Fallback("a Select mask fills with values other than -inf")
+            cond = np.asarray(self.fetch(inputs, cond_id), dtype=bool)
+            parts.append(np.where(cond, np.float32(0), _NEG_INF) if keep else
+                         np.where(cond, _NEG_INF, np.float32(0)))
+        if sc.pre_select and sc.scale_id is not None and not (0 < scale < np.inf):
+            raise _Fallback(f"scale {scale} before a pre_select mask is not positive")
+        causal, offset = None, 0
+        if sc.causal is not None:
+            skv, sq, fill = sc.causal
+            if not np.all(np.isneginf(self._value(inputs, fill))):
+                raise _Fallback("the causal Select fills with values other than -inf")
+            if skv is not None:
+                offset = int(self._value(inputs, skv).reshape(-1)[0]) - \
+                    int(self._value(inputs, sq).reshape(-1)[0])
+            if offset == 0:
+                causal = "top_left"
+            elif offset == g.S - g.Sq:
+                causal = "bottom_right"
+            else:
+                i, j = np.arange(g.Sq)[:, None], np.arange(g.S)[None, :]
+                parts.append(np.where(j > i + offset, _NEG_INF, np.float32(0)))
+        if not parts:
+            return None, causal, offset
+        mask = parts[0] if len(parts) == 1 else reduce(np.add, (dtypes.to_f32(p) for p in parts))
+        return mask, causal, offset
+
+    def _zero_dead_rows(self, out, mask, causal, offset):
+        """inf_as_zero: rows whose every position is masked are 0 (the kernel gave 0/0)."""
+        g = self.geo
+        hidden = np.zeros((1, 1), bool)
+        if mask is not None:
+            hidden = hidden | (dtypes.to_f32(np.asarray(mask)) == _NEG_INF)
+        if causal is not None:
+            i, j = np.arange(g.Sq)[:, None], np.arange(g.S)[None, :]
+            hidden = hidden | (j > i + offset)
+        dead = hidden.all(axis=-1)
+        dead = np.broadcast_to(dead.reshape((1,) * (len(g.lead) + 1 - dead.ndim) + dead.shape),
+                               g.lead + (g.Sq,))
+        out[dead] = 0
+
+    def __call__(self, inputs, arrays):
+        from kernels import sdpa as SD
+
+        g, sc = self.geo, self.scores
+        scale = 1.0
+        if sc.scale_id is not None:
+            scale = float(self._value(inputs, sc.scale_id).reshape(-1)[0])
+        mask, causal, offset = self._masks(inputs, scale)
+        q = self.fetch(inputs, self.q_id)
+        if self.q_transposed:
+            q = np.swapaxes(q, -1, -2)
+        shape4 = (g.B, g.Hkv, g.S, g.D)
+        k = make_kv(self.k, inputs, self.fetch, shape4, allow_bhds=True)
+        v = make_kv(self.v, inputs, self.fetch, shape4, allow_bhds=False)
+        out = SD.sdpa(np.reshape(q, (g.B, g.Hq, g.Sq, g.D)), k, v, scale=scale,
+                      scale_mode=sc.scale_mode, mask=None if mask is None else g.kernel_mask(mask),
+                      causal=causal, out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd)
+        out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
+        if sc.inf_as_zero and (mask is not None or causal is not None) and np.isnan(out).any():
+            self._zero_dead_rows(out, mask, causal, offset)
+        for kind, arg in self.steps:
+            out = np.reshape(out, arg) if kind == "reshape" else np.transpose(out, arg)
+        arrays[self.final_id] = out
+
+
+def _unknown_ops(request, b) -> str | None:
+    bound = {v for v in b.values() if isinstance(v, int)}
+    extra = [op for op in request.ops if op.id not in bound]
+    if extra:
+        return f"ops {[f'{op.kind.name} {op.id}' for op in extra]} have no role the plan knows"
+    for role, why in _REFUSED_ROLES.items():
+        if b.get(role) is not None:
+            return why
+    return None
+
+
+def _reshapes(b, ops) -> dict:
+    """Output id -> input id of the StaticReshapes of sdpa_gqa (done in numpy at execute)."""
+    out = {}
+    for role in ("q_reshape", "k_reshape", "v_reshape", "mask_reshape"):
+        if b.get(role) is not None:
+            op = ops[b[role]]
+            out[op.outputs[0].id] = op.inputs[0].id
+    return out
+
+
+def _operands(request, b, ops):
+    """(K Operand, V Operand, canonical K shape, canonical V shape) or a reason."""
+    lts = request.lts
+    qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]
+    k_swapped = not qk.attrs.get("transpose_b", False)
+    v_swapped = bool(pv.attrs.get("transpose_b", False))
+    if b.get("k_dequant") is not None:
+        k = _compressed(request, b["k_dequant"], b.get("k_cast"), k_swapped, allow_bhds=True)
+    else:
+        k = _float_operand(request, qk.inputs[1].id, k_swapped)
+    if isinstance(k, str):
+        return f"K: {k}"
+    if b.get("v_dequant") is not None:
+        v = _compressed(request, b["v_dequant"], b.get("v_cast"), v_swapped, allow_bhds=False)
+    else:
+        v = _float_operand(request, pv.inputs[1].id, v_swapped)
+    if isinstance(v, str):
+        return f"V: {v}"
+    k_shape, v_shape = lts[qk.inputs[1].id].shape, lts[pv.inputs[1].id].shape
+    return k, v, _swap(k_shape) if k_swapped else k_shape, _swap(v_shape) if v_swapped else v_shape
+
+
+def build(request: CompileRequest):
+    """The plan of an SDPA partition, or why the fast path does not apply."""
+    b, lts = request.bindings, request.lts
+    ops = {op.id: op for op in request.ops}
+    reason = _unknown_ops(request, b)
+    if reason:
+        return reason
+    qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]
+    if pv.attrs.get("transpose_a", False):
+        return "transposed probabilities (pv_matmul transpose_a)"
+    if len(qk.inputs) > 2 or len(pv.inputs) > 2:
+        return "a MatMul with a bias"
+    operands = _operands(request, b, ops)
+    if isinstance(operands, str):
+        return operands
+    k, v, k_shape, v_shape = operands
+    q_lt = lts[qk.inputs[0].id]
+    if q_lt.dtype not in _FLOATS:
+        return f"{q_lt.dtype.name} Q"
+    q_transposed = bool(qk.attrs.get("transpose_a", False))
+    geo = _geometry(_swap(q_lt.shape) if q_transposed else q_lt.shape, k_shape, v_shape)
+    if isinstance(geo, str):
+        return geo
+    if lts[qk.outputs[0].id].shape != geo.lead + (geo.Sq, geo.S):
+        return f"scores {list(lts[qk.outputs[0].id].shape)} are not Q's batch x Sq x S"
+    scores = _scores(request, b, ops)
+    if isinstance(scores, str):
+        return scores
+    if pv.inputs[0].id != scores.prob_id:
+        return "pv_matmul does not take the probabilities"
+    out_lt = lts[pv.outputs[0].id]
+    if out_lt.dtype not in _FLOATS or out_lt.shape != geo.lead + (geo.Sq, geo.D):
+        return f"attention output {out_lt!r}"
+    reason = _precision(request, out_lt.dtype, scores.dtypes)
+    if reason:
+        return reason
+    rnd = _roundings(request, q_lt, k, v)
+    if isinstance(rnd, str):
+        return rnd
+    chain = _output_chain(request, b, ops)
+    if isinstance(chain, str):
+        return chain
+    reshaped = _reshapes(b, ops)
+    reason = _inside(request, reshaped, [q_lt.id, k, v, scores])
+    if reason:
+        return reason
+    core = SdpaCore(request, geo, q_lt.id, q_transposed, k, v, scores, rnd, out_lt.dtype,
+                    chain[0], chain[1], reshaped)
+    return HybridPlan(request, "numba_sdpa", _with_fallback(request, core), {op.id for op in request.ops})
+
+
+def _inside(request, reshaped, things) -> str | None:
+    """Why a tensor read at execute is not a partition input (or a reshape of one), if so."""
+    ids = []
+    for t in things:
+        if isinstance(t, Operand):
+            ids += [t.data_id, t.scale_id, t.zp_id]
+        elif isinstance(t, Scores):
+            ids += [t.scale_id] + [i for m in t.masks for i in m[1:3] if not isinstance(i, bool)]
+            ids += list(t.causal or ())
+        else:
+            ids.append(t)
+    for tid in ids:
+        src = tid
+        while src in reshaped:
+            src = reshaped[src]
+        if src is not None and src not in request.input_ids:
+            return f"tensor {tid} is computed inside the partition where the kernel needs an input"
+    return None
+
+
+def _with_fallback(request, core):
+    """``core``, running the composed reference plan when it raises :class:`_Fallback`."""
+    reference = ComposedPlan(request)
+
+    def run(inputs, arrays):
+        try:
+            core(inputs, arrays)
+        except _Fallback as why:
+            log(f"fallback,{request.pattern},reference,{why}")
+            arrays.update(reference.run_arrays({tid: t.numpy() for tid, t in inputs.items()}))
+
+    run.core = core
+    return run
