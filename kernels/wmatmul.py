@@ -713,7 +713,7 @@ def _ksplits(nblk: int, ng: int) -> int:
 
 def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: PreparedWeight | None = None,
             post_ops=(), out=None, out_dtype="f32", rnd_x: int = 0, rnd_w: int = 0,
-            act_dtype=None):
+            act_dtype=None, quantize_out=None):
     """``post_ops(x @ dequant(w))`` -> out [M, N].
 
     Args:
@@ -730,7 +730,17 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
       out_dtype: "f32", "bf16" or "f16" (TypeCast epilogue; uint16 bits).
       rnd_x, rnd_w: fpmath rounding codes (``bits.rounding_code``) for f32
         activations and, with apply_to_int, for the dequantized weights.
+      quantize_out: optional ``(dtype, scales, zps, group)``: a DynamicQuantize
+        epilogue (s8/u8/s4/u4, groups along N) applied to the f32 result in a
+        second pass (:func:`kernels.quantize.quantize`; not fused in
+        registers); returns the int8/uint8 or packed int4 array.
     """
+    if quantize_out is not None:
+        from kernels.quantize import quantize
+        qdt, qs, qz, qg = quantize_out
+        y = wmatmul(x, w, spec, scales, zps, prepared=prepared, post_ops=post_ops,
+                    rnd_x=rnd_x, rnd_w=rnd_w, act_dtype=act_dtype)
+        return quantize(y, qs, qz, dtype=qdt, group=qg, out=out)
     M, K = x.shape
     N, G = spec.N, spec.group
     ng = K // G

@@ -157,3 +157,15 @@ def test_ksplit_small_n_and_preallocated_out():
     assert y is out
     r, b = ref(x.astype(np.float64), q, sc, z, G)
     check(y, r, b, G + K // G + 8)
+
+
+def test_dynamic_quantize_epilogue():
+    rng = np.random.default_rng(13)
+    M, K, N, G = 2, 64, 128, 32
+    q, sc, z, w, scu, zu = make("s4", K, N, G, True, False, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    spec = W.WeightSpec("s4", K, N, G, True)
+    y = W.wmatmul(x, w, spec, scu)
+    qs = np.full((M, N // 64), 4.0, np.float32)
+    got = W.wmatmul(x, w, spec, scu, quantize_out=("s8", qs, None, 64))
+    np.testing.assert_array_equal(got, np.clip(np.rint(y / 4.0), -128, 127).astype(np.int8))
