@@ -41,16 +41,25 @@ SoftMax ``inf_as_zero``: rows the masks hide completely are set to 0 (the
 kernel gives 0/0 there; ``mode=none`` gives NaN like the reference).
 
 Numerics.  The kernel keeps scores and probabilities in f32 where the
-reference rounds them to the intermediate types (bf16/f16 scores, SoftMax
-output, ``prob_cast``) and, for f32 probabilities, to the fpmath type before
-the PV MatMul.  Those roundings are at most the output type's (or the fpmath
-type's) precision, which ``graph_api.check`` allows; a partition with an
-intermediate type coarser than both (bf16 probabilities, f32 output, strict)
-is refused.  fpmath: Q, K and V are rounded as the reference MatMul rounds
-them (f32 data by the mode; dequantized K/V to the dequantize/TypeCast type
-and by the mode only with ``apply_to_int``).  The kernel takes one rounding
-code for all three; when they need different ones (bf16 mode on f32 Q with
-int K/V and no apply_to_int) the partition is refused.
+reference rounds them to their intermediate types (bf16/f16 scores, SoftMax
+output, ``prob_cast``).  Accepted when no such type is coarser than the output
+type (or the fpmath type): ``graph_api.check`` allows a few ulps of that type
+relative to max|out|.  Rounding the probabilities costs <= 1 ulp of their type
+times max|V|; rounding the scores costs about ``|logit| * ulp`` in each
+exponent, so half-precision scores stay within the rule for logits up to
+roughly +-10 (measured: f16 scores, logits ~N(0,1)..N(0,9): <= 60% of the
+tolerance; larger logits can exceed it, while the fused result is the more
+accurate one).  A partition with a coarser intermediate (bf16 probabilities,
+f32 output, strict) is refused.
+fpmath is applied exactly (docs/fpmath.md): Q, K and V are rounded as the
+reference MatMul rounds them (f32 data by the mode; dequantized K/V to the
+DynamicDequantize/TypeCast type and by the mode only with ``apply_to_int``)
+through the kernel's one rounding code, refused when they need different
+ones (f32 Q with int K/V under bf16 without apply_to_int) or a double
+rounding (bf16 values under f16).  The reference also rounds f32
+probabilities by the mode before the PV MatMul, which an online softmax
+cannot reproduce: f32 probabilities under a rounding mode are refused, so
+under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.
 
 Refused (reference path): soft-capping, Dropout, any tensor but the final
 output leaving the partition (SoftMax stats of a training forward),
@@ -630,6 +639,9 @@ def build(request: CompileRequest):
     rnd = _roundings(request, q_lt, k, v)
     if isinstance(rnd, str):
         return rnd
+    if lts[scores.prob_id].dtype == DataType.f32 and request.fpmath.rounding is not None:
+        return f"fpmath {request.fpmath} rounds the f32 probabilities entering pv_matmul; the " \
+               f"kernel's online softmax keeps them f32 (docs/fpmath.md: modes apply exactly)"
     chain = _output_chain(request, b, ops)
     if isinstance(chain, str):
         return chain

@@ -314,26 +314,30 @@ def test_compressed_kv_half_precision_with_casts(dtype):
 
 
 # ---------------------------------------------------------------- fpmath
-@pytest.mark.parametrize("mode,apply", [("strict", False), ("bf16", True), ("f16", True), ("tf32", False)])
-def test_fpmath_modes(mode, apply):
+@pytest.mark.parametrize("mode,apply,fast", [("strict", False, True), ("bf16", True, True),
+                                             ("bf16", False, True), ("tf32", True, True),
+                                             ("f16", True, False)])
+def test_fpmath_modes_on_a_bf16_graph_with_int_kv(mode, apply, fast):
+    """bf16 Q; int K/V dequantized in f32 then cast to bf16 (the kernel rounds them,
+    rnd=bf16).  The mode adds the apply_to_int rounding of the dequantized values: a
+    no-op after the bf16 cast, a second rounding under f16 (refused)."""
     b = Builder(mode, apply)
-    attention(b, k_int=dt.s4, v_int=dt.s4, k_store="ds_strided", Sq=4, S=64, D=64, Hq=2,
-              mask="add")
-    if mode == "tf32":  # int K/V without apply_to_int stay f32, Q is rounded: one code cannot do both
-        assert "different fpmath roundings" in refusal(b)
-    else:
+    attention(b, dtype=dt.bf16, k_int=dt.s4, v_int=dt.u4, zps=True, k_store="ds_strided",
+              Sq=4, S=64, D=64, Hq=2, mask="add")
+    if fast:
         run(b)
+    else:
+        assert "rounded twice" in refusal(b)
 
 
-def test_fpmath_bf16_float_kv_and_the_difference_it_makes():
-    b = Builder("bf16")
-    attention(b, Sq=4, S=64, D=64, Hq=2)
-    fused = run(b)
-    strict = Builder()
-    attention(strict, Sq=4, S=64, D=64, Hq=2)
-    strict.g.finalize()
-    tid = strict.g.output_ids[0]
-    assert np.abs(ga.run_graph(strict.g, strict.feeds).outputs[tid] - fused.outputs[tid]).max() > 1e-6
+@pytest.mark.parametrize("mode", ["bf16", "f16", "tf32"])
+def test_f32_probabilities_under_a_rounding_mode_take_the_reference(mode):
+    b = Builder(mode, True)
+    attention(b, k_int=dt.s4, v_int=dt.s4, Sq=2, S=64, D=64, Hq=2)
+    assert "rounds the f32 probabilities" in refusal(b)
+    b = Builder(mode, True)
+    attention(b, k_int=dt.s4, v_int=dt.s4, Sq=2, S=64, D=64, Hq=2)
+    run(b, expect="reference")
 
 
 def test_bf16_mode_without_apply_to_int_is_refused_for_int_kv():
