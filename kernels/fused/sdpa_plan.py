@@ -311,7 +311,7 @@ class Scores:
     causal: tuple | None = None  # (s_kv id | None, s_q id | None, fill id)
     inf_as_zero: bool = False
     prob_id: int = -1          # the pv_matmul input 0
-    dtypes: tuple = ()         # types the reference rounds scores / probabilities to
+    types: tuple = ()          # types the reference rounds scores / probabilities to
 
 
 def _select(op, value):
@@ -387,7 +387,7 @@ def _scores(request, b, ops) -> Scores | str:
     if b.get("prob_cast") is not None:
         prob = ops[b["prob_cast"]].outputs[0].id
         kinds.append(lts[prob].dtype)
-    sc.prob_id, sc.masks, sc.dtypes = prob, tuple(masks), tuple(kinds)
+    sc.prob_id, sc.masks, sc.types = prob, tuple(masks), tuple(kinds)
     return sc
 
 
@@ -396,14 +396,18 @@ def _causal(request, b, ops, value, sc: Scores) -> str | None:
     sel = ops[b["causal_select"]]
     if [lt.id for lt in sel.inputs][1] != value:
         return "causal_select does not keep the scores where the condition holds"
+    ge, row = ops[b["causal_ge"]], ops[b["causal_row"]].outputs[0].id
     skv = sq = None
     if b.get("causal_add") is not None:
-        row = ops[b["causal_row"]].outputs[0].id
-        skv = _scalar_operand(ops[b["causal_add"]], row, lts)
-        sub = ops[b["causal_sub"]]
+        add, sub = ops[b["causal_add"]], ops[b["causal_sub"]]
+        skv = _scalar_operand(add, row, lts)
         sq = sub.inputs[1].id if lts[sub.inputs[1].id].nelems() == 1 else None
-        if skv is None or sq is None:
+        if skv is None or sq is None or sub.inputs[0].id != add.outputs[0].id:
             return "bottom-right causal offsets are not single values"
+        row = sub.outputs[0].id
+    if [lt.id for lt in ge.inputs] != [row, ops[b["causal_col"]].outputs[0].id] or \
+            sel.inputs[0].id != ge.outputs[0].id:
+        return "the implicit causal mask is not row >= column"
     sc.causal = (skv, sq, sel.inputs[2].id)
     return None
 
@@ -504,8 +508,8 @@ class SdpaCore:
             if not np.all(np.isneginf(self._value(inputs, fill))):
                 raise _Fallback("the causal Select fills with values other than -inf")
             if skv is not None:
-                offset = int(self._value(inputs, skv).reshape(-1)[0]) - \
-                    int(self._value(inputs, sq).reshape(-1)[0])
+                offset = int(np.asarray(self.fetch(inputs, skv)).reshape(-1)[0]) - \
+                    int(np.asarray(self.fetch(inputs, sq)).reshape(-1)[0])
             if offset == 0:
                 causal = "top_left"
             elif offset == g.S - g.Sq:
@@ -633,7 +637,7 @@ def build(request: CompileRequest):
     out_lt = lts[pv.outputs[0].id]
     if out_lt.dtype not in _FLOATS or out_lt.shape != geo.lead + (geo.Sq, geo.D):
         return f"attention output {out_lt!r}"
-    reason = _precision(request, out_lt.dtype, scores.dtypes)
+    reason = _precision(request, out_lt.dtype, scores.types)
     if reason:
         return reason
     rnd = _roundings(request, q_lt, k, v)

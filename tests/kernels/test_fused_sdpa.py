@@ -19,7 +19,6 @@ from kernels.fused import sdpa_plan
 
 HS = ga.PropertyType.host_scalar
 INT_RANGE = {dt.s4: (-8, 7), dt.u4: (0, 15), dt.s8: (-128, 127), dt.u8: (0, 255)}
-ZP_DT = {dt.s4: dt.s4, dt.u4: dt.u4, dt.s8: dt.s8, dt.u8: dt.u8}
 MHA = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onednn-graphs" \
     / "complex_fusion" / "mha"
 
@@ -65,7 +64,8 @@ class Builder:
         s_shape = tuple(n // g for n, g in zip(shape, gs))
         ins = [data, self.input(scale_dt, s_shape, self.rng.uniform(0.02, 0.06, s_shape))]
         if zps:
-            ins.append(self.input(ZP_DT[wdt], s_shape, self.rng.integers(max(lo, 0), min(hi, 15) + 1, s_shape)))
+            zp = self.rng.integers(max(lo, 0), min(hi, 15) + 1, s_shape)
+            ins.append(self.input(wdt, s_shape, zp))
         return self.op(K.DynamicDequantize, ins, scale_dt, shape, qtype="per_group", group_shape=gs)
 
 
