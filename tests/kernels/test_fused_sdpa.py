@@ -18,6 +18,7 @@ from graph_api.check import compare
 from kernels.fused import sdpa_plan
 
 HS = ga.PropertyType.host_scalar
+NAME = lambda d: d.name  # noqa: E731  (test ids)
 INT_RANGE = {dt.s4: (-8, 7), dt.u4: (0, 15), dt.s8: (-128, 127), dt.u8: (0, 255)}
 MHA = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onednn-graphs" \
     / "complex_fusion" / "mha"
@@ -174,7 +175,7 @@ def refusal(b) -> str:
 
 
 # ---------------------------------------------------------------- plain SDPA
-@pytest.mark.parametrize("dtype", [dt.f32, dt.bf16, dt.f16])
+@pytest.mark.parametrize("dtype", [dt.f32, dt.bf16, dt.f16], ids=NAME)
 @pytest.mark.parametrize("scale,host", [("mul", True), ("div", False)])
 def test_plain_sdpa_dtypes_and_scales(dtype, scale, host):
     b = Builder()
@@ -233,7 +234,7 @@ def test_decode_and_prefill_shapes():
 
 
 # ---------------------------------------------------------------- GQA / MQA
-@pytest.mark.parametrize("dtype", [dt.f32, dt.bf16])
+@pytest.mark.parametrize("dtype", [dt.f32, dt.bf16], ids=NAME)
 def test_5d_gqa(dtype):
     b = Builder()
     attention(b, dtype=dtype, five_d=True, Hq=4, Hkv=2, Sq=3, S=50, mask="add")
@@ -282,7 +283,8 @@ def test_4d_gqa_written_with_reshapes():
 
 
 # ---------------------------------------------------------------- compressed K / V
-@pytest.mark.parametrize("wdt,zps", [(dt.s4, False), (dt.u4, True), (dt.s8, False), (dt.u8, True)])
+@pytest.mark.parametrize("wdt,zps", [(dt.s4, False), (dt.u4, True), (dt.s8, False), (dt.u8, True)],
+                         ids=["s4", "u4-zps", "s8", "u8-zps"])
 @pytest.mark.parametrize("k_store", ["sd", "ds", "ds_strided"])
 def test_compressed_kv_kinds_and_k_layouts(wdt, zps, k_store):
     b = Builder()
@@ -301,11 +303,11 @@ def test_compressed_gqa_decode_and_prefill(sq):
 def test_compressed_k_only_and_v_only():
     for k_int, v_int in ((dt.s8, None), (None, dt.s4)):
         b = Builder()
-        attention(b, k_int=k_int, v_int=v_int, Sq=4, S=64, D=64, Hq=2)
+        attention(b, dtype=dt.f16, k_int=k_int, v_int=v_int, Sq=4, S=64, D=64, Hq=2, mask="add")
         run(b)
 
 
-@pytest.mark.parametrize("dtype", [dt.bf16, dt.f16])
+@pytest.mark.parametrize("dtype", [dt.bf16, dt.f16], ids=NAME)
 def test_compressed_kv_half_precision_with_casts(dtype):
     b = Builder()
     attention(b, dtype=dtype, k_int=dt.s4, v_int=dt.u4, zps=True, k_store="ds_strided",
