@@ -836,13 +836,3 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep):
 KERNELS = {
     ("wmatmul", kind, "*"): wmatmul for kind in (S4, U4, S8, U8)
 }
-
-
-def decoder_layer_decode_step(*args, **kwargs):  # pragma: no cover - needs the graph runtime
-    """Placeholder for the benchmark's decoder-layer tokens/s workload.
-
-    It needs the graph runtime (compiled partitions of the LLM sample's
-    graph); wire it in ``benchmarks`` once ``graph_api.engine`` executes
-    partitions through the registry.
-    """
-    raise NotImplementedError("decoder-layer decode step needs the graph runtime")
