@@ -78,41 +78,13 @@ def spatial_list(op, name: str, nsp: int, default: int) -> list[int]:
     return [int(v) for v in value][:nsp] if value else [default] * nsp
 
 
-def auto_pads(auto_pad: str, size: int, stride: int, kernel: int, dilation: int,
-              deconv: bool = False) -> tuple[int, int] | None:
-    """Padding implied by ``auto_pad`` for one spatial dim (None: explicit pads).
-
-    As oneDNN's ``infer_auto_pad``: VALID is no padding; SAME_* pads the
-    total ``effective_kernel - stride`` (convolution and pooling use
-    ``effective_kernel - size % stride`` when the size is not a multiple of the
-    stride), split with the odd element at the end (SAME_UPPER) or at the
-    beginning (SAME_LOWER).
-    """
-    if auto_pad in (None, "", "None", "NONE"):
-        return None
-    if auto_pad == "VALID":
-        return 0, 0
-    eff = (kernel - 1) * dilation + 1
-    if deconv or size % stride == 0:
-        total = eff - stride
-    else:
-        total = eff - size % stride
-    total = max(total, 0)
-    begin = (total + 1) // 2 if auto_pad == "SAME_LOWER" else total // 2
-    return begin, total - begin
-
-
 def pads(op, sizes, strides, kernels, dilations, deconv=False) -> tuple[list, list]:
-    """``(pads_begin, pads_end)`` from the attrs, honouring ``auto_pad``."""
-    nsp = len(sizes)
-    begin = spatial_list(op, "pads_begin", nsp, 0)
-    end = spatial_list(op, "pads_end", nsp, 0)
-    auto = op.attrs.get("auto_pad", "None")
-    for i in range(nsp):
-        implied = auto_pads(auto, sizes[i], strides[i], kernels[i], dilations[i], deconv)
-        if implied is not None:
-            begin[i], end[i] = implied
-    return begin, end
+    """``(pads_begin, pads_end)`` from the attrs, honouring ``auto_pad``: the one
+    rule shape inference uses too (:func:`graph_api.shapes.conv_pads`)."""
+    from graph_api.shapes import conv_pads
+
+    begin, end = conv_pads(op, list(sizes), list(kernels), list(strides), list(dilations), deconv)
+    return list(begin), list(end)
 
 
 def pad_spatial(x: np.ndarray, begin, end, value=0.0) -> np.ndarray:
