@@ -11,7 +11,6 @@ gelu_tanh, relu, sigmoid.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from kernels.numba_setup import numba  # noqa: F401

@@ -55,7 +55,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import (bf16_to_f32, f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch,
+from kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch,
                           round_code, i8_to_f32, load_row_f32)
 
 CB = 64  #: bytes per block row (128 int4 columns)

@@ -33,11 +33,11 @@ def build(request: CompileRequest):
     mul_prog = chain_program(ops, [b["gate_mul"]], up_mm.outputs[0].id, lts)
     if isinstance(mul_prog, str):
         return mul_prog
-    mul_steps, h_id = mul_prog
+    mul_steps, _ = mul_prog
     h_dtype = "f32"
     if b.get("mlp_cast") is not None:
         cast = ops[b["mlp_cast"]]
-        h_dtype, h_id = lts[cast.outputs[0].id].dtype.name, cast.outputs[0].id
+        h_dtype = lts[cast.outputs[0].id].dtype.name
     out_id = down_mm.outputs[0].id
     if lts[out_id].dtype.name != "f32":
         return f"down projection output is {lts[out_id].dtype.name}"

@@ -133,7 +133,7 @@ def _conv_expected(inputs, attrs):
     x = to_ncx(as_f64(inputs[0]), fmt)
     w = weights_oix(as_f64(inputs[1]), attrs.get("weights_format", "XIO"))
     g = attrs.get("groups", 1)
-    n_size, c_size, in_sp = x.shape[0], x.shape[1], x.shape[2:]
+    n_size, in_sp = x.shape[0], x.shape[2:]
     oc_size, icg, kernel = w.shape[0], w.shape[1], w.shape[2:]
     strides, dil, begin, end = geometry(attrs, in_sp, kernel)
     out_sp = [(i + b + e - (k - 1) * d - 1) // s + 1

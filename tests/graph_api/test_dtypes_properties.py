@@ -1,5 +1,4 @@
 """Property tests of the dtype table helpers (hypothesis)."""
-import ml_dtypes
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -1,5 +1,4 @@
 """bits helpers, exp32, grouped (de)quantization, norms/softmax, gated MLP."""
-import math
 
 import ml_dtypes
 import numpy as np

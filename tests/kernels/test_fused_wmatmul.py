@@ -4,7 +4,6 @@ Each graph runs fused (fast plan) and unfused (debug policy, reference ops);
 outputs must agree under graph_api.check's rule for the partition's fpmath,
 and the fused partition must really have taken the fast plan.
 """
-import ml_dtypes
 import numpy as np
 import pytest
 
