@@ -209,3 +209,25 @@ def test_check_mode_compares_fast_plans_with_the_reference(monkeypatch):
     x = b.input(dt.f32, [1, 64])
     b.op(K.MatMul, [x, w], dt.f32, [1, 64], transpose_b=True)
     b.run("numba_wmatmul")  # would raise ExecutionError on a mismatch
+
+
+def test_concurrent_execution_from_python_threads():
+    """The omp threading layer lets several Python threads run compiled
+    partitions at once (the workqueue layer would abort); results agree."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernels.numba_setup import numba
+
+    assert numba.config.THREADING_LAYER in ("omp", "tbb")
+    b = Builder()
+    w = b.compressed_weight(dt.s4, 256, 256, True)
+    x = b.input(dt.f32, [1, 256])
+    b.op(K.MatMul, [x, w], dt.f32, [1, 256], transpose_b=True)
+    b.g.finalize()
+    parts = b.g.get_partitions()
+    want = ga.run_graph(b.g, b.feeds, partitions=parts).outputs[b.g.output_ids[0]]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: ga.run_graph(b.g, b.feeds, partitions=parts)
+                                .outputs[b.g.output_ids[0]], range(16)))
+    for got in results:
+        np.testing.assert_array_equal(got, want)
