@@ -76,6 +76,11 @@ APPLIED = configure()
 
 import numba  # noqa: E402  (must come after configure)
 
+if numba.config.THREADING_LAYER == "default" and os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
+    # numba was imported before us (so the env var came too late); the layer is
+    # chosen at the first parallel launch, so setting the config still works.
+    numba.config.THREADING_LAYER = "omp"
+
 # LLVM vectorises a loop whose arrays may alias only behind runtime overlap
 # checks, and gives up above 8 checks (numba has no ``restrict``).  The fused
 # kernels read 4-6 arrays per loop; allow more checks so they vectorise.

@@ -38,6 +38,7 @@ def _sdpa(request):
 #: never pay Numba's import and compile time.
 KERNELS: dict[tuple[str, str, str], Builder] = {
     ("matmul_compressed", "*", "*"): _wmatmul,
+    ("matmul_post_ops", "*", "*"): _wmatmul,
     ("gated_mlp", "*", "*"): _gated_mlp,
     ("sdpa", "*", "*"): _sdpa,
     ("sdpa_compressed", "*", "*"): _sdpa,

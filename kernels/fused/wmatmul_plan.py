@@ -108,14 +108,77 @@ class Linear:
         return y if out_dtype == "f32" else y.view(dtypes.numpy_dtype(DataType[out_dtype]))
 
 
-def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id: int | None = None):
-    """A :class:`Linear` for a compressed-weight MatMul, or the reason it cannot be one."""
+@dataclass
+class DenseLinear:
+    """``x @ W`` with float weights: f32 BLAS on (fpmath-rounded) f32 copies, then
+    the same Numba epilogue as the compressed kernels.  Constant weights are
+    converted once and cached by buffer address."""
+
+    x_id: int
+    w_id: int
+    transposed: bool
+    K: int
+    N: int
+    fpmath: object
+    x_dtype: DataType
+    w_dtype: DataType
+    constant: bool
+    cache: dict = field(default_factory=dict)
+
+    def _weights(self, tensor):
+        key = tensor.buffer.__array_interface__["data"][0]
+        if self.constant and key in self.cache:
+            return self.cache[key]
+        w = self.fpmath.round_input(tensor.numpy(), self.w_dtype)
+        w = np.ascontiguousarray(w.T if self.transposed else w)
+        if self.constant:
+            self.cache.clear()
+            self.cache[key] = w
+        return w
+
+    def __call__(self, x2d, inputs, post=(), out_dtype="f32"):
+        from kernels import wmatmul as wm
+
+        xf = self.fpmath.round_input(x2d, self.x_dtype)
+        acc = np.matmul(xf, self._weights(inputs[self.w_id]))
+        M = acc.shape[0]
+        ep = wm.make_epilogue(post, M, self.N)
+        okind = {"f32": wm.OUT_F32, "bf16": wm.OUT_BF16, "f16": wm.OUT_F16}[out_dtype]
+        out = np.empty((M, self.N), np.float32 if okind == wm.OUT_F32 else np.uint16)
+        wm._store_rows(acc, 0, 0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        return out if out_dtype == "f32" else out.view(dtypes.numpy_dtype(DataType[out_dtype]))
+
+
+def make_dense_linear(request: CompileRequest, mm_id: int, any_out: bool = False):
+    """A :class:`DenseLinear` for a MatMul with 2-D float weights, or why not."""
+    lts = request.lts
+    mm = next(op for op in request.ops if op.id == mm_id)
+    x_lt, w_lt = lts[mm.inputs[0].id], lts[mm.inputs[1].id]
+    if mm.attrs.get("transpose_a") or len(w_lt.shape) != 2 or len(x_lt.shape) < 1:
+        return "dense path needs 2-D weights and no transpose_a"
+    if x_lt.dtype not in _ACT or w_lt.dtype not in _ACT:
+        return f"dense path needs float operands, got {x_lt.dtype.name} x {w_lt.dtype.name}"
+    transposed = bool(mm.attrs.get("transpose_b"))
+    K_, N = (w_lt.shape[1], w_lt.shape[0]) if transposed else w_lt.shape
+    if x_lt.shape[-1] != K_:
+        return "activation K differs from the weights' K"
+    if lts[mm.outputs[0].id].dtype != DataType.f32 and not any_out:
+        return f"MatMul output is {lts[mm.outputs[0].id].dtype.name}; the epilogue runs in f32"
+    return DenseLinear(x_lt.id, w_lt.id, transposed, K_, N, request.fpmath, x_lt.dtype, w_lt.dtype,
+                       w_lt.property == PropertyType.constant)
+
+
+def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id: int | None = None,
+                any_out: bool = False):
+    """A :class:`Linear` for a compressed-weight MatMul (a :class:`DenseLinear`
+    for float weights), or the reason it cannot be one.  ``any_out``: the
+    MatMul output may be bf16/f16 (no epilogue follows; the store rounds)."""
     from kernels import wmatmul as wm
 
     lts = request.lts
     ops = {op.id: op for op in request.ops}
     if deq_id is None:
-        return "the weights are not compressed"
+        return make_dense_linear(request, mm_id, any_out)
     deq, mm = ops[deq_id], ops[mm_id]
     if deq.kind != K.DynamicDequantize:
         return "static Dequantize weights take the reference path"
@@ -138,7 +201,7 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
     N = wq.shape[0] if transposed else wq.shape[1]
     if x_lt.shape[-1] != K_ or K_ % group:
         return "activation K differs from the weights' K"
-    if lts[mm.outputs[0].id].dtype != DataType.f32:
+    if lts[mm.outputs[0].id].dtype != DataType.f32 and not any_out:
         return f"MatMul output is {lts[mm.outputs[0].id].dtype.name}; the epilogue runs in f32"
     w_type = lts[ops[cast_id].outputs[0].id].dtype if cast_id is not None else lts[deq.outputs[0].id].dtype
     rnd_w = _TYPE_RND.get(w_type) or rounding_code(request.fpmath, for_int_weights=True)
@@ -158,7 +221,7 @@ def build(request: CompileRequest):
     ops = {op.id: op for op in request.ops}
     if b.get("src_dequant") is not None:
         return "dequantized activations take the reference path"
-    linear = make_linear(request, b["wei_dequant"], b["matmul"], b.get("wei_cast"))
+    linear = make_linear(request, b.get("wei_dequant"), b["matmul"], b.get("wei_cast"))
     if isinstance(linear, str):
         return linear
     mm = ops[b["matmul"]]
@@ -170,7 +233,9 @@ def build(request: CompileRequest):
         return program
     chain_steps, value_id = program
     steps += chain_steps
-    covered = {b["wei_dequant"], mm.id} | set(b.get("post_ops") or [])
+    covered = {mm.id} | set(b.get("post_ops") or [])
+    if b.get("wei_dequant") is not None:
+        covered.add(b["wei_dequant"])
     if b.get("wei_cast") is not None:
         covered.add(b["wei_cast"])
     out_dtype = "f32"
@@ -189,4 +254,5 @@ def build(request: CompileRequest):
         y = linear(x.reshape(M, linear.K), inputs, post, out_dtype)
         arrays[value_id] = y.reshape(out_shape)
 
-    return HybridPlan(request, "numba_wmatmul", core, covered)
+    name = "numba_wmatmul" if isinstance(linear, Linear) else "blas_matmul_epilogue"
+    return HybridPlan(request, name, core, covered)

@@ -218,7 +218,6 @@ def test_concurrent_execution_from_python_threads():
 
     from kernels.numba_setup import numba
 
-    assert numba.config.THREADING_LAYER in ("omp", "tbb")
     b = Builder()
     w = b.compressed_weight(dt.s4, 256, 256, True)
     x = b.input(dt.f32, [1, 256])
@@ -231,3 +230,35 @@ def test_concurrent_execution_from_python_threads():
                                 .outputs[b.g.output_ids[0]], range(16)))
     for got in results:
         np.testing.assert_array_equal(got, want)
+    assert numba.threading_layer() in ("omp", "tbb")  # the layer actually launched
+
+
+@pytest.mark.parametrize("dtype", [dt.f32, dt.f16, dt.bf16])
+def test_float_gated_mlp_runs_blas_with_fused_epilogues(dtype):
+    b = Builder()
+    m, h, f = 3, 64, 96
+    x = b.input(dtype, [m, h])
+    gw, uw, dw = (b.input(dtype, s, prop=C) for s in ([h, f], [h, f], [f, h]))
+    gate = b.op(K.MatMul, [x, gw], dt.f32, [m, f])
+    s = b.op(K.Sigmoid, [gate], dt.f32, [m, f])
+    gate = b.op(K.Multiply, [gate, s], dt.f32, [m, f])
+    up = b.op(K.MatMul, [x, uw], dt.f32, [m, f])
+    prod = b.op(K.Multiply, [gate, up], dt.f32, [m, f])
+    if dtype != dt.f32:
+        prod = b.op(K.TypeCast, [prod], dtype, [m, f])
+    b.op(K.MatMul, [prod, dw], dt.f32 if dtype == dt.f32 else dtype, [m, h])
+    fused = b.run("numba_gated_mlp")
+    assert len(fused.partitions) == 1
+
+
+@pytest.mark.parametrize("mode", ["strict", "bf16", "tf32"])
+def test_float_matmul_post_ops_take_blas_with_epilogue(mode):
+    b = Builder(mode)
+    x = b.input(dt.f32, [2, 5, 48])
+    w = b.input(dt.f32, [32, 48], prop=C)
+    bias = b.input(dt.f32, [32])
+    y = b.op(K.MatMul, [x, w, bias], dt.f32, [2, 5, 32], transpose_b=True)
+    y = b.op(K.ReLU, [y], dt.f32, [2, 5, 32])
+    y = b.op(K.Multiply, [y, b.input(dt.f32, [2, 5, 32])], dt.f32, [2, 5, 32])
+    b.op(K.TypeCast, [y], dt.bf16, [2, 5, 32])
+    b.run("blas_matmul_epilogue")
