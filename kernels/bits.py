@@ -360,3 +360,305 @@ def exp32(x):
     if x > np.float32(88.72283):
         y = np.float32(np.inf)
     return y if x == x else x
+
+
+# ------------------------------------------------------- explicit f32 vectors
+# ``f32x16`` is a numba value type lowered to LLVM ``<16 x float>`` (one zmm).
+# Local variables of this type live in registers, which lets a kernel keep a
+# register-blocked accumulator tile across a loop (LLVM cannot promote array
+# elements there: numba arrays may alias).  All helpers are strict IEEE f32
+# (``vfma`` is ``llvm.fma.v16f32``: one rounding per lane, like ``fma32``).
+# Loads/stores are unaligned and unchecked: ``arr`` must be a C-contiguous
+# float32 array and ``idx .. idx+15`` a valid flat element range.
+from numba.core import types as _nbtypes  # noqa: E402
+from numba.extending import models as _models, register_model as _register_model  # noqa: E402
+
+VL = 16  #: lanes of f32x16
+
+
+class F32x16Type(_nbtypes.Type):
+    def __init__(self):
+        super().__init__(name="f32x16")
+
+
+f32x16 = F32x16Type()
+
+
+@_register_model(F32x16Type)
+class _F32x16Model(_models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(ir.FloatType(), 16))
+
+
+_V16 = ir.VectorType(ir.FloatType(), 16)
+
+
+def _flat_ptr(context, builder, aryty, ary_val, idx_val, idx_ty):
+    ary = context.make_array(aryty)(context, builder, ary_val)
+    i = context.cast(builder, idx_val, idx_ty, types.intp)
+    return builder.gep(ary.data, [i])
+
+
+@intrinsic
+def vload(typingctx, arr, idx):
+    """arr.flat[idx:idx+16] as f32x16 (arr: C-contiguous float32)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f32x16(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        return builder.load(builder.bitcast(p, _V16.as_pointer()), align=4)
+
+    return sig, codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, idx, v):
+    """arr.flat[idx:idx+16] = v."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = types.void(arr, idx, v)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        builder.store(args[2], builder.bitcast(p, _V16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def vsplat(typingctx, x):
+    """16 copies of a float32."""
+    sig = f32x16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        v = ir.Constant(_V16, ir.Undefined)
+        v = builder.insert_element(v, args[0], ir.IntType(32)(0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+
+    return sig, codegen
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """a * b + c per lane, one rounding."""
+    sig = f32x16(f32x16, f32x16, f32x16)
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
+                                            "llvm.fma.v16f32")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+def _vbin(op):
+    @intrinsic
+    def f(typingctx, a, b):
+        sig = f32x16(f32x16, f32x16)
+
+        def codegen(context, builder, signature, args):
+            return getattr(builder, op)(*args)
+
+        return sig, codegen
+
+    return f
+
+
+vadd = _vbin("fadd")
+vmul = _vbin("fmul")
+
+
+def _hsum16_masks():
+    """Shuffle masks of the 16 x 16 transpose-and-add tree (see :func:`vhsum16`)."""
+    stages = []
+    w = 16
+    while w > 1:
+        w2 = w // 2
+        P = 16 // w
+        lo, hi = [], []
+        for qpos in range(2 * P):
+            src, qq = (0, qpos) if qpos < P else (16, qpos - P)
+            for e in range(w2):
+                lo.append(src + qq * w + e)
+                hi.append(src + qq * w + w2 + e)
+        stages.append((lo, hi))
+        w = w2
+    return stages
+
+
+_HSUM_MASKS = _hsum16_masks()
+
+
+@intrinsic
+def vhsum16(typingctx, arr, idx):
+    """Lane i = sum of the 16 floats arr.flat[idx+16i : idx+16i+16] (fixed tree order)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f32x16(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        vp = builder.bitcast(p, _V16.as_pointer())
+        vs = [builder.load(builder.gep(vp, [ir.IntType(64)(i)]), align=4) for i in range(16)]
+        i32v = ir.VectorType(ir.IntType(32), 16)
+        for lo, hi in _HSUM_MASKS:
+            nv = []
+            for m in range(0, len(vs), 2):
+                a = builder.shuffle_vector(vs[m], vs[m + 1], ir.Constant(i32v, lo))
+                b = builder.shuffle_vector(vs[m], vs[m + 1], ir.Constant(i32v, hi))
+                nv.append(builder.fadd(a, b))
+            vs = nv
+        return vs[0]
+
+    return sig, codegen
+
+
+vsub = _vbin("fsub")
+
+
+def _vload_ints(context, builder, aryty, ary_val, idx_val, idx_ty, n):
+    p = _flat_ptr(context, builder, aryty, ary_val, idx_val, idx_ty)
+    ety = p.type.pointee
+    return builder.load(builder.bitcast(p, ir.VectorType(ety, n).as_pointer()), align=1)
+
+
+@intrinsic
+def vcvt8(typingctx, arr, idx):
+    """16 int8/uint8 elements arr.flat[idx:idx+16] as f32x16 (sign per dtype)."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.int8, types.uint8)):
+        return None
+    signed = arr.dtype.signed
+    sig = f32x16(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        v = _vload_ints(context, builder, signature.args[0], args[0], args[1], signature.args[1], 16)
+        i32v = ir.VectorType(ir.IntType(32), 16)
+        v = builder.sext(v, i32v) if signed else builder.zext(v, i32v)
+        return builder.sitofp(v, _V16)
+
+    return sig, codegen
+
+
+def _vnib_intrinsic(high: bool):
+    @intrinsic
+    def f(typingctx, arr, idx, xm):
+        """Low/high nibbles of the 16 bytes at byte offset idx of arr's buffer, xor xm,
+        as f32x16 (0..15)."""
+        if not isinstance(arr, types.Array):
+            return None
+        sig = f32x16(arr, idx, xm)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            i8 = ir.IntType(8)
+            base = builder.bitcast(ary.data, i8.as_pointer())
+            i = context.cast(builder, args[1], signature.args[1], types.intp)
+            p = builder.gep(base, [i])
+            v = builder.load(builder.bitcast(p, ir.VectorType(i8, 16).as_pointer()), align=1)
+            i32 = ir.IntType(32)
+            i32v = ir.VectorType(i32, 16)
+            v = builder.zext(v, i32v)
+            m = args[2]
+            m = builder.trunc(m, ir.IntType(8)) if m.type.width > 8 else m
+            m = builder.zext(m, i32)
+            mv = builder.insert_element(ir.Constant(i32v, ir.Undefined), m, i32(0))
+            mv = builder.shuffle_vector(mv, mv, ir.Constant(i32v, [0] * 16))
+            v = builder.xor(v, mv)
+            if high:
+                v = builder.lshr(v, ir.Constant(i32v, [4] * 16))
+            v = builder.and_(v, ir.Constant(i32v, [15] * 16))
+            return builder.sitofp(v, _V16)
+
+        return sig, codegen
+
+    return f
+
+
+vnib_lo = _vnib_intrinsic(False)
+vnib_hi = _vnib_intrinsic(True)
+
+
+@intrinsic
+def vcvt16(typingctx, arr, idx, is_f16):
+    """16 uint16 bit patterns arr.flat[idx:idx+16] as f32x16: bf16, or f16 when is_f16."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.uint16):
+        return None
+    sig = f32x16(arr, idx, is_f16)
+
+    def codegen(context, builder, signature, args):
+        v = _vload_ints(context, builder, signature.args[0], args[0], args[1], signature.args[1], 16)
+        i32v = ir.VectorType(ir.IntType(32), 16)
+        bf = builder.bitcast(builder.shl(builder.zext(v, i32v), ir.Constant(i32v, [16] * 16)), _V16)
+        hf = builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 16)), _V16)
+        c = args[2]
+        c = builder.icmp_unsigned("!=", c, c.type(0))
+        return builder.select(c, hf, bf)
+
+    return sig, codegen
+
+
+def _vload_stride2(odd: bool):
+    @intrinsic
+    def f(typingctx, arr, idx):
+        """arr.flat[idx + 2i (+1 if odd)] for i < 16 (reads 32 floats)."""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+            return None
+        sig = f32x16(arr, idx)
+
+        def codegen(context, builder, signature, args):
+            p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+            w = builder.load(builder.bitcast(p, ir.VectorType(ir.FloatType(), 32).as_pointer()),
+                             align=4)
+            mask = [2 * i + (1 if odd else 0) for i in range(16)]
+            return builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(ir.IntType(32), 16), mask))
+
+        return sig, codegen
+
+    return f
+
+
+vload_even = _vload_stride2(False)
+vload_odd = _vload_stride2(True)
+
+
+@intrinsic
+def vmax(typingctx, a, b):
+    """Lane-wise max (a > b ? a : b)."""
+    sig = f32x16(f32x16, f32x16)
+
+    def codegen(context, builder, signature, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def vld_any(typingctx, arr, idx, is_f16):
+    """16 elements arr.flat[idx:idx+16] as f32x16 by the array's dtype: float32 as is,
+    int8/uint8 converted, uint16 as bf16 bits (f16 bits when ``is_f16``)."""
+    if not isinstance(arr, types.Array) or arr.dtype not in (
+            types.float32, types.int8, types.uint8, types.uint16):
+        return None
+    sig = f32x16(arr, idx, is_f16)
+    dt = arr.dtype
+
+    def codegen(context, builder, signature, args):
+        aty, ity = signature.args[0], signature.args[1]
+        if dt == types.float32:
+            p = _flat_ptr(context, builder, aty, args[0], args[1], ity)
+            return builder.load(builder.bitcast(p, _V16.as_pointer()), align=4)
+        v = _vload_ints(context, builder, aty, args[0], args[1], ity, 16)
+        i32v = ir.VectorType(ir.IntType(32), 16)
+        if dt == types.uint16:
+            bf = builder.bitcast(builder.shl(builder.zext(v, i32v), ir.Constant(i32v, [16] * 16)),
+                                 _V16)
+            hf = builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 16)), _V16)
+            c = args[2]
+            return builder.select(builder.icmp_unsigned("!=", c, c.type(0)), hf, bf)
+        v = builder.sext(v, i32v) if dt.signed else builder.zext(v, i32v)
+        return builder.sitofp(v, _V16)
+
+    return sig, codegen
