@@ -662,3 +662,13 @@ def vld_any(typingctx, arr, idx, is_f16):
         return builder.sitofp(v, _V16)
 
     return sig, codegen
+
+
+@njit(inline="always", cache=True)
+def load_f32(x, kind, i):
+    """Element ``i`` of a flat f32 (kind 0), bf16-bits (1) or f16-bits (2) array as f32."""
+    if kind == 0:
+        return np.float32(x[i])
+    if kind == 1:
+        return bf16_to_f32(x[i])
+    return f16_bits_to_f32(x[i])

@@ -17,19 +17,10 @@ from kernels.numba_setup import numba  # noqa: F401
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16, f32_to_f16_bits
+from kernels.bits import load_f32, act_kind, exp32, f32_to_bf16, f32_to_f16_bits
 from kernels.wmatmul import _ep_one, make_epilogue
 
 LAYER, RMS, SOFTMAX = 0, 1, 2
-
-
-@njit(inline="always", cache=True)
-def _ld(x, kind, i):
-    if kind == 0:
-        return np.float32(x[i])
-    if kind == 1:
-        return bf16_to_f32(x[i])
-    return f16_bits_to_f32(x[i])
 
 
 @njit(parallel=True, cache=True)
@@ -38,7 +29,7 @@ def _rows(x, kind, R, C, op, gamma, has_g, beta, has_b, eps, okind, ops, fpar, i
         base = r * C
         row = np.empty(C, np.float32)
         for c in range(C):
-            row[c] = _ld(x, kind, base + c)
+            row[c] = load_f32(x, kind, base + c)
         if op == 2:
             mx = row[0]
             for c in range(C):

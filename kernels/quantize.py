@@ -18,18 +18,9 @@ from kernels.numba_setup import numba  # noqa: F401
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import bf16_to_f32, f16_bits_to_f32, f32_to_bf16, f32_to_f16_bits, nib_x
+from kernels.bits import load_f32, f32_to_bf16, f32_to_f16_bits, nib_x
 
 _RANGES = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
-
-
-@njit(inline="always", cache=True)
-def _x(x, kind, i):
-    if kind == 0:
-        return np.float32(x[i])
-    if kind == 1:
-        return bf16_to_f32(x[i])
-    return f16_bits_to_f32(x[i])
 
 
 @njit(parallel=True, cache=True)
@@ -46,7 +37,7 @@ def _quant(x, kind, R, C, G, sc, zp, has_zp, lo, hi, bits4, out):
                     break  # odd row length: handled by _quant_odd_fix
                 i = r * C + c
                 gi = r * ng + c // G
-                q = np.rint(_x(x, kind, i) / sc[gi])
+                q = np.rint(load_f32(x, kind, i) / sc[gi])
                 if has_zp:
                     q += zp[gi]
                 q = min(max(q, np.float32(lo)), np.float32(hi))
@@ -73,7 +64,7 @@ def _quant_odd_fix(x, kind, R, C, G, sc, zp, has_zp, lo, hi, out):
         if C % 2 == 0:
             return
         gi = r * ng + c // G
-        q = np.rint(_x(x, kind, i) / sc[gi])
+        q = np.rint(load_f32(x, kind, i) / sc[gi])
         if has_zp:
             q += zp[gi]
         q = np.int32(min(max(q, np.float32(lo)), np.float32(hi))) & 15
