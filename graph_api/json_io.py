@@ -313,15 +313,8 @@ def _attr_type(kind: OpKind, key: str, value) -> str:
 
 
 def _encode_value(declared: str, value):
-    if declared == "bool":
-        return int(bool(value))
-    if declared == "f32":
-        return float(value)
-    if declared == "f32[]":
-        return [float(v) for v in value]
-    if declared == "s64[]":
-        return [int(v) for v in value]
-    return value
+    """The JSON form: bools as 0/1, everything else as decoded."""
+    return int(bool(value)) if declared == "bool" else _decode_value(declared, value)
 
 
 def _write_tensor(lt: LogicalTensor) -> dict:

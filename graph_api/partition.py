@@ -125,10 +125,11 @@ class Partition:
         if cached is not None:
             return cached
         start = time.perf_counter()
+        # seed every op output with what the graph knows, so declared dims are checked
         known = dict(in_lts)
-        for tid, lt in self.graph.tensors.items():
-            if tid not in known and any(tid == o.id for op in self.ops for o in op.outputs):
-                known[tid] = lt.with_shape(None) if lt.shape is None else lt.with_shape(lt.shape)
+        for op in self.ops:
+            for lt in op.outputs:
+                known.setdefault(lt.id, self.graph.tensors[lt.id])
         known = propagate(self.ops, known, OP_SCHEMAS)
         out_lts = self._match_outputs(outputs, known)
         lts = {}

@@ -77,7 +77,3 @@ def gated_mlp_dense(x, wg, wu, wd, act="silu"):
     h = np.empty((x.shape[0], N), np.float32)
     _gate_mul(gu, N, N, ACTS[act], h)
     return h @ wd
-
-
-KERNELS = {("gated_mlp", "s4", "*"): gated_mlp, ("gated_mlp", "u4", "*"): gated_mlp,
-           ("gated_mlp", "f32", "*"): gated_mlp_dense}

@@ -101,7 +101,3 @@ def rms_norm(x, gamma=None, eps=1e-6, **kw):
 def softmax(x, **kw):
     """SoftMax over the last axis (see module doc)."""
     return _run(x, SOFTMAX, **kw)
-
-
-KERNELS = {("layernorm", "*", "*"): layer_norm, ("rmsnorm", "*", "*"): rms_norm,
-           ("softmax", "*", "*"): softmax}

@@ -153,6 +153,3 @@ def dequantize(q, shape, scales, zps=None, *, dtype="s8", group=None, out=None, 
         out = np.empty(shape, np.float32 if okind == 0 else np.uint16)
     _dequant(qv, kind, R, C, G, sc, zp, zps is not None, okind, out.reshape(-1))
     return out
-
-
-KERNELS = {("dynamic_quantize", "*", "*"): quantize, ("dynamic_dequantize", "*", "*"): dequantize}

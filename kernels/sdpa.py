@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
-                          f32_to_f16_bits, fma32, i8_to_f32, nib_x, prefetch, round_code,
+                          f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub)
 
@@ -963,6 +963,3 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
     _merge(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
     return out
-
-
-KERNELS = {("sdpa", "*", "*"): sdpa}

@@ -132,6 +132,17 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
 
 
 @njit(inline="always", cache=True)
+def _put(out, m, n, v, okind):
+    """Store f32 ``v`` as f32, bf16 bits or f16 bits (``okind`` 0/1/2)."""
+    if okind == 0:
+        out[m, n] = v
+    elif okind == 1:
+        out[m, n] = f32_to_bf16(v)
+    else:
+        out[m, n] = f32_to_f16_bits(v)
+
+
+@njit(inline="always", cache=True)
 def _ep_one(v, m, n, ops, fpar, ipar, buf):
     for i in range(ops.shape[0]):
         op = ops[i]
@@ -196,12 +207,7 @@ def _store_rows(acc, m0, n0, out, okind, ops, fpar, ipar, buf):
             if n >= N:
                 break
             v = _ep_one(np.float32(acc[i, j]), m0 + i, n, ops, fpar, ipar, buf)
-            if okind == 0:
-                out[m0 + i, n] = v
-            elif okind == 1:
-                out[m0 + i, n] = f32_to_bf16(v)
-            else:
-                out[m0 + i, n] = f32_to_f16_bits(v)
+            _put(out, m0 + i, n, v, okind)
 
 
 @njit(cache=True)
@@ -215,12 +221,7 @@ def _finish_serial(part, out, okind, ops, fpar, ipar, buf):
             for s in range(1, S):
                 v += part[s, m, n]
             v = _ep_one(v, m, n, ops, fpar, ipar, buf)
-            if okind == 0:
-                out[m, n] = v
-            elif okind == 1:
-                out[m, n] = f32_to_bf16(v)
-            else:
-                out[m, n] = f32_to_f16_bits(v)
+            _put(out, m, n, v, okind)
 
 
 @njit(cache=True)
@@ -256,12 +257,7 @@ def _finish(part, out, okind, ops, fpar, ipar, buf):
             for s in range(1, S):
                 v += part[s, m, n]
             v = _ep_one(v, m, n, ops, fpar, ipar, buf)
-            if okind == 0:
-                out[m, n] = v
-            elif okind == 1:
-                out[m, n] = f32_to_bf16(v)
-            else:
-                out[m, n] = f32_to_f16_bits(v)
+            _put(out, m, n, v, okind)
 
 
 # ----------------------------------------------------------- activation prep
@@ -829,10 +825,3 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep):
                            sc, zp, has_zp, n0, rnd_w, pv)
         np.matmul(xf, pv, out=tv)
         _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
-
-
-# ------------------------------------------------------------- registry glue
-#: (pattern, weight kind, fpmath) -> entry; the registry integration wraps these.
-KERNELS = {
-    ("wmatmul", kind, "*"): wmatmul for kind in (S4, U4, S8, U8)
-}
