@@ -10,7 +10,7 @@ import pytest
 from graph_api import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFORMANCE = ROOT.parent / "shared" / "conformance" / "onednn-graphs"
+CONFORMANCE = ROOT / "tests" / "data" / "onednn-graphs"
 SDPA_INT4 = CONFORMANCE / "complex_fusion/mha/sdpa-compressed-kv-int4-gs32.json"
 MATMUL_SELECT = CONFORMANCE / "pattern/f32/matmul_select.json"
 DMASK = CONFORMANCE / "complex_fusion/mha/sdpa-plain-training-backward-w-dmask-bf16-f32.json"

@@ -7,7 +7,7 @@ import pytest
 import graph_api as ga
 from graph_api import fill, rewrite
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onednn-graphs"
+CONFORMANCE = Path(__file__).resolve().parents[1] / "data" / "onednn-graphs"
 MHA = CONFORMANCE / "complex_fusion/mha"
 
 

@@ -9,9 +9,7 @@ import graph_api as ga
 from graph_api import json_io
 from graph_api.json_io import INT64_MIN
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onednn-graphs"
-FILES = sorted(CONFORMANCE.rglob("*.json"))
-IDS = [str(f.relative_to(CONFORMANCE)) for f in FILES]
+from ..conformance_files import FILES, ROOT as CONFORMANCE, params
 
 
 def signature(graph) -> dict:
@@ -60,7 +58,7 @@ def test_the_conformance_folder_is_there():
     assert len(FILES) >= 100, f"expected the oneDNN graphs under {CONFORMANCE}"
 
 
-@pytest.mark.parametrize("path", FILES, ids=IDS)
+@pytest.mark.parametrize("path", params())
 def test_round_trip_is_identical(path, tmp_path):
     first = ga.load(path)
     out = tmp_path / "again.json"
@@ -71,7 +69,7 @@ def test_round_trip_is_identical(path, tmp_path):
     assert second.input_ids == first.input_ids and second.output_ids == first.output_ids
 
 
-@pytest.mark.parametrize("path", FILES, ids=IDS)
+@pytest.mark.parametrize("path", params())
 def test_loaded_graph_matches_the_file(path):
     doc = json.loads(path.read_text())
     graph = ga.load(path)

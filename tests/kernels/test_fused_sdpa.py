@@ -20,8 +20,7 @@ from kernels.fused import sdpa_plan
 HS = ga.PropertyType.host_scalar
 NAME = lambda d: d.name  # noqa: E731  (test ids)
 INT_RANGE = {dt.s4: (-8, 7), dt.u4: (0, 15), dt.s8: (-128, 127), dt.u8: (0, 255)}
-MHA = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onednn-graphs" \
-    / "complex_fusion" / "mha"
+MHA = Path(__file__).resolve().parents[1] / "data" / "onednn-graphs" / "complex_fusion" / "mha"
 
 
 class Builder:
@@ -402,7 +401,7 @@ def test_non_scalar_scale_is_refused():
 # ---------------------------------------------------------------- conformance file
 def test_conformance_int4_kv_file():
     path = MHA / "sdpa-compressed-kv-int4-gs32.json"
-    assert path.exists(), f"{path}: the conformance graphs must sit beside the repository"
+    assert path.exists(), f"{path}: the conformance graphs are test data of the repository"
     g = ga.load(path)
     feeds = fill.fill_inputs(g, fill.SEED)
     fused = ga.run_graph(g, feeds)

@@ -3,14 +3,11 @@ partition per file, and for the fusion files the pattern oneDNN would use.
 
 Partitioning only (no execution; ``tests/test_conformance.py`` runs them).
 """
-from pathlib import Path
-
 import pytest
 
 import graph_api as ga
 
-ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onednn-graphs"
-FILES = sorted(ROOT.rglob("*.json"))
+from ..conformance_files import FILES, ROOT, params, rel
 
 #: pattern expected for the multi-op files, by file name prefix (first match wins)
 EXPECTED = [
@@ -31,7 +28,11 @@ EXPECTED = [
     ("pattern/f32/matmul_dropout", "matmul_dropout"),
     ("pattern/f32/reciprocal", "reciprocal_multiply"),
     ("pattern/f32/softmax", "softmax_post_ops"),
+    ("pattern/f32/lnorm", "layernorm_post_ops"),
+    ("pattern/f32/reduction_", "reduction_post_ops"),
+    ("pattern/f32/unary_", "eltwise_post_ops"),
     ("pattern/int8/int8_softmax", "softmax_post_ops"),
+    ("pattern/int8/int8_lnorm", "layernorm_post_ops"),
     ("pattern/int8/int8_reorder", "x8_reorder"),
     ("pattern/int8/", "matmul_quantized"),
     ("pattern/f8/", "matmul_quantized"),
@@ -54,15 +55,14 @@ def test_the_conformance_folder_is_there():
     assert len(FILES) >= 100
 
 
-@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
+@pytest.mark.parametrize("path", params(partitions=True))
 def test_one_supported_partition_per_file(path):
     graph = _load(path)
     parts = graph.get_partitions()
     assert len(parts) == 1, [repr(p) for p in parts]
     assert parts[0].is_supported()
-    rel = str(path.relative_to(ROOT))
     if len(graph.ops) > 1:
-        assert parts[0].get_kind() == _expected(rel)
+        assert parts[0].get_kind() == _expected(rel(path))
 
 
 @pytest.mark.parametrize("name", ["complex_fusion/mha/sdpa-compressed-kv-int4-gs32.json",
