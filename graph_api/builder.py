@@ -331,6 +331,8 @@ class CompiledModel:
         self._constants = {tid: Tensor(graph.tensors[tid], self.engine, array)
                            for tid, array in constants.items() if tid in graph.input_ids}
         self._compiled: dict[tuple, list] = {}
+        #: partition id -> the kernel (plan) it runs, for the shapes compiled last
+        self.kernels: dict[int, str] = {}
 
     def __call__(self, *arrays):
         if len(arrays) != len(self.inputs):
@@ -372,6 +374,7 @@ class CompiledModel:
                 out_lts = [compiled.query_logical_tensor(t) for t in part.output_ids]
                 known.update((lt.id, lt) for lt in out_lts)
                 plan.append((part, compiled, out_lts))
+                self.kernels[part.id] = compiled.plan.name
             self._compiled[key] = plan
         return plan
 
