@@ -43,6 +43,8 @@ def run_one(name: str, small: bool):
         try:
             module = load(name)
             module.main(small=small)
+            if record.skipped:
+                status = "skipped"
         except Exception:  # a failing sample is reported in the table, the others still run
             status = "FAILED"
             print(traceback.format_exc())
@@ -76,9 +78,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     page = out / "index.html"
     gallery.write_html(page, entries)
-    failed = [name for name, _, status, *_ in entries if status != "ok"]
+    failed = [name for name, _, status, *_ in entries if status not in ("ok", "skipped")]
     print(f"\ngallery written to {page.resolve()}")
-    print(f"samples: {len(entries) - len(failed)} ok, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""))
+    skipped = sum(1 for entry in entries if entry[2] == "skipped")
+    print(f"samples: {len(entries) - len(failed) - skipped} ok, {skipped} skipped, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""))
     return 1 if failed else 0
 
 

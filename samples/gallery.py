@@ -32,6 +32,7 @@ class Record:
     pictures: list[Picture] = field(default_factory=list)
     errors: list[tuple[str, float, float]] = field(default_factory=list)
     partitions: int = 0
+    skipped: str = ""  # why the sample could not run here (an optional package is absent)
 
     @property
     def worst_error(self) -> float | None:
@@ -55,6 +56,12 @@ def error(what: str, value: float, bound: float) -> float:
     if not value <= bound:
         raise AssertionError(f"{what}: error {value:.3e} exceeds {bound:.0e}")
     return value
+
+
+def skip(reason: str) -> None:
+    """Say the sample cannot run here (e.g. an optional package is absent): not a failure."""
+    _current.skipped = reason
+    print(f"skipped: {reason}")
 
 
 def graph(title: str, the_graph, partitions, kernels: dict | None = None) -> None:
