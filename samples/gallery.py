@@ -125,15 +125,17 @@ def draw(the_graph, partitions, kernels: dict) -> str:
         place[op_id] = (c * 2.2, -rows.get(c, 0) * 1.1)
         rows[c] = rows.get(c, 0) + 1
     width = max(x for x, _ in place.values()) + 2.6
-    height = max(-y for _, y in place.values()) + 2.2
-    fig, ax = plt.subplots(figsize=(min(2.0 + width * 0.9, 18), 1.2 + height * 0.8))
+    depth = max(-y for _, y in place.values())  # rows below the first, in plot units
+    fig, ax = plt.subplots(figsize=(min(2.0 + width * 0.9, 18), 1.0 + (depth + 2.0) * 0.6))
     producer = {lt.id: op.id for op in the_graph.ops.values() for lt in op.outputs}
     for op in the_graph.ops.values():  # edges first, under the boxes
         for lt in op.inputs:
             if lt.id in producer:
                 (x0, y0), (x1, y1) = place[producer[lt.id]], place[op.id]
+                # an edge that skips columns along one row arcs over the boxes between
+                bend = "arc3,rad=-0.18" if y0 == y1 and x1 - x0 > 2.3 else "arc3"
                 ax.annotate("", (x1 - 0.8, y1), (x0 + 0.8, y0),
-                            arrowprops=dict(arrowstyle="->", color="#555", lw=0.8))
+                            arrowprops=dict(arrowstyle="->", color="#555", lw=0.8, connectionstyle=bend))
     for i, part in enumerate(partitions):
         colour = _COLOURS[i % len(_COLOURS)]
         xs = [place[op.id][0] for op in part.ops]
@@ -150,7 +152,7 @@ def draw(the_graph, partitions, kernels: dict) -> str:
                                     fc="white", ec="#333", lw=0.8))
         ax.text(x, y, op.kind.name, ha="center", va="center", fontsize=7)
     ax.set_xlim(-1.2, width - 1.0)
-    ax.set_ylim(-height + 0.6, 1.6)
+    ax.set_ylim(-depth - 0.7, 1.3)
     ax.axis("off")
     out = io.StringIO()
     fig.savefig(out, format="svg", bbox_inches="tight")
