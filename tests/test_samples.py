@@ -52,11 +52,16 @@ def test_readme_example_runs():
     import numpy as np
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"## A first graph\n\n```python\n(.*?)```", text, re.S).group(1)
+    section = text.split("## A first graph", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2  # the oneDNN-style graph, then the same with GraphBuilder
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(blocks[0], "README.md", "exec"), scope)
     result, feeds, n, k, group = (scope[name] for name in ("result", "feeds", "n", "k", "group"))
     assert [r.partition.get_kind() for r in result.partitions] == ["matmul_compressed"]
     w = feeds[0].astype(np.float64) * 0.01
     expected = feeds[3].astype(np.float64) @ w.T
     np.testing.assert_allclose(result.outputs[4], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    exec(compile(blocks[1], "README.md", "exec"), scope)
+    assert [p.get_kind() for p in scope["model"].partitions] == ["matmul_compressed"]
+    np.testing.assert_allclose(scope["out"], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
