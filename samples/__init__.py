@@ -9,6 +9,7 @@ import importlib
 SAMPLES = [
     "01_first_graph",
     "02_int4_decoder_layer",
+    "15_int4_rfc_matmul",
     "03_grouped_quantization",
     "04_sdpa",
     "05_compressed_sdpa",
