@@ -55,20 +55,29 @@ def _strided_offsets(shape, strides) -> np.ndarray:
     return offsets
 
 
-def self_overlapping(shape, strides) -> bool:
-    """True when two logical indices may share one element of memory.
+def self_overlapping(shape, strides, itemsize: int = 1) -> bool:
+    """True when two logical indices may share memory (strides and
+    ``itemsize`` in one unit: elements, or bytes for numpy strides).
 
     Exact for the layouts oneDNN describes (each dim's stride at least the
     extent of the dims inside it, in some order); an interleaving of dims that
     does not nest counts as overlapping.  Size-0/1 dims never overlap.
     """
+    if 0 in shape:
+        return False
     dims = sorted((abs(s), d) for d, s in zip(shape, strides) if d > 1)
-    extent = 1
+    extent = itemsize
     for stride, d in dims:
         if stride < extent:
             return True
         extent = stride * (d - 1) + extent
     return False
+
+
+def _step(flat: np.ndarray) -> int:
+    """Bytes from one element of a 1-D buffer to the next (numpy reports any
+    stride, even 0, for buffers of fewer than two elements)."""
+    return flat.strides[0] if flat.ndim == 1 and flat.shape[0] > 1 else flat.itemsize
 
 
 def _raw(array: np.ndarray) -> np.ndarray:
@@ -201,8 +210,7 @@ class Tensor:
     # ------------------------------------------------------------ views
     def _view_of(self, buffer: np.ndarray) -> np.ndarray:
         """The logical array over a flat buffer, whatever the buffer's own stride."""
-        step = buffer.strides[0] if buffer.ndim == 1 else buffer.itemsize
-        return _restride(buffer, self.lt.shape, [s * step for s in self.lt.strides])
+        return _restride(buffer, self.lt.shape, [s * _step(buffer) for s in self.lt.strides])
 
     def _store(self, buffer: np.ndarray, values) -> None:
         """Write logical ``values`` into a flat buffer laid out by the strides."""
@@ -269,11 +277,12 @@ class Tensor:
         """True when two logical elements share memory (writing would lose data)."""
         if self._mirror is not None:
             m = self._mirror
-            return self_overlapping(m.shape, m.strides)
-        step = self.buffer.strides[0] if self.buffer.ndim == 1 else self.buffer.itemsize
-        if self.packed:  # two nibbles per byte: the byte stride must be nonzero
-            return self._flat_size > 1 and step == 0 or self_overlapping(self.lt.shape, self.lt.strides)
-        return self_overlapping(self.lt.shape, [s * step for s in self.lt.strides])
+            return self_overlapping(m.shape, m.strides, m.itemsize)
+        step = _step(self.buffer)
+        if self.packed:  # two nibbles per byte: the bytes must not overlap, nor the nibbles
+            return self_overlapping((self._flat_size,), (step,)) or \
+                self_overlapping(self.lt.shape, self.lt.strides)
+        return self_overlapping(self.lt.shape, [s * step for s in self.lt.strides], self.buffer.itemsize)
 
     def staged(self, copy_values: bool) -> "Tensor":
         """A direct tensor of the same logical tensor over private memory,
