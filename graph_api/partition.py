@@ -228,6 +228,7 @@ class CompiledPartition:
         self.plan = plan
         self.compile_ms = 0.0
         self.last_execute_ms = 0.0
+        self._memories_checked: tuple = ()
 
     @property
     def lts(self) -> dict[int, LogicalTensor]:
@@ -293,6 +294,19 @@ class CompiledPartition:
         for tid, t in outs.items():
             if not t.memory().flags.writeable:
                 raise InvalidArguments(f"partition {pid}: output tensor {tid} is over read-only memory")
+        # the layout checks depend only on the arrays (immutable in shape and
+        # strides); the arrays last checked are kept, so a loop re-executing on
+        # the same tensors pays them once
+        memories = tuple(t.memory() for t in outs.values()) + tuple(t.memory() for t in ins.values())
+        last = self._memories_checked
+        if len(last) == len(memories) and all(a is b for a, b in zip(last, memories)):
+            return
+        self._check_layouts(outs, ins)
+        self._memories_checked = memories
+
+    def _check_layouts(self, outs: dict[int, Tensor], ins: dict[int, Tensor]) -> None:
+        pid = self.partition.id
+        for tid, t in outs.items():
             if t.memory_overlaps_itself():
                 raise InvalidArguments(
                     f"partition {pid}: output tensor {tid}'s memory has elements that overlap "

@@ -124,6 +124,7 @@ class Tensor:
         if self._info.np_dtype is None:
             raise InvalidDataType(f"tensor {lt!r}: data type undef cannot hold data")
         self.packed = self._info.packed
+        self._dense = lt.is_dense()
         self._span = _span(lt.shape, lt.strides)
         self._attach(self._as_array(data) if data is not None else None)
 
@@ -261,6 +262,8 @@ class Tensor:
             values = np.broadcast_to(values, self.lt.shape)
         if self._mirror is not None:
             self._mirror[...] = values
+        elif not self.packed:
+            self.numpy()[...] = values  # the cached strided view
         else:
             self._store(self.buffer, values)
 
@@ -278,6 +281,8 @@ class Tensor:
         if self._mirror is not None:
             m = self._mirror
             return self_overlapping(m.shape, m.strides, m.itemsize)
+        if self._dense and self.buffer.flags.c_contiguous:
+            return False
         step = _step(self.buffer)
         if self.packed:  # two nibbles per byte: the bytes must not overlap, nor the nibbles
             return self_overlapping((self._flat_size,), (step,)) or \

@@ -268,3 +268,26 @@ def test_tensor_from_non_numeric_data_is_invalid_arguments():
         ga.Tensor(ga.LogicalTensor(0, dt.f32, [2]), ENGINE, ["a", "b"])
     with pytest.raises((ga.InvalidArguments, ga.InvalidDataType)):
         ga.Tensor(ga.LogicalTensor(0, dt.s4, [2]), ENGINE, np.zeros(2, ml_dtypes.uint4))
+
+
+def test_staging_is_said_in_verbose_mode(capsys, monkeypatch):
+    from graph_api.config import settings
+
+    monkeypatch.setattr(settings, "verbose", True)
+    cp = _relu([2, 3])
+    x = np.asfortranarray(np.arange(-3, 3, dtype=np.float32).reshape(2, 3))
+    cp.execute(STREAM, [ga.Tensor(cp.query_logical_tensor(0), ENGINE, x)],
+               [ga.Tensor(cp.query_logical_tensor(1), ENGINE)])
+    err = capsys.readouterr().err
+    assert "input tensor 0" in err and "copied in" in err
+
+
+def test_layout_checks_rerun_when_the_memory_changes():
+    cp = _relu([8])
+    buf = np.r_[X8, np.float32(5)]
+    x, y = ga.Tensor(cp.query_logical_tensor(0), ENGINE, buf[:8]), ga.Tensor(cp.query_logical_tensor(1), ENGINE)
+    cp.execute(STREAM, [x], [y])  # fine: separate memory
+    y.set_data_handle(buf[1:])  # now overlapping the input, shifted by one
+    with pytest.raises(ga.InvalidArguments, match="overlaps input tensor 0"):
+        cp.execute(STREAM, [x], [y])
+    np.testing.assert_array_equal(buf[:8], X8)
