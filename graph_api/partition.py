@@ -257,6 +257,10 @@ class CompiledPartition:
         return []
 
     def _match(self, tensors, ids, what) -> dict[int, Tensor]:
+        if not isinstance(tensors, (list, tuple)):
+            raise InvalidArguments(
+                f"partition {self.partition.id}: execute {what}s must be a list of Tensors, "
+                f"got {type(tensors).__name__}")
         by_id = {}
         for t in tensors:
             if not isinstance(t, Tensor):
@@ -277,8 +281,8 @@ class CompiledPartition:
                 raise InvalidShape(
                     f"partition {self.partition.id}: {what} tensor {tid} has shape {list(t.lt.shape)}, "
                     f"compiled for {list(expected.shape)}")
-            if expected.property != PropertyType.host_scalar and t.lt.strides != expected.strides \
-                    and np.prod(expected.shape) > 1:
+            if expected.property != PropertyType.host_scalar and \
+                    not _same_strides(expected.shape, t.lt.strides, expected.strides):
                 raise InvalidArguments(
                     f"partition {self.partition.id}: {what} tensor {tid} has strides {list(t.lt.strides)}, "
                     f"compiled for {list(expected.strides)}")
@@ -398,3 +402,11 @@ def _same_memory(a: Tensor, b: Tensor) -> bool:
     return (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
             and x.shape == y.shape and x.strides == y.strides and x.itemsize == y.itemsize
             and a.lt.strides == b.lt.strides)
+
+
+def _same_strides(shape, a, b) -> bool:
+    """Same memory layout: strides agree on every dim of size > 1 (an empty
+    tensor has no layout to disagree on)."""
+    if 0 in shape:
+        return True
+    return all(x == y for d, x, y in zip(shape, a, b) if d > 1)

@@ -116,6 +116,8 @@ class Tensor:
             raise InvalidArguments(f"tensor {lt!r}: shape must be known to hold data")
         if lt.layout == LayoutType.opaque:
             raise InvalidArguments(f"tensor {lt!r}: opaque layouts are not used by this runtime")
+        if engine is not None and not isinstance(engine, Engine):
+            raise InvalidArguments(f"tensor {lt!r}: engine must be an Engine, got {type(engine).__name__}")
         if lt.strides is None:
             lt = lt.with_shape(lt.shape, dense_strides(lt.shape), LayoutType.strided)
         self.lt = lt
@@ -156,15 +158,18 @@ class Tensor:
             raise InvalidArguments(f"tensor {self.lt!r}: data is not numeric ({err})") from None
 
     def _attach(self, data) -> None:
-        """Make ``data`` (None, a flat handle or a logical array) this tensor's memory."""
-        self._mirror = None
+        """Make ``data`` (None, a flat handle or a logical array) this tensor's
+        memory; on an error the tensor keeps its previous memory."""
+        buffer, mirror = self._memory_for(data)
+        self.buffer, self._mirror = buffer, mirror
         self.__dict__.pop("_view", None)
+
+    def _memory_for(self, data) -> tuple[np.ndarray, np.ndarray | None]:
+        """(flat buffer, mirror) for ``data``; see the module docstring."""
         if data is None:
-            self.buffer = self._zeros()
-            return
+            return self._zeros(), None
         if self._is_flat_handle(data):
-            self.buffer = data
-            return
+            return data, None
         expected = self._info.np_dtype
         if data.dtype != expected:
             flat = f" or {self._flat_size} packed uint8 bytes" if self.packed else ""
@@ -177,11 +182,10 @@ class Tensor:
                 f"(or a flat buffer of the {self._flat_size} {self._flat_dtype} elements the strides span)")
         alias = None if self.packed else self._alias(data)
         if alias is not None:
-            self.buffer = alias
-            return
-        self.buffer = self._zeros()
-        self._store(self.buffer, data)
-        self._mirror = data
+            return alias, None
+        buffer = self._zeros()
+        self._store(buffer, data)
+        return buffer, data
 
     def _is_flat_handle(self, data: np.ndarray) -> bool:
         """A 1-D array holding exactly the strided span (packed bytes for s4/u4)."""

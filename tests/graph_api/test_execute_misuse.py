@@ -136,7 +136,12 @@ def _shape_cases():
         cp = relu()
         cp.execute(STREAM, [X8], [tensor(cp, 1)])
 
+    def inputs_not_a_list():
+        cp = relu()
+        cp.execute(STREAM, None, [tensor(cp, 1)])
+
     return [Case("wrong output shape", TYPED, wrong_output_shape),
+            Case("inputs given as None", TYPED, inputs_not_a_list),
             Case("wrong input rank", TYPED, wrong_input_rank),
             Case("missing input", TYPED, missing_input),
             Case("input with an id that is no port", TYPED, input_with_unknown_id),
@@ -178,7 +183,11 @@ def _dtype_cases():
         cp = relu()
         run_relu(cp, tensor(cp, 0, X8.tolist()), tensor(cp, 1), X8)
 
+    def engine_of_the_wrong_type():
+        ga.Tensor(ga.LogicalTensor(0, dt.f32, [8]), "cpu", X8)
+
     return [Case("f16 input for an f32 port", TYPED, f16_input_for_f32_port),
+            Case("a string as engine", TYPED, engine_of_the_wrong_type),
             Case("f16 output for an f32 port", TYPED, f16_output_for_f32_port),
             Case("float64 data for f32", TYPED, float64_data),
             Case("float32 data for bf16", TYPED, float32_data_for_bf16),
@@ -228,7 +237,13 @@ def _strides_cases():
     def negative_stride():
         ga.LogicalTensor(0, dt.f32, [4, 4], [-4, 1])
 
+    def size_one_dim_strides_do_not_matter():
+        cp = relu((1, 8))
+        lt = ga.LogicalTensor(0, dt.f32, [1, 8], [1, 1])  # same memory as the dense [8, 1]
+        run_relu(cp, ga.Tensor(lt, ENGINE, X8.reshape(1, 8)), tensor(cp, 1), X8.reshape(1, 8))
+
     return [Case("tensor strides differ from the compiled ones", TYPED, tensor_strides_differ_from_compiled),
+            Case("strides of a size-1 dim do not matter", CORRECT, size_one_dim_strides_do_not_matter),
             Case("transposed input from a C-order array", CORRECT, transposed_input_from_c_array),
             Case("transposed output", CORRECT, transposed_output),
             Case("padded rows keep their padding", CORRECT, padded_rows_keep_their_padding),

@@ -291,3 +291,12 @@ def test_layout_checks_rerun_when_the_memory_changes():
     with pytest.raises(ga.InvalidArguments, match="overlaps input tensor 0"):
         cp.execute(STREAM, [x], [y])
     np.testing.assert_array_equal(buf[:8], X8)
+
+
+def test_a_refused_handle_leaves_the_tensor_as_it_was():
+    user = np.asfortranarray(np.ones((2, 3), np.float32))
+    t = ga.Tensor(ga.LogicalTensor(0, dt.f32, [2, 3]), ENGINE, user)
+    with pytest.raises(ga.InvalidArguments, match="span 6"):
+        t.set_data_handle(np.zeros(5, np.float32))
+    t.write(np.full((2, 3), 2.0, np.float32))
+    np.testing.assert_array_equal(user, 2.0)  # still the user's array
