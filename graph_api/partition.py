@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
@@ -289,7 +290,7 @@ class CompiledPartition:
             matched[tid] = t
         return matched
 
-    def _check_outputs_writable(self, outs: dict[int, Tensor], ins: dict[int, Tensor]) -> None:
+    def _check_outputs(self, outs: dict[int, Tensor], ins: dict[int, Tensor]) -> None:
         """Outputs must be writable, must not overlap themselves, each other or
         an input; an output that is exactly an input's memory (in place) is
         allowed when it is the only output, since every plan reads all inputs
@@ -299,14 +300,14 @@ class CompiledPartition:
             if not t.memory().flags.writeable:
                 raise InvalidArguments(f"partition {pid}: output tensor {tid} is over read-only memory")
         # the layout checks depend only on the arrays (immutable in shape and
-        # strides); the arrays last checked are kept, so a loop re-executing on
-        # the same tensors pays them once
-        memories = tuple(t.memory() for t in outs.values()) + tuple(t.memory() for t in ins.values())
+        # strides); weak references to the arrays last checked let a loop that
+        # re-executes on the same tensors pay them once, without keeping them alive
+        memories = [t.memory() for t in outs.values()] + [t.memory() for t in ins.values()]
         last = self._memories_checked
-        if len(last) == len(memories) and all(a is b for a, b in zip(last, memories)):
+        if len(last) == len(memories) and all(r() is m for r, m in zip(last, memories)):
             return
         self._check_layouts(outs, ins)
-        self._memories_checked = memories
+        self._memories_checked = tuple(weakref.ref(m) for m in memories)
 
     def _check_layouts(self, outs: dict[int, Tensor], ins: dict[int, Tensor]) -> None:
         pid = self.partition.id
@@ -355,7 +356,7 @@ class CompiledPartition:
             raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
         ins = self._match(inputs, self.request.input_ids, "input")
         outs = self._match(outputs, self.request.output_ids, "output")
-        self._check_outputs_writable(outs, ins)
+        self._check_outputs(outs, ins)
         plan_ins, plan_outs = self._stage(ins, "input"), self._stage(outs, "output")
         reference = None
         if settings.check and self.plan.name != "reference":
