@@ -4,6 +4,7 @@ quantization-parameter validation of issue 11: one test per defect.
 Every expected value is an independent numpy formula; ReLU and Add are exact in
 f32, so results are compared exactly.
 """
+import json
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,7 @@ def test_reversed_output_handle_is_stored_in_bounds():
     # element (the last one in memory): out of bounds.  A subprocess turns a
     # crash into a failed assertion instead of a dead test run.
     code = textwrap.dedent("""
-        import numpy as np, graph_api as ga
+        import json, numpy as np, graph_api as ga
         from tests.graph_api.test_reliability_api import _relu, X8, ENGINE, STREAM
         cp = _relu([8])
         guard = np.full(24, 7.0, np.float32)
@@ -58,12 +59,12 @@ def test_reversed_output_handle_is_stored_in_bounds():
         out = ga.Tensor(cp.query_logical_tensor(1), ENGINE)
         out.set_data_handle(base[::-1])
         cp.execute(STREAM, [ga.Tensor(cp.query_logical_tensor(0), ENGINE, X8)], [out])
-        print(list(guard))
+        print(json.dumps(guard.tolist()))
     """)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
-    guard = np.array(eval(run.stdout.strip().splitlines()[-1]), np.float32)
+    guard = np.array(json.loads(run.stdout.strip().splitlines()[-1]), np.float32)
     np.testing.assert_array_equal(guard[8:16], RELU8[::-1])
     np.testing.assert_array_equal(np.r_[guard[:8], guard[16:]], 7.0)  # nothing outside written
 
