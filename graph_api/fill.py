@@ -239,9 +239,11 @@ def _uniform(rng, lo, hi, shape) -> np.ndarray:
     return rng.random(shape, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
 
 
-def _zero_point(op) -> int:
+def _zero_point(op, lowest: int, highest: int) -> int:
+    """The mean zero point, clipped to the src type's range (a zero point past
+    it only saturates the filled values)."""
     zps = op.attrs.get("zps") or [0]
-    return int(np.round(np.mean(zps)))
+    return int(np.clip(np.round(np.mean(np.asarray(zps, dtype=np.float64))), lowest, highest))
 
 
 def _scores_shape(graph, role: Role):
@@ -293,8 +295,9 @@ def _quantized(rng, lt: LogicalTensor, role: Role) -> np.ndarray:
         if info.kind == "float":  # f8
             return _ints(rng, -4, 4, shape)
         spread = 16 if info.bits == 8 else 4
-        values = _ints(rng, -spread, spread, shape) + np.int16(_zero_point(role.op))
-        return np.clip(values, int(info.lowest), int(info.highest))
+        lo, hi = int(info.lowest), int(info.highest)
+        values = _ints(rng, -spread, spread, shape) + np.int16(_zero_point(role.op, lo, hi))
+        return np.clip(values, lo, hi)
     if role.name == "ddq_scales":
         e = weight_exponent(role.k) if role.k else 0
         return _choice(rng, (2.0 ** -(e + 1), 2.0 ** -(e + 2)), shape)

@@ -8,6 +8,7 @@ tensor encodings (sparse formats) and takes part in equality.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Sequence
 
 from . import dtypes
@@ -17,6 +18,79 @@ from .errors import InvalidArguments
 
 MAX_NDIMS = 12
 UNKNOWN_DIM = -1
+
+
+#: oneDNN's DNNL_GRAPH_UNKNOWN_DIM; accepted as an unknown dim or stride as well as -1
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def _integer(tid: int, value, what: str) -> int:
+    """``value`` as an int: ints, numpy ints and integral finite floats; else InvalidArguments."""
+    if isinstance(value, bool):
+        raise InvalidArguments(f"logical tensor {tid}: {what} {value!r} is not an integer")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    raise InvalidArguments(f"logical tensor {tid}: {what} {value!r} is not an integer")
+
+
+def _sequence(tid: int, values, what: str) -> list:
+    if isinstance(values, (str, bytes, dict)):
+        raise InvalidArguments(f"logical tensor {tid}: {what} must be a sequence of ints, got {values!r}")
+    try:
+        return list(values)
+    except TypeError:
+        raise InvalidArguments(f"logical tensor {tid}: {what} must be a sequence of ints, got {values!r}") from None
+
+
+def _read_shape(tid: int, shape):
+    """Dims as ints; -1 (or INT64_MIN) is unknown, other negatives are refused."""
+    if shape is None:
+        return None
+    dims = tuple(_integer(tid, d, "dim") for d in _sequence(tid, shape, "dims"))
+    if len(dims) > MAX_NDIMS:
+        raise InvalidArguments(f"logical tensor {tid}: {len(dims)} dims, at most {MAX_NDIMS}")
+    bad = [d for d in dims if d < UNKNOWN_DIM and d != INT64_MIN]
+    if bad:
+        raise InvalidArguments(
+            f"logical tensor {tid}: dim {bad[0]} in {list(dims)}; dims are >= 0, or -1 for unknown")
+    dims = tuple(UNKNOWN_DIM if d < 0 else d for d in dims)
+    known = [d for d in dims if d != UNKNOWN_DIM]
+    if math.prod(known) > INT64_MAX:
+        raise InvalidArguments(
+            f"logical tensor {tid}: dims {list(dims)} hold more than 2^63-1 elements")
+    return dims
+
+
+def _read_strides(tid: int, shape, strides):
+    """Strides as ints, or None when unknown (oneDNN writes a single
+    INT64_MIN, or INT64_MIN/-1 entries); other negatives are refused."""
+    if strides is None:
+        return None
+    strides = tuple(_integer(tid, s, "stride") for s in _sequence(tid, strides, "strides"))
+    if all(s in (UNKNOWN_DIM, INT64_MIN) for s in strides):
+        return None
+    if any(s < 0 for s in strides):
+        raise InvalidArguments(
+            f"logical tensor {tid}: strides {list(strides)} have a negative entry; strides are >= 0")
+    if shape is None:
+        return None  # strides of a tensor of unknown rank carry no information
+    if len(strides) != len(shape):
+        raise InvalidArguments(f"logical tensor {tid}: {len(strides)} strides for shape {shape}")
+    return strides
+
+
+def _check_span(tid: int, dtype, shape, strides) -> None:
+    """The bytes the strided layout spans must be addressable (int64)."""
+    if shape is None or strides is None or UNKNOWN_DIM in shape or 0 in shape:
+        return
+    last = sum((d - 1) * s for d, s in zip(shape, strides))
+    if (last + 1) * max(1, dtypes.info(dtype).bits // 8) > INT64_MAX:
+        raise InvalidArguments(
+            f"logical tensor {tid}: dims {list(shape)} with strides {list(strides)} span "
+            f"more than 2^63-1 bytes")
 
 
 def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -50,27 +124,14 @@ class LogicalTensor:
         self.layout = parse_enum(LayoutType, layout, "layout type")
         self.property = parse_enum(PropertyType, property, "property type")
         self.encoding = encoding
-        if shape is not None:
-            shape = tuple(int(d) for d in shape)
-            if len(shape) > MAX_NDIMS:
-                raise InvalidArguments(f"logical tensor {id}: {len(shape)} dims, at most {MAX_NDIMS}")
-            if any(d < UNKNOWN_DIM for d in shape):
-                shape = tuple(UNKNOWN_DIM if d < 0 else d for d in shape)
+        shape = _read_shape(self.id, shape)
         self.shape = shape
-        if strides is not None:
-            strides = tuple(int(s) for s in strides)
-            if shape is None or len(strides) != len(shape):
-                # oneDNN writes unknown strides as a single INT64_MIN entry
-                strides = None if shape is None or any(s < 0 for s in strides) else strides
-                if strides is not None:
-                    raise InvalidArguments(
-                        f"logical tensor {id}: {len(strides)} strides for shape {shape}")
-            elif any(s < 0 for s in strides):
-                strides = None
+        strides = _read_strides(self.id, shape, strides)
         if strides is None and shape is not None and self.layout == LayoutType.strided \
                 and UNKNOWN_DIM not in shape:
             strides = dense_strides(shape)
         self.strides = strides
+        _check_span(self.id, self.dtype, shape, strides)
         if self.property == PropertyType.host_scalar:
             if shape not in (None, ()) or self.dtype not in (DataType.s32, DataType.f32, DataType.s64):
                 raise InvalidArguments(

@@ -28,6 +28,7 @@ INT8 = frozenset({DT.u8, DT.s8})
 INT4 = frozenset({DT.s4, DT.u4})
 F8 = frozenset({DT.f8_e5m2, DT.f8_e4m3})
 QUANT_ZPS = frozenset({DT.u4, DT.s4, DT.u8, DT.s8, DT.s32})
+S32_MIN, S32_MAX = -(2**31), 2**31 - 1
 END_TYPES = frozenset({DT.f32, DT.f16, DT.bf16, DT.s8, DT.u8, DT.s32, DT.undef})
 
 # ------------------------------------------------------- shared attributes
@@ -182,14 +183,48 @@ def check_static_quant(op):
         raise _fail(op, "scales must not be empty")
     if op.attrs["qtype"] == "per_tensor" and len(scales) != 1:
         raise _fail(op, f"qtype=per_tensor takes exactly 1 scale, given {len(scales)}")
+    src = op.inputs[0].shape
+    if op.attrs["qtype"] == "per_channel" and src is not None:
+        _check_axis(op, len(src))
     if zps is None:
         return
+    # Deviation: zps is s64[] in oneDNN but its primitives hold zero points as s32;
+    # values beyond s32 are refused here rather than wrapped.
+    outside = [z for z in zps if not S32_MIN <= z <= S32_MAX]
+    if outside:
+        raise _fail(op, f"zps entry {outside[0]} is outside the s32 range [{S32_MIN}, {S32_MAX}]")
     f8_side = [lt for lt in (op.inputs[0], op.outputs[0]) if lt.dtype in F8]
     if f8_side:
         raise _fail(op, f"zps are not supported for f8 quantization "
                         f"(tensor {f8_side[0].id} is {f8_side[0].dtype.name}); drop zps")
     if len(zps) != len(scales):
         raise _fail(op, f"zps has {len(zps)} entries, expected {len(scales)} (one per scale)")
+
+
+def _check_axis(op, rank: int) -> None:
+    """A quantization ``axis`` must name a src dim: [-rank, rank-1], never wrapped."""
+    axis = op.attrs["axis"]
+    if not -rank <= axis < rank:
+        raise _fail(op, f"axis={axis} is out of range for rank-{rank} src; "
+                        f"expected [{-rank}, {rank - 1}]")
+
+
+def check_static_quant_shapes(op, in_shapes):
+    """At compile: per_channel ``axis`` against the concrete src rank, and the
+    scale count against the dim it names (1 scale is shared by every channel).
+
+    Example: oneDNN's int8 inference example dequantizes XIO (KH, KW, I, O)
+    conv weights with ``axis=1`` and O scales; dim 1 is KW, so the scales do
+    not fit and this says so instead of the kernel failing to reshape them.
+    """
+    src = in_shapes[0]
+    if op.attrs["qtype"] != "per_channel" or src is None:
+        return
+    _check_axis(op, len(src))
+    channels, count = src[op.attrs["axis"] % len(src)], len(op.attrs["scales"])
+    if count != 1 and channels != shapes.UNKNOWN and count != channels:
+        raise _fail(op, f"per_channel has {count} scales but src dim {op.attrs['axis']} "
+                        f"(axis) of {list(src)} is {channels}; give {channels} scales or 1")
 
 
 # ----------------------------------------- dynamic quantization constraints
@@ -275,10 +310,7 @@ def _check_quant_mode(op, rank):
     if rank is None:
         return
     if qtype == "per_channel":
-        axis = op.attrs["axis"]
-        if not -rank <= axis < rank:
-            raise _fail(op, f"axis={axis} is out of range for rank-{rank} src; "
-                            f"expected [{-rank}, {rank - 1}]")
+        _check_axis(op, rank)
     if qtype == "per_group":
         if rank < 2:
             raise _fail(op, f"per_group quantization needs src rank >= 2, given {rank}")
@@ -338,12 +370,17 @@ def check_dynamic_quant(op):
     dim by dim (same rank as src, rank >= 2).  Size checks are skipped where
     dims are unknown.
     """
-    src = op.inputs[0].shape
+    check_dynamic_quant_shapes(op, [lt.shape for lt in op.inputs])
+
+
+def check_dynamic_quant_shapes(op, in_shapes):
+    """:func:`check_dynamic_quant` on given input shapes (at compile: the concrete ones)."""
+    src = in_shapes[0]
     _check_quant_mode(op, None if src is None else len(src))
     if src is None:
         return
-    scales = op.inputs[1].shape
-    zps = op.inputs[2].shape if len(op.inputs) > 2 else None
+    scales = in_shapes[1]
+    zps = in_shapes[2] if len(in_shapes) > 2 else None
     qtype = op.attrs["qtype"]
     if qtype == "per_tensor":
         _check_per_tensor_sizes(op, scales, zps)
@@ -401,7 +438,7 @@ def static_quant(kind: OpKind, src_types, dst_types, doc: str) -> OpSchema:
     attrs = [Attr("qtype", "string", "per_tensor", ("per_tensor", "per_channel")),
              Attr("axis", "s64", 1), _required("scales", "f32[]"), Attr("zps", "s64[]")]
     return row(kind, ["src:T1"], ["dst:T2"], {"T1": src_types, "T2": dst_types}, shapes.identity,
-               attrs, [check_static_quant], doc=doc)
+               attrs, [check_static_quant], doc=doc, compile_checks=(check_static_quant_shapes,))
 
 
 # axis is s64 in oneDNN; the int4 RFC form passes a list (plus ``groups``), see
@@ -414,7 +451,8 @@ DYNAMIC_QUANT_ATTRS = (
 def dynamic_quant(kind: OpKind, inputs, outputs, type_vars, doc: str) -> OpSchema:
     """DynamicQuantize/DynamicDequantize: scales (and zps) are input tensors."""
     return row(kind, inputs, outputs, type_vars, shapes.identity, DYNAMIC_QUANT_ATTRS,
-               [normalize_quant_groups, check_dynamic_quant], doc=doc)
+               [normalize_quant_groups, check_dynamic_quant], doc=doc,
+               compile_checks=(check_dynamic_quant_shapes,))
 
 
 def norm(kind: OpKind, inputs, outputs, aux_types, attrs, infer, counts=None, doc="") -> OpSchema:

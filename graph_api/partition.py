@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from .errors import (ExecutionError, InvalidArguments, InvalidDataType, InvalidS
 from .fpmath import FPMath
 from .infer import merge_shapes, propagate
 from .logical_tensor import LogicalTensor, dense_strides
-from .tensor import Tensor
+from .tensor import Tensor, self_overlapping
 
 #: op kinds with no kernel: oneDNN returns them as unsupported partitions
 UNSUPPORTED_KINDS = {OpKind.Wildcard, OpKind.End}
@@ -143,6 +144,9 @@ class Partition:
                 if final.strides is None or final.layout != LayoutType.strided:
                     final = final.with_shape(final.shape, dense_strides(final.shape), LayoutType.strided)
                 lts[lt.id] = final
+        for op in self.ops:
+            for check in OP_SCHEMAS[op.kind].compile_checks:
+                check(op, [lts[lt.id].shape for lt in op.inputs])
         request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids),
                                  list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
         plan = select_plan(request)
@@ -207,6 +211,11 @@ class Partition:
                 raise InvalidShape(f"partition {self.id}: output tensor {tid} shape cannot be inferred")
             strides = lt.strides if (lt.layout == LayoutType.strided and lt.strides is not None
                                      and lt.shape == shape) else dense_strides(shape)
+            if self_overlapping(shape, strides):
+                raise InvalidArguments(
+                    f"partition {self.id}: output tensor {tid} has strides {list(strides)} for shape "
+                    f"{list(shape)}: elements overlap in memory, so results would be lost; outputs "
+                    f"need a layout where every element has its own memory")
             matched[tid] = LogicalTensor(tid, lt.dtype, shape, strides, LayoutType.strided, lt.property)
         return matched
 
@@ -220,6 +229,7 @@ class CompiledPartition:
         self.plan = plan
         self.compile_ms = 0.0
         self.last_execute_ms = 0.0
+        self._memories_checked: tuple = ()
 
     @property
     def lts(self) -> dict[int, LogicalTensor]:
@@ -248,6 +258,10 @@ class CompiledPartition:
         return []
 
     def _match(self, tensors, ids, what) -> dict[int, Tensor]:
+        if not isinstance(tensors, (list, tuple)):
+            raise InvalidArguments(
+                f"partition {self.partition.id}: execute {what}s must be a list of Tensors, "
+                f"got {type(tensors).__name__}")
         by_id = {}
         for t in tensors:
             if not isinstance(t, Tensor):
@@ -268,34 +282,104 @@ class CompiledPartition:
                 raise InvalidShape(
                     f"partition {self.partition.id}: {what} tensor {tid} has shape {list(t.lt.shape)}, "
                     f"compiled for {list(expected.shape)}")
-            if expected.property != PropertyType.host_scalar and t.lt.strides != expected.strides \
-                    and np.prod(expected.shape) > 1:
+            if expected.property != PropertyType.host_scalar and \
+                    not _same_strides(expected.shape, t.lt.strides, expected.strides):
                 raise InvalidArguments(
                     f"partition {self.partition.id}: {what} tensor {tid} has strides {list(t.lt.strides)}, "
                     f"compiled for {list(expected.strides)}")
             matched[tid] = t
         return matched
 
+    def _check_outputs(self, outs: dict[int, Tensor], ins: dict[int, Tensor]) -> None:
+        """Outputs must be writable, must not overlap themselves, each other or
+        an input; an output that is exactly an input's memory (in place) is
+        allowed when it is the only output, since every plan reads all inputs
+        before it stores."""
+        pid = self.partition.id
+        for tid, t in outs.items():
+            if not t.memory().flags.writeable:
+                raise InvalidArguments(f"partition {pid}: output tensor {tid} is over read-only memory")
+        # the layout checks depend only on the arrays (immutable in shape and
+        # strides); weak references to the arrays last checked let a loop that
+        # re-executes on the same tensors pay them once, without keeping them alive
+        memories = [t.memory() for t in outs.values()] + [t.memory() for t in ins.values()]
+        last = self._memories_checked
+        if len(last) == len(memories) and all(r() is m for r, m in zip(last, memories)):
+            return
+        self._check_layouts(outs, ins)
+        self._memories_checked = tuple(weakref.ref(m) for m in memories)
+
+    def _check_layouts(self, outs: dict[int, Tensor], ins: dict[int, Tensor]) -> None:
+        pid = self.partition.id
+        for tid, t in outs.items():
+            if t.memory_overlaps_itself():
+                raise InvalidArguments(
+                    f"partition {pid}: output tensor {tid}'s memory has elements that overlap "
+                    f"(a zero or overlapping stride); results would be lost")
+        out_items = list(outs.items())
+        for i, (tid, t) in enumerate(out_items):
+            for other_id, other in out_items[i + 1:]:
+                if _shares_memory(t.memory(), other.memory()):
+                    raise InvalidArguments(
+                        f"partition {pid}: output tensors {tid} and {other_id} share memory")
+            for in_id, inp in ins.items():
+                if not _shares_memory(t.memory(), inp.memory()):
+                    continue
+                if len(outs) == 1 and _same_memory(t, inp):
+                    continue
+                raise InvalidArguments(
+                    f"partition {pid}: output tensor {tid} overlaps input tensor {in_id}; only "
+                    f"the same memory with the same layout may be shared (in place), and only "
+                    f"by a partition with one output")
+
+    def _stage(self, tensors: dict[int, Tensor], what: str) -> dict[int, Tensor]:
+        """Direct tensors for the plan: others are copied (inputs) or get private
+        memory that is stored back through the user's strides (outputs)."""
+        staged = {}
+        for tid, t in tensors.items():
+            if t.is_direct():
+                staged[tid] = t
+                continue
+            staged[tid] = t.staged(copy_values=what == "input")
+            log(f"stage,partition {self.partition.id},{what} tensor {tid},"
+                f"memory layout differs from strides {list(t.lt.strides)}: "
+                f"{'copied in' if what == 'input' else 'stored back through its strides'}")
+        return staged
+
     def execute(self, stream: Stream | None, inputs, outputs) -> None:
-        """Run the plan: inputs/outputs are Tensors matched to ports by id."""
+        """Run the plan: inputs/outputs are Tensors matched to ports by id.
+
+        Every check happens before the plan runs; a failed check leaves every
+        output untouched.
+        """
         if stream is not None and not isinstance(stream, Stream):
             raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
         ins = self._match(inputs, self.request.input_ids, "input")
         outs = self._match(outputs, self.request.output_ids, "output")
+        self._check_outputs(outs, ins)
+        plan_ins, plan_outs = self._stage(ins, "input"), self._stage(outs, "output")
+        reference = None
+        if settings.check and self.plan.name != "reference":
+            reference = self._reference_arrays(plan_ins)  # before outputs may overwrite inputs
         start = time.perf_counter()
-        self.plan.execute(ins, outs)
+        self.plan.execute(plan_ins, plan_outs)
+        for tid, t in outs.items():
+            if plan_outs[tid] is not t:
+                t.write(plan_outs[tid].numpy())
         self.last_execute_ms = (time.perf_counter() - start) * 1e3
         log(f"exec,partition {self.partition.id},{self.partition.get_kind()},"
             f"kernel={self.plan.name},fpmath={self.request.fpmath},{self.last_execute_ms:.3f} ms")
-        if settings.check and self.plan.name != "reference":
-            self._check_against_reference(ins, outs)
+        if reference is not None:
+            self._check_against_reference(reference, outs)
 
-    def _check_against_reference(self, ins, outs) -> None:
+    def _reference_arrays(self, ins) -> dict:
         from kernels.plan import ComposedPlan
 
+        return ComposedPlan(self.request).run_arrays({tid: t.numpy().copy() for tid, t in ins.items()})
+
+    def _check_against_reference(self, arrays, outs) -> None:
         from .check import compare
 
-        arrays = ComposedPlan(self.request).run_arrays({tid: t.numpy() for tid, t in ins.items()})
         for tid, tensor in outs.items():
             verdict = compare(arrays[tid], tensor.numpy(), self.lts[tid].dtype, self.request.fpmath,
                               self.request.ops)
@@ -303,3 +387,27 @@ class CompiledPartition:
                 raise ExecutionError(
                     f"check mode: partition {self.partition.id} ({self.partition.get_kind()}, "
                     f"kernel {self.plan.name}) output {tid} differs from the unfused reference: {verdict.message}")
+
+
+def _shares_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Exact overlap test, bounded in work; a problem too hard to decide counts as shared."""
+    try:
+        return bool(np.shares_memory(a, b, max_work=10_000))
+    except np.exceptions.TooHardError:
+        return True
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    """Same start, strides, shape and item size: element i of one is element i of the other."""
+    x, y = a.memory(), b.memory()
+    return (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
+            and x.shape == y.shape and x.strides == y.strides and x.itemsize == y.itemsize
+            and a.lt.strides == b.lt.strides)
+
+
+def _same_strides(shape, a, b) -> bool:
+    """Same memory layout: strides agree on every dim of size > 1 (an empty
+    tensor has no layout to disagree on)."""
+    if 0 in shape:
+        return True
+    return all(x == y for d, x, y in zip(shape, a, b) if d > 1)

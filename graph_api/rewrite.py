@@ -49,7 +49,12 @@ def rebuild(graph, op_fn=None, lt_fn=None, fpmath=None):
 
 
 def _pow2_up(x: float) -> float:
-    return 2.0 ** math.ceil(math.log2(x)) if x > 0 else x
+    """The smallest power of two >= ``x``; non-positive, non-finite values and
+    values whose power of two is past the float range are kept as they are."""
+    if not (x > 0 and math.isfinite(x)):
+        return x
+    exponent = math.ceil(math.log2(x))
+    return 2.0 ** exponent if exponent < 1024 else x
 
 
 def power_of_two_scales(graph):
@@ -62,8 +67,9 @@ def power_of_two_scales(graph):
         scales = [_pow2_up(s) for s in op.attrs["scales"]]
         if op.attrs.get("qtype") == "per_channel":
             quantized = op.inputs[0] if op.kind == OpKind.Dequantize else op.outputs[0]
-            shape = graph.tensors[quantized.id].shape
-            channels = shape[op.attrs.get("axis", 1)] if shape else len(scales)
+            shape, axis = graph.tensors[quantized.id].shape, op.attrs.get("axis", 1)
+            # an axis outside the rank is left for compile to report
+            channels = shape[axis] if shape and -len(shape) <= axis < len(shape) else len(scales)
             if channels > 0 and len(scales) != channels:
                 scales = list(np.resize(scales, channels))
                 zps = op.attrs.get("zps")

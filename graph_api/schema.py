@@ -57,6 +57,9 @@ class OpSchema:
     input shapes (tuples, ``None`` = unknown rank, -1 = unknown dim) and returns
     one shape per output; it raises ``InvalidShape`` when the inputs disagree.
     ``constraints`` run after the generic checks and raise ``InvalidGraphOp``.
+    ``compile_checks(op, in_shapes)`` run at compile with the concrete input
+    shapes, for rules that need dims the graph may not know yet (scale counts
+    against a quantization axis); they raise ``InvalidGraphOp`` too.
     ``max_inputs``/``max_outputs`` bound variadic ports.
     """
 
@@ -67,6 +70,7 @@ class OpSchema:
     infer_shapes: ShapeFn
     attrs: tuple[Attr, ...] = ()
     constraints: tuple[Constraint, ...] = ()
+    compile_checks: tuple[Callable[["object", list], None], ...] = ()
     max_inputs: int | None = None
     max_outputs: int | None = None
     doc: str = ""
