@@ -41,8 +41,8 @@ def _group_layout(deq, w_shape, transposed: bool):
     qtype = deq.attrs.get("qtype", "per_tensor")
     if qtype == "per_group":
         gs = list(deq.attrs.get("group_shape", []))
-        if len(gs) != 2 or gs[n_axis] != 1:
-            return f"group_shape {gs} does not group along K only"
+        if len(gs) != 2 or gs[n_axis] not in (1, w_shape[n_axis]):
+            return f"group_shape {gs} neither groups along K only nor spans all of N"
         return gs[k_axis], "group"
     if qtype == "per_channel":
         axis = deq.attrs.get("axis", 1) % 2
@@ -79,10 +79,10 @@ class Linear:
     def _params(self, tensor):
         """Scales/zps as the kernel's per-group array ([K/G, N] or [N, K/G])."""
         a = np.asarray(tensor.numpy())
-        if self.scale_kind == "group":
-            return a
         spec = self.spec
         shape = (spec.N, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, spec.N)
+        if self.scale_kind == "group":  # [K/G, 1] when one group spans N (int4 per-tensor)
+            return a if a.shape == shape else np.broadcast_to(a, shape)
         if self.scale_kind == "channel":
             a = a.reshape(-1, 1) if spec.transposed else a.reshape(1, -1)
         else:
