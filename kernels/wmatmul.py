@@ -77,6 +77,8 @@ UNARY_OPS = {"relu": EP_RELU, "gelu_erf": EP_GELU_ERF, "gelu_tanh": EP_GELU_TANH
 BINARY_OPS = {"add": EP_ADD, "bias": EP_ADD, "mul": EP_MUL, "sub": EP_SUB, "div": EP_DIV,
               "max": EP_MAX, "min": EP_MIN, "rsub": EP_RSUB, "rdiv": EP_RDIV}
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
+#: operand of a binary post-op that is the running value itself (``Multiply(y, y)``)
+RUNNING = "running value"
 
 
 @dataclass
@@ -97,7 +99,8 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
     ``("clamp", (lo, hi))``, ``("silu", alpha)``, ``("linear", (a, b))``,
     ``("elu", alpha)``, ``("leaky_relu", alpha)``; binary ``("add", array)``
     where ``array`` broadcasts to ``[M, N]`` (scalar, ``[N]``, ``[1, N]``,
-    ``[M, 1]`` or ``[M, N]``; bf16/f16 operands are widened here).
+    ``[M, 1]`` or ``[M, N]``; bf16/f16 operands are widened here), or
+    :data:`RUNNING` for the running value itself (offset -1 in ``ipar``).
     """
     post_ops = list(post_ops or ())
     P = len(post_ops)
@@ -106,7 +109,10 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
     ipar = np.zeros((max(P, 1), 3), np.int64)
     chunks, off = [], 0
     for i, (name, arg) in enumerate(post_ops):
-        if name in BINARY_OPS:
+        if name in BINARY_OPS and isinstance(arg, str) and arg == RUNNING:
+            ops[i] = BINARY_OPS[name]
+            ipar[i] = (-1, 0, 0)
+        elif name in BINARY_OPS:
             ops[i] = BINARY_OPS[name]
             a = np.asarray(arg).astype(np.float32)
             a2 = a.reshape((1,) * (2 - a.ndim) + a.shape[-2:]) if a.ndim <= 2 else \
@@ -147,7 +153,7 @@ def _ep_one(v, m, n, ops, fpar, ipar, buf):
     for i in range(ops.shape[0]):
         op = ops[i]
         if op < 10:
-            o = buf[ipar[i, 0] + m * ipar[i, 1] + n * ipar[i, 2]]
+            o = v if ipar[i, 0] < 0 else buf[ipar[i, 0] + m * ipar[i, 1] + n * ipar[i, 2]]
             if op == 1:
                 v = v + o
             elif op == 2:

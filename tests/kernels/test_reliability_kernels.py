@@ -127,3 +127,50 @@ def test_s4_weights_with_zero_points_are_not_ignored(wdt, zdt, qtype, path):
     out, plans = run(g, feeds)
     assert plans == ["numba_wmatmul"]
     np.testing.assert_array_equal(out[5].astype(np.float64), want)
+
+
+# ------------------------------------------------------------ post-op reading y twice
+SELF_BINARY = {K.Multiply: np.multiply, K.Add: np.add, K.Subtract: np.subtract,
+               K.Divide: np.divide, K.Maximum: np.maximum, K.Minimum: np.minimum}
+
+
+def _float_matmul_graph(M, N, K_=64, seed=0):
+    """x [M, K] @ W [K, N] with constant f32 weights (the BLAS + epilogue plan)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-4, 5, (M, K_)).astype(np.float32)
+    w = (rng.integers(-8, 8, (K_, N)) * 0.125).astype(np.float32)
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    g.add_op(ga.Op(1, K.MatMul, [lt(4, dt.f32, [M, K_]), lt(0, dt.f32, [K_, N], C)],
+                   [lt(5, dt.f32, [M, N])]))
+    return g, {0: w, 4: x}, x.astype(np.float64) @ w.astype(np.float64)
+
+
+@pytest.mark.parametrize("weights", ["s4", "f32"])
+@pytest.mark.parametrize("kind", list(SELF_BINARY) + ["Add(ReLU(y), y)"],
+                         ids=lambda k: getattr(k, "name", k))
+def test_post_op_reading_the_matmul_output_twice_runs(kind, weights):
+    """Defect 4: ``Multiply(y, y)`` etc. raised KeyError in the fused plan; so did
+    a later post-op reading y again (that one now runs the reference plan).
+
+    Exact: y is an exact f32 value (integer data, power-of-two scales), so the
+    expected value is the f32 operation on it, rounded once, as the epilogue does.
+    """
+    M, N = 3, 40
+    if weights == "s4":
+        g, feeds, want = wmatmul_graph(dt.s4, dt.u4, "per_group", trans=True, const=True, M=M, N=N)
+    else:
+        g, feeds, want = _float_matmul_graph(M, N)
+    y, y32 = lt(5, dt.f32, [M, N]), want.astype(np.float32)
+    fast = "numba_wmatmul" if weights == "s4" else "blas_matmul_epilogue"
+    if kind in SELF_BINARY:
+        g.add_op(ga.Op(2, kind, [y, y], [lt(7, dt.f32, [M, N])]))
+        with np.errstate(all="ignore"):
+            expected = SELF_BINARY[kind](y32, y32)
+    else:
+        r = lt(6, dt.f32, [M, N])
+        g.add_op(ga.Op(2, K.ReLU, [y], [r]))
+        g.add_op(ga.Op(3, K.Add, [r, y], [lt(7, dt.f32, [M, N])]))
+        expected, fast = np.maximum(y32, 0) + y32, "reference"
+    out, plans = run(g, feeds)
+    assert plans == [fast]
+    np.testing.assert_array_equal(out[7], expected)
