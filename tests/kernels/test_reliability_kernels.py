@@ -174,3 +174,80 @@ def test_post_op_reading_the_matmul_output_twice_runs(kind, weights):
     out, plans = run(g, feeds)
     assert plans == [fast]
     np.testing.assert_array_equal(out[7], expected)
+
+
+# ------------------------------------------------------------------- stale cache
+def _compile_single(graph, feeds):
+    """(compiled partition, stream, engine, input lts, output lts) of a one-partition graph."""
+    graph.finalize()
+    (part,) = graph.get_partitions()
+    engine = ga.Engine()
+    in_lts = [graph.tensors[t] for t in part.input_ids]
+    out_lts = [graph.tensors[t] for t in part.output_ids]
+    return part.compile(in_lts, out_lts, engine), ga.Stream(engine), engine, in_lts, out_lts
+
+
+def _execute(compiled, stream, engine, in_lts, out_lts, feeds, tensors=None):
+    tensors = dict(tensors or {})
+    for lt_ in in_lts:
+        tensors.setdefault(lt_.id, ga.Tensor(lt_, engine, feeds[lt_.id]))
+    outs = [ga.Tensor(lt_, engine) for lt_ in out_lts]
+    compiled.execute(stream, [tensors[lt_.id] for lt_ in in_lts], outs)
+    return outs[0].numpy(), tensors
+
+
+@pytest.mark.parametrize("changed", ["zps", "scales", "weights", "handle"])
+def test_constant_weights_are_not_reused_for_a_new_zero_point_tensor(changed):
+    """Defect 9: prepared constants are keyed on every tensor they were built from.
+
+    The first execute prepares the constant u4 weights; the second gives a new
+    buffer for one source (a new Tensor, or ``set_data_handle`` on the same
+    Tensor object) with different values and must compute with them.  Exact
+    (integer data, power-of-two scales).
+    """
+    g, feeds, want = wmatmul_graph(dt.u4, dt.u4, "per_group", trans=True, const=True, M=1, N=40)
+    compiled, stream, engine, in_lts, out_lts = _compile_single(g, feeds)
+    assert compiled.plan.name == "numba_wmatmul"
+    got, tensors = _execute(compiled, stream, engine, in_lts, out_lts, feeds)
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+    rng = np.random.default_rng(1)
+    source = {"zps": 2, "scales": 1, "weights": 0, "handle": 2}[changed]
+    new = dict(feeds)
+    if source == 1:
+        new[1] = (2.0 ** rng.integers(-5, -2, feeds[1].shape)).astype(np.float32)
+    else:
+        new[source] = ga.dtypes.convert(rng.integers(0, 16, feeds[source].shape), dt.u4)
+    _, _, want2 = wmatmul_graph(dt.u4, dt.u4, "per_group", trans=True, const=True, M=1, N=40,
+                                q=ga.dtypes.to_f32(new[0]), zp=ga.dtypes.to_f32(new[2]),
+                                scales=new[1], x=feeds[4])
+    lt_ = next(t for t in in_lts if t.id == source)
+    if changed == "handle":  # same Tensor object, new memory
+        tensors[source].set_data_handle(ga.Tensor(lt_, engine, new[source]).get_data_handle())
+    else:
+        tensors[source] = ga.Tensor(lt_, engine, new[source])
+    got2, _ = _execute(compiled, stream, engine, in_lts, out_lts, new, tensors)
+    assert not np.array_equal(want2, want)
+    np.testing.assert_array_equal(got2.astype(np.float64), want2)
+
+
+def test_variable_scales_of_constant_weights_are_read_every_execute():
+    """Defect 9 (variant): constant weights with *variable* scales must not be
+    prepared once with the first scales: the scales may change in place."""
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    rng = np.random.default_rng(2)
+    w = lt(0, dt.u4, [40, 64], C)
+    s = lt(1, dt.f32, [40, 2], V)  # variable scales
+    g.add_op(ga.Op(0, K.DynamicDequantize, [w, s], [lt(3, dt.f32, [40, 64])],
+                   attrs=dict(qtype="per_group", group_shape=[1, 32])))
+    g.add_op(ga.Op(1, K.MatMul, [lt(4, dt.f32, [1, 64]), lt(3, dt.f32, [40, 64])],
+                   [lt(5, dt.f32, [1, 40])], attrs={"transpose_b": True}))
+    q = rng.integers(0, 16, (40, 64))
+    feeds = {0: ga.dtypes.convert(q, dt.u4), 1: np.full((40, 2), 0.25, np.float32),
+             4: rng.integers(-4, 5, (1, 64)).astype(np.float32)}
+    compiled, stream, engine, in_lts, out_lts = _compile_single(g, feeds)
+    got, tensors = _execute(compiled, stream, engine, in_lts, out_lts, feeds)
+    tensors[1].write(np.full((40, 2), 0.5, np.float32))  # same buffer, new values
+    got2, _ = _execute(compiled, stream, engine, in_lts, out_lts, feeds, tensors)
+    want = feeds[4].astype(np.float64) @ (q.T * 0.5)
+    np.testing.assert_array_equal(got2.astype(np.float64), want)
+    np.testing.assert_array_equal(got2, 2 * got)
