@@ -622,6 +622,7 @@ class PreparedWeight:
     zmode: int  # 0 none, 1 zf, 2 constant 8 (s4 stored XOR 0x88)
     xm: int  # XOR mask for int4 bytes (0 after prepare)
     src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
+    bounds: tuple | None = None  # (max |scale|, max |zero point|) for :func:`_fast_is_exact`
 
 
 def _unpack4(w, count, signed):
@@ -674,7 +675,7 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
                                   .transpose(1, 0, 2))
     else:
         zf = np.zeros((1, 1, 1), np.float32)
-    return PreparedWeight(spec, wb, scp, zf, zmode, 0, (w, scales, zps))
+    return PreparedWeight(spec, wb, scp, zf, zmode, 0, (w, scales, zps), param_bounds(sc, zp))
 
 
 def natural_chunk(N: int) -> int:
@@ -706,7 +707,45 @@ def _natural_blocked(w, spec: WeightSpec, scales, zps):
         zfv = np.zeros((1, 1, 1), np.float32)
         zmode = 2 if spec.kind == S4 else 0
     xm = 0x88 if spec.kind == S4 else 0
-    return PreparedWeight(spec, wb, scv, zfv, zmode, xm, (w, scales, zps))
+    return PreparedWeight(spec, wb, scv, zfv, zmode, xm, (w, scales, zps),
+                          param_bounds(sc, zp if zps is not None else None))
+
+
+# ------------------------------------------------- inf / NaN / overflow guard
+#: partial sums of the fast paths stay below this (2**128 is f32's overflow)
+_SAFE = 2.0 ** 120
+
+
+def param_bounds(scales, zps) -> tuple:
+    """(max |scale|, max |zero point|); NaN when a scale is NaN."""
+    s = np.asarray(scales, np.float32)
+    smax = float(np.max(np.abs(s))) if s.size else 0.0
+    z = None if zps is None else np.asarray(zps, np.float64)
+    zmax = float(np.max(np.abs(z))) if z is not None and z.size else 0.0
+    return smax, zmax
+
+
+def _fast_is_exact(xf, spec: WeightSpec, scales, zps, prepared) -> bool:
+    """Do the fast paths compute what the reference computes, inf/NaN included?
+
+    The reference dequantizes in f32 and sums the products in float64, so its
+    only infinities and NaNs come from the inputs or from dequantized weights
+    that overflow.  The decode kernels sum ``x * u`` unscaled and subtract
+    ``z * sum(x)`` (an inf activation gives inf - inf = NaN; |x| ~ 1e37 can
+    overflow before the scale shrinks it), and BLAS sums in f32.  They are used
+    only when every activation and scale is finite and no partial sum of
+    either form can reach f32's range; anything else takes the exact path
+    (:func:`_prefill` with float64 sums), a rare case by construction.
+    """
+    amax = float(np.max(np.abs(xf))) if xf.size else 0.0
+    if prepared is not None and prepared.bounds is not None:
+        smax, zmax = prepared.bounds
+    else:
+        smax, zmax = param_bounds(scales, zps)
+    wmax = (16.0 if spec.kind in (S4, U4) else 256.0) + zmax + 8.0  # |u| + |z| (s4: +8)
+    K = max(spec.K, 1)
+    return (amax * K * wmax < _SAFE and smax * wmax < _SAFE
+            and amax * smax * wmax * K < _SAFE)  # NaN compares False
 
 
 # ------------------------------------------------------------- entry point
@@ -765,6 +804,9 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     bits4 = spec.kind in (S4, U4)
     if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0:
         prepared = _natural_blocked(w, spec, scales, zps)
+    if not _fast_is_exact(xf, spec, scales, zps, prepared):
+        _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
+        return out
     if M <= DECODE_MAX_M and rnd_w == 0 and prepared is not None:
         pw = prepared
         nblk = pw.wb.shape[0]
@@ -813,8 +855,9 @@ def _scales_zps(spec, scales, zps):
     return sc, np.ascontiguousarray(np.asarray(zps).astype(np.float32)).reshape(sh), True
 
 
-def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep):
-    """Panels of PANEL columns: dequantize (parallel, exact f32) then sgemm."""
+def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
+    """Panels of PANEL columns: dequantize (parallel, exact f32) then sgemm
+    (``exact``: float64 sums rounded once, as the reference MatMul)."""
     M, K = xf.shape
     N = spec.N
     bits4 = spec.kind in (S4, U4)
@@ -835,5 +878,9 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep):
         else:
             _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group,
                            sc, zp, has_zp, n0, rnd_w, pv)
-        np.matmul(xf, pv, out=tv)
+        if exact:
+            with np.errstate(all="ignore"):
+                tv[...] = np.matmul(xf.astype(np.float64), pv.astype(np.float64))
+        else:
+            np.matmul(xf, pv, out=tv)
         _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)

@@ -154,9 +154,11 @@ class DenseLinear:
     cache: ConstantCache = field(default_factory=ConstantCache)
 
     def _weights(self, tensor):
+        """(f32 [K, N] weights, max |w|: NaN when a weight is NaN)."""
         def build():
             w = self.fpmath.round_input(tensor.numpy(), self.w_dtype)
-            return np.ascontiguousarray(w.T if self.transposed else w)
+            w = np.ascontiguousarray(w.T if self.transposed else w, dtype=np.float32)
+            return w, float(np.max(np.abs(w))) if w.size else 0.0
 
         return self.cache.get([tensor], build) if self.constant else build()
 
@@ -164,7 +166,13 @@ class DenseLinear:
         from kernels import wmatmul as wm
 
         xf = self.fpmath.round_input(x2d, self.x_dtype)
-        acc = np.matmul(xf, self._weights(inputs[self.w_id]))
+        w, wmax = self._weights(inputs[self.w_id])
+        amax = float(np.max(np.abs(xf))) if xf.size else 0.0
+        if amax * wmax * max(self.K, 1) < wm._SAFE:  # NaN compares False
+            acc = np.matmul(xf, w)
+        else:  # inf/NaN or f32 partial sums that may overflow: float64 sums, as the reference
+            with np.errstate(all="ignore"):
+                acc = np.matmul(xf.astype(np.float64), w.astype(np.float64)).astype(np.float32)
         M = acc.shape[0]
         ep = wm.make_epilogue(post, M, self.N)
         okind = {"f32": wm.OUT_F32, "bf16": wm.OUT_BF16, "f16": wm.OUT_F16}[out_dtype]

@@ -12,6 +12,7 @@ import pytest
 import graph_api as ga
 from graph_api import DataType as dt
 from graph_api import OpKind as K
+from graph_api.check import compare
 
 C, V = ga.PropertyType.constant, ga.PropertyType.variable
 INT_RANGE = {dt.s4: (-8, 7), dt.u4: (0, 15), dt.s8: (-128, 127), dt.u8: (0, 255),
@@ -77,7 +78,7 @@ def wmatmul_graph(wdt, zdt, qtype, *, trans, const, M, N, K_=64, G=32, q=None, z
     g = ga.Graph(ga.EngineKind.cpu, "strict")
     ins = [lt(0, wdt, wshape, prop), lt(1, dt.f32, pshape, prop)]
     feeds = {0: ga.dtypes.convert(q, wdt),
-             1: np.ascontiguousarray(np.broadcast_to(np.asarray(scales, np.float32), pshape))}
+             1: np.array(np.broadcast_to(np.asarray(scales, np.float32), pshape))}
     if zdt is not None:
         ins.append(lt(2, zdt, pshape, prop))
         feeds[2] = ga.dtypes.convert(np.broadcast_to(zp, pshape), zdt)
@@ -251,3 +252,202 @@ def test_variable_scales_of_constant_weights_are_read_every_execute():
     want = feeds[4].astype(np.float64) @ (q.T * 0.5)
     np.testing.assert_array_equal(got2.astype(np.float64), want)
     np.testing.assert_array_equal(got2, 2 * got)
+
+
+# --------------------------------------------------------------------- inf / NaN
+def _nonfinite_inputs(feeds, scenario, K_, trans=False):
+    """Put the scenario's extreme values into the activations (4) or scales (1), in place."""
+    x, s = feeds[4], feeds[1]
+    if scenario == "cancel":  # 2e38 + 2e38 - 2e38 - 2e38 times one weight: exactly 0
+        w = feeds[0]
+        if trans:
+            w[:, 1:4] = w[:, 0:1]
+        else:
+            w[1:4] = w[0]
+        x[0] = 0
+        x[0, :4] = [2e38, 2e38, -2e38, -2e38]
+    if scenario == "pos_inf":
+        x[0, 5] = np.inf
+    elif scenario == "neg_inf":
+        x[0, 5] = -np.inf
+        x[-1, 7], x[-1, 40] = np.inf, -np.inf  # both signs in one row: NaN everywhere
+    elif scenario == "nan":
+        x[0, 3] = np.nan
+    elif scenario == "huge":  # |x| ~ 1e37, small scales: the exact product is finite
+        x[:] = np.where(np.arange(K_) % 2, 1e37, -3e37).astype(np.float32)
+        s[:] = 2.0 ** -10
+    elif scenario == "inf_scale":
+        s.reshape(-1)[0] = np.inf
+    elif scenario == "huge_scale":  # (q - z) * s overflows in the reference's weights
+        s.reshape(-1)[-1] = 3e37
+
+
+NONFINITE = ["pos_inf", "neg_inf", "nan", "huge", "cancel", "inf_scale", "huge_scale"]
+
+
+#: float weights (BLAS + epilogue plan): the "scale" scenarios change the weights
+FLOAT_PATHS = [(True, False, 1, 40), (True, False, 20, 40)]
+NONFINITE_CASES = [(w, p) for w in (dt.s4, dt.u8) for p in WMATMUL_PATHS] + \
+    [(dt.f32, p) for p in FLOAT_PATHS]
+
+
+@pytest.mark.parametrize("wdt,path", NONFINITE_CASES,
+                         ids=lambda v: f"w_{v.name}" if isinstance(v, dt) else
+                         "const%d-trans%d-m%d-n%d" % v)
+@pytest.mark.parametrize("scenario", NONFINITE)
+def test_inf_and_nan_in_the_fused_wmatmul_match_the_reference(scenario, wdt, path):
+    """Defect 8: inf/NaN/huge values give the reference's inf/NaN pattern exactly.
+
+    Compared with the unfused reference plan under graph_api.check's rule
+    (NaN where it has NaN, the same infinities, finite values within a few
+    ulps of max|y|), and the finite ``huge`` case also with the f64 formula.
+    """
+    const, trans, M, N = path
+    if wdt == dt.f32:
+        g, feeds, _ = _float_matmul_graph(M, N)
+        # a MatMul alone is a single-op partition: a post-op makes it a fused one
+        g.add_op(ga.Op(2, K.Multiply, [lt(5, dt.f32, [M, N]), lt(7, dt.f32, [N])],
+                       [lt(6, dt.f32, [M, N])]))
+        feeds[7] = np.ones(N, np.float32)
+        feeds[1] = feeds[0]  # the weights play the scales' part
+        _nonfinite_inputs(feeds, scenario, 64)
+        fused, plans = run(g, feeds)
+        assert plans == ["blas_matmul_epilogue"]
+        reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+        verdict = compare(reference[6], fused[6], dt.f32)
+        assert verdict.ok, verdict.message
+        return
+    g, feeds, _ = wmatmul_graph(wdt, dt.u4, "per_group", trans=trans, const=const, M=M, N=N)
+    _nonfinite_inputs(feeds, scenario, 64, trans)
+    fused, plans = run(g, feeds)
+    assert plans == ["numba_wmatmul"]
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    verdict = compare(reference[5], fused[5], dt.f32)
+    assert verdict.ok, verdict.message
+    if scenario in ("huge", "cancel"):
+        assert np.isfinite(fused[5]).all()
+        _, _, want = wmatmul_graph(wdt, dt.u4, "per_group", trans=trans, const=const, M=M, N=N,
+                                   q=ga.dtypes.to_f32(feeds[0]), zp=ga.dtypes.to_f32(feeds[2]),
+                                   scales=feeds[1], x=feeds[4])
+        assert compare(want, fused[5], dt.f32).ok
+
+
+def _sdpa_roles(graph):
+    """Tensor ids of Q, K (or its scales), V (or its scales), scale and additive mask."""
+    ops = graph.get_ops()
+    producer = {o.outputs[0].id: o for o in ops}
+    qk, pv = [o for o in ops if o.kind == K.MatMul]
+
+    def data(tid):  # a compressed operand is reached through its scales
+        op = producer.get(tid)
+        while op is not None and op.kind == K.TypeCast:
+            tid, op = op.inputs[0].id, producer.get(op.inputs[0].id)
+        return op.inputs[1].id if op is not None and op.kind == K.DynamicDequantize else tid
+
+    roles = {"q": qk.inputs[0].id, "k": data(qk.inputs[1].id), "v": data(pv.inputs[1].id)}
+    for o in ops:
+        if o.kind in (K.Multiply, K.Divide) and o.inputs[0].id == qk.outputs[0].id:
+            roles["scale"] = o.inputs[1].id
+        if o.kind == K.Add and graph.tensors[o.inputs[1].id].dtype == dt.f32 and \
+                o.inputs[1].id in graph.input_ids:
+            roles["mask"] = o.inputs[1].id
+    return roles
+
+
+SDPA_EXTREMES = {"q_inf": ("q", (0, 0, 1, slice(0, 3)), np.inf),
+                 "q_nan": ("q", (0, 0, 1, 2), np.nan),
+                 "q_huge": ("q", (0, 0, 1), 1e30),
+                 "k_inf": ("k", (0, 0, 3), -np.inf),
+                 "v_inf": ("v", (0, 0, 3), np.inf),
+                 "scale_inf": ("scale", (), np.inf),
+                 "scale_nan": ("scale", (), np.nan),
+                 "mask_row_neginf": ("mask", (0, 0, 2), -np.inf),
+                 "mask_posinf": ("mask", (0, 0, 2, 5), np.inf)}
+SDPA_FORMS = {"f32_add_mask": dict(mask="add"), "causal": dict(mask="causal_tl"),
+              "s4_kv_zps": dict(mask="add", k_int=dt.s4, v_int=dt.s4, zps=True),
+              "f16": dict(mask="add", dtype=dt.f16)}
+
+
+SDPA_CASES = [(f, e) for f in SDPA_FORMS for e in SDPA_EXTREMES
+              if not (f == "causal" and e.startswith("mask"))]  # causal: no additive mask
+
+
+@pytest.mark.parametrize("mode", ["inf_as_zero", "none"])
+@pytest.mark.parametrize("form,extreme", SDPA_CASES)
+def test_inf_and_nan_in_the_sdpa_plan_match_the_reference(form, extreme, mode):
+    """Defect 8 (SDPA): the fast plan gives the reference's inf/NaN pattern.
+
+    ``inf_as_zero`` rows whose scores are all -inf because of the values (an
+    inf scale or K) are 0 in the reference; the kernel's online softmax gave
+    NaN there.  Compared with the unfused plan under graph_api.check's rule.
+    """
+    from tests.kernels.test_fused_sdpa import Builder, attention
+
+    b = Builder()
+    attention(b, sm_mode=mode, **SDPA_FORMS[form])
+    b.g.finalize()
+    role, index, value = SDPA_EXTREMES[extreme]
+    tid = _sdpa_roles(b.g)[role]
+    arr = np.array(b.feeds[tid])
+    arr[index] = value
+    b.feeds[tid] = arr
+    fused, plans = run(b.g, b.feeds)
+    assert plans == ["numba_sdpa"]
+    reference, _ = run(b.g, b.feeds, ga.PartitionPolicy.debug)
+    (out,) = b.g.output_ids
+    verdict = compare(reference[out], fused[out], b.g.tensors[out].dtype)
+    assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("weights", ["int4", "f32"])
+@pytest.mark.parametrize("extreme", ["pos_inf", "neg_inf", "nan", "huge", "cancel", "inf_scale"])
+def test_inf_and_nan_in_the_gated_mlp_plan_match_the_reference(extreme, weights, m):
+    """Defect 8 (gated MLP): its three projections run the wmatmul/BLAS linears,
+    which keep the reference's inf/NaN pattern; compared with the unfused plan.
+    ``cancel``: x row 0 is (2e38, 2e38, -2e38, -2e38, 0, ...) against equal
+    weight rows, so gate and up are exactly 0 in the reference, and so is y."""
+    from tests.kernels.test_fused_wmatmul import Builder
+
+    b = Builder()
+    h, f = 64, 96
+    x = b.input(dt.f32, [m, h])
+    if weights == "int4":
+        gw, uw, dw = (b.compressed_weight(wdt, k, n, True, zps=z)
+                      for wdt, k, n, z in ((dt.s4, h, f, False), (dt.u4, h, f, True), (dt.s4, f, h, False)))
+    else:
+        gw, uw, dw = (b.input(dt.f32, s, prop=C) for s in ([h, f], [h, f], [f, h]))
+    gate = b.op(K.MatMul, [x, gw], dt.f32, [m, f], transpose_b=weights == "int4")
+    s = b.op(K.Sigmoid, [gate], dt.f32, [m, f])
+    gate = b.op(K.Multiply, [gate, s], dt.f32, [m, f])
+    up = b.op(K.MatMul, [x, uw], dt.f32, [m, f], transpose_b=weights == "int4")
+    prod = b.op(K.Multiply, [gate, up], dt.f32, [m, f])
+    b.op(K.MatMul, [prod, dw], dt.f32, [m, h], transpose_b=weights == "int4")
+    xs = b.feeds[x.id]
+    if extreme == "pos_inf":
+        xs[0, 3] = np.inf
+    elif extreme == "neg_inf":
+        xs[0, 3] = -np.inf
+    elif extreme == "nan":
+        xs[-1, 5] = np.nan
+    elif extreme == "huge":
+        xs[0] = np.where(np.arange(h) % 2, 1e36, -1e36)
+    elif extreme == "cancel":
+        xs[0] = 0
+        xs[0, :4] = [2e38, 2e38, -2e38, -2e38]
+        for op in b.g.get_ops()[:2] if weights == "int4" else ():
+            wq = b.feeds[op.inputs[0].id]  # [f, h] (transpose_b)
+            wq[:, 1:4] = wq[:, 0:1]
+        for w in (gw, uw) if weights == "f32" else ():
+            b.feeds[w.id][1:4] = b.feeds[w.id][0]
+    else:  # the first scale of the gate projection (or its first weight)
+        gate_src = b.g.get_ops()[0].inputs[1].id if weights == "int4" else gw.id
+        b.feeds[gate_src].reshape(-1)[0] = np.inf
+    fused, plans = run(b.g, b.feeds)
+    assert plans == ["numba_gated_mlp"]
+    reference, _ = run(b.g, b.feeds, ga.PartitionPolicy.debug)
+    (out,) = b.g.output_ids
+    verdict = compare(reference[out], fused[out], dt.f32)
+    assert verdict.ok, verdict.message
+    if extreme == "cancel":
+        np.testing.assert_array_equal(fused[out][0], 0.0)
