@@ -84,6 +84,7 @@ from kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
 from kernels.plan import ComposedPlan, CompileRequest
 
 from .hybrid import HybridPlan
+from .wmatmul_plan import zero_size_reason
 from .sdpa_operands import (_FLOATS, _ANY_RND, _swap, Operand, _compressed, _float_operand, make_kv)
 
 _REFUSED_ROLES = {"softcap_tanh": "soft-capping (tanh) has no kernel form",
@@ -464,7 +465,7 @@ def build(request: CompileRequest):
     """The plan of an SDPA partition, or why the fast path does not apply."""
     b, lts = request.bindings, request.lts
     ops = {op.id: op for op in request.ops}
-    reason = _unknown_ops(request, b)
+    reason = _unknown_ops(request, b) or zero_size_reason(request)
     if reason:
         return reason
     qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]

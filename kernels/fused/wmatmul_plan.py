@@ -200,6 +200,19 @@ def make_dense_linear(request: CompileRequest, mm_id: int, any_out: bool = False
                        w_lt.property == PropertyType.constant)
 
 
+def zero_size_reason(request: CompileRequest) -> str | None:
+    """Why a partition with a zero-size tensor takes the reference plan, if it has one.
+
+    Empty outputs and sums over no terms (K = 0: zeros, then bias and post-ops)
+    are what the reference ops compute; the kernels' blockings assume work.
+    """
+    empty = [lt.id for lt in request.lts.values() if lt.shape and 0 in lt.shape]
+    if empty:
+        return f"tensors {sorted(empty)} have a zero-size dim (the reference plan computes " \
+               f"empty outputs and sums over no terms)"
+    return None
+
+
 def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id: int | None = None,
                 any_out: bool = False):
     """A :class:`Linear` for a compressed-weight MatMul (a :class:`DenseLinear`
@@ -209,6 +222,9 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
 
     lts = request.lts
     ops = {op.id: op for op in request.ops}
+    reason = zero_size_reason(request)
+    if reason:
+        return reason
     if deq_id is None:
         return make_dense_linear(request, mm_id, any_out)
     deq, mm = ops[deq_id], ops[mm_id]

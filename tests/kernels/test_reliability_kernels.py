@@ -92,7 +92,7 @@ def wmatmul_graph(wdt, zdt, qtype, *, trans, const, M, N, K_=64, G=32, q=None, z
     qk = np.asarray(q, np.float64).T if trans else np.asarray(q, np.float64)
     s = logical_params(feeds[1], qtype, K_, N, trans)
     z = 0.0 if zdt is None else logical_params(ga.dtypes.to_f32(feeds[2]), qtype, K_, N, trans)
-    rows = K_ // s.shape[0]
+    rows = K_ // s.shape[0] if s.shape[0] else 0
     w64 = (qk - np.repeat(np.broadcast_to(z, s.shape), rows, 0)) * np.repeat(s, rows, 0)
     return g, feeds, np.asarray(x, np.float64) @ w64
 
@@ -451,3 +451,182 @@ def test_inf_and_nan_in_the_gated_mlp_plan_match_the_reference(extreme, weights,
     assert verdict.ok, verdict.message
     if extreme == "cancel":
         np.testing.assert_array_equal(fused[out][0], 0.0)
+
+
+# ------------------------------------------------------------------ zero-size dims
+def _bias_relu(g, y, feeds):
+    """y + bias[N] -> ReLU as post-ops (output tensor 8)."""
+    M, N = y.shape
+    g.add_op(ga.Op(2, K.Add, [y, lt(7, dt.f32, [N])], [lt(6, dt.f32, [M, N])]))
+    g.add_op(ga.Op(3, K.ReLU, [lt(6, dt.f32, [M, N])], [lt(8, dt.f32, [M, N])]))
+    feeds[7] = np.arange(N, dtype=np.float32) - 2
+
+
+ZERO_MATMULS = [(0, 40, 64), (3, 0, 64), (3, 40, 0), (1, 40, 0), (1, 0, 64)]
+
+
+@pytest.mark.parametrize("mnk", ZERO_MATMULS, ids=lambda d: "m%d-n%d-k%d" % d)
+@pytest.mark.parametrize("weights", ["s4", "u8", "f32"])
+def test_zero_size_dims_in_the_fused_matmul(weights, mnk):
+    """Defect 5 (fused MatMul): M, N or K = 0 gave ZeroDivisionError/ValueError.
+
+    oneDNN's answer: an empty output, or for K = 0 a sum over no terms, 0,
+    followed by the bias and post-ops: ReLU(0 + bias), exactly.
+    """
+    M, N, K_ = mnk
+    if weights == "f32":
+        g, feeds, _ = _float_matmul_graph(M, N, K_)
+        _bias_relu(g, lt(5, dt.f32, [M, N]), feeds)
+    else:
+        g, feeds, _ = wmatmul_graph(dt[weights], dt.u4, "per_group", trans=True, const=True,
+                                    M=M, N=N, K_=K_, post=_bias_relu)
+    out, plans = run(g, feeds)
+    assert len(plans) == 1
+    want = np.broadcast_to(np.maximum(feeds[7], 0), (M, N))
+    assert out[8].shape == (M, N)
+    np.testing.assert_array_equal(out[8], want)
+
+
+@pytest.mark.parametrize("m,f", [(0, 96), (2, 0), (0, 0)])
+def test_zero_size_dims_in_the_gated_mlp(m, f):
+    """Defect 5 (gated MLP): m = 0 gives an empty output; an intermediate size
+    f = 0 makes the down projection a sum over no terms: zeros."""
+    from tests.kernels.test_fused_wmatmul import Builder
+
+    b = Builder()
+    h = 64
+    x = b.input(dt.f32, [m, h])
+    gw, uw, dw = (b.compressed_weight(dt.s4, k, n, True) for k, n in ((h, f), (h, f), (f, h)))
+    gate = b.op(K.MatMul, [x, gw], dt.f32, [m, f], transpose_b=True)
+    s = b.op(K.Sigmoid, [gate], dt.f32, [m, f])
+    gate = b.op(K.Multiply, [gate, s], dt.f32, [m, f])
+    up = b.op(K.MatMul, [x, uw], dt.f32, [m, f], transpose_b=True)
+    prod = b.op(K.Multiply, [gate, up], dt.f32, [m, f])
+    b.op(K.MatMul, [prod, dw], dt.f32, [m, h], transpose_b=True)
+    out, plans = run(b.g, b.feeds)
+    assert len(plans) == 1
+    (tid,) = b.g.output_ids
+    np.testing.assert_array_equal(out[tid], np.zeros((m, h), np.float32))
+
+
+@pytest.mark.parametrize("dims", [dict(B=0), dict(Sq=0), dict(S=0), dict(B=0, S=0)],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+@pytest.mark.parametrize("form", ["f32_add_mask", "causal", "s4_kv_zps"])
+def test_zero_size_dims_in_sdpa(form, dims):
+    """Defect 5 (SDPA): batch or Sq = 0 gave ZeroDivisionError.  An empty batch
+    or query gives an empty output; S = 0 (no keys) an empty softmax and a
+    PV product over no terms: zeros."""
+    from tests.kernels.test_fused_sdpa import Builder, attention
+
+    b = Builder()
+    kw = dict(SDPA_FORMS[form])
+    if dims.get("S") == 0 and kw.get("k_int"):
+        kw.update(group=32)  # an empty S still has the D groups
+    attention(b, sm_mode="inf_as_zero", **kw, **dims)
+    out, plans = run(b.g, b.feeds)
+    assert len(plans) == 1
+    (tid,) = b.g.output_ids
+    np.testing.assert_array_equal(out[tid], np.zeros(b.g.tensors[tid].shape, np.float32))
+
+
+def test_zero_size_softmax_axis():
+    """Defect 5 (SoftMax over S = 0 raised ValueError): empty dst, stats = -inf
+    (the log of an empty sum), in both modes; LogSoftmax empty."""
+    for mode in ("none", "inf_as_zero"):
+        g = ga.Graph(ga.EngineKind.cpu, "strict")
+        g.add_op(ga.Op(0, K.SoftMax, [lt(0, dt.f32, [2, 3, 0])],
+                       [lt(1, dt.f32, [2, 3, 0]), lt(2, dt.f32, [2, 3, 1])],
+                       attrs={"axis": -1, "mode": mode}))
+        g.add_op(ga.Op(1, K.LogSoftmax, [lt(0, dt.f32, [2, 3, 0])], [lt(3, dt.f32, [2, 3, 0])],
+                       attrs={"axis": -1}))
+        out, _ = run(g, {0: np.zeros((2, 3, 0), np.float32)})
+        assert out[1].shape == (2, 3, 0) and out[3].shape == (2, 3, 0)
+        np.testing.assert_array_equal(out[2], np.full((2, 3, 1), -np.inf, np.float32))
+
+
+def _zero_dim_variant(case, axis):
+    """The case with dim ``axis`` of input 0 set to 0 (and of every input of the
+    same rank with the same size there, so shapes stay consistent); outputs unknown."""
+    import dataclasses
+
+    shape0 = case.inputs[0].shape
+    size = shape0[axis]
+    inputs = []
+    for spec in case.inputs:
+        shape = list(spec.shape)
+        if len(shape) == len(shape0) and not spec.host_scalar and shape[axis] == size:
+            shape[axis] = 0
+        values = spec.values
+        if values is not None and tuple(shape) != tuple(spec.shape):
+            values = np.zeros(shape, np.asarray(values).dtype)
+        inputs.append(dataclasses.replace(spec, shape=tuple(shape), values=values))
+    outputs = tuple(dataclasses.replace(o, shape=(-1,) * len(o.shape)) for o in case.outputs)
+    return dataclasses.replace(case, inputs=tuple(inputs), outputs=outputs)
+
+
+def _zero_dim_cases():
+    from tests.cases.op_cases import OP_CASES
+
+    first = {}
+    for case in OP_CASES:
+        if case.kind not in (K.End, K.Wildcard) and case.kind not in first:
+            first[case.kind] = case
+    return [(case, axis) for case in first.values() for axis in range(len(case.inputs[0].shape))]
+
+
+def _finite_max(dtype) -> float:
+    return float(ml_dtypes.finfo(np.dtype(ga.dtypes.numpy_dtype(dtype))).max)
+
+
+#: oneDNN's reductions over no elements start from their identity and finish
+#: as usual: max from the lowest finite value, min from the highest, mean 0/0
+EMPTY_REDUCTION = {K.ReduceMax: lambda d: -_finite_max(d), K.ReduceMin: _finite_max,
+                   K.ReduceMean: lambda d: np.nan}
+
+
+#: ops whose statistics outputs are means over the emptied dims: NaN (0/0)
+EMPTY_STATISTICS = {K.BatchNormForwardTraining, K.GroupNorm, K.LayerNorm}
+
+
+@pytest.mark.parametrize("case,axis", _zero_dim_cases(),
+                         ids=lambda v: v.kind.name if hasattr(v, "kind") else f"axis{v}")
+def test_zero_size_dims_of_every_op_kind(case, axis):
+    """Defect 5 (every op kind): a single-op graph through the public API with
+    one zero-size dim either is refused with a typed error (shapes that cannot
+    be empty there) or runs: empty outputs have the inferred shape, non-empty
+    ones (a reduction over an empty axis, a convolution over zero channels,
+    statistics over no elements) equal the case's own formula or oneDNN's
+    empty-reduction values.  Never an untyped exception.
+    """
+    from tests.kernels.test_reference import assert_matches
+
+    variant = _zero_dim_variant(case, axis)
+    g = ga.Graph(ga.EngineKind.cpu, variant.fpmath)
+    try:
+        g.add_op(variant.make_op())
+        g.finalize()
+        (part,) = g.get_partitions()
+        engine = ga.Engine()
+        compiled = part.compile(variant.input_lts(), variant.output_lts(), engine)
+    except ga.GraphError as error:
+        assert str(error)  # typed, with a message
+        return
+    out_lts = [compiled.query_logical_tensor(o.id) for o in variant.output_lts()]
+    inputs = variant.make_inputs()
+    in_tensors = [ga.make_scalar_tensor(l_, x) if l_.property == ga.PropertyType.host_scalar
+                  else ga.Tensor(l_, engine, x) for l_, x in zip(variant.input_lts(), inputs)]
+    out_tensors = [ga.Tensor(l_, engine) for l_ in out_lts]
+    compiled.execute(ga.Stream(engine), in_tensors, out_tensors)
+    got = [t.numpy() for t in out_tensors]
+    if all(x.size == 0 for x in got):
+        assert all(x.shape == tuple(l_.shape) for x, l_ in zip(got, out_lts))
+        return
+    if case.kind in EMPTY_REDUCTION:
+        want = [np.full(got[0].shape, EMPTY_REDUCTION[case.kind](variant.input_lts()[0].dtype))]
+    elif case.kind in EMPTY_STATISTICS:  # dst empty, statistics over no elements 0/0
+        want = [np.full(x.shape, np.nan) for x in got]
+    else:
+        with np.errstate(all="ignore"):
+            want = case.expected(inputs, dict(case.attrs))
+    for i, (x, w) in enumerate(zip(got, want)):
+        assert_matches(x, np.reshape(w, x.shape), case.tolerance(i), f"{case.name} output {i}")
