@@ -683,7 +683,7 @@ def natural_chunk(N: int) -> int:
     multiple of 16 dividing N/2 up to 768 (wide chunks avoid the cache-set
     conflicts of reading 64 B from rows N/2 bytes apart); 0 if none."""
     half = N // 2
-    if N % 32:
+    if N % 32 or N == 0:
         return 0
     return max(d for d in range(16, min(768, half) + 1, 16) if half % d == 0)
 
@@ -788,6 +788,13 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         return quantize(y, qs, qz, dtype=qdt, group=qg, out=out)
     M, K = x.shape
     N, G = spec.N, spec.group
+    okind = {"f32": OUT_F32, "bf16": OUT_BF16, "f16": OUT_F16}[out_dtype]
+    if out is None:
+        out = np.empty((M, N), np.float32 if okind == 0 else np.uint16)
+    if M == 0 or N == 0 or K == 0:  # empty output, or a sum over no terms: 0, then post-ops
+        ep = make_epilogue(post_ops, M, N)
+        _store_rows(np.zeros((M, N), np.float32), 0, 0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        return out
     ng = K // G
     if act_dtype == "f16" and x.dtype == np.uint16:
         xk, kind = x, 2
@@ -797,9 +804,6 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     xf = np.empty((M, K), np.float32)
     xs = np.empty((M, ng), np.float32)
     (_prep_x_serial if M * K < 65536 else _prep_x)(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
-    okind = {"f32": OUT_F32, "bf16": OUT_BF16, "f16": OUT_F16}[out_dtype]
-    if out is None:
-        out = np.empty((M, N), np.float32 if okind == 0 else np.uint16)
     ep = make_epilogue(post_ops, M, N)
     bits4 = spec.kind in (S4, U4)
     if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0:

@@ -630,3 +630,21 @@ def test_zero_size_dims_of_every_op_kind(case, axis):
             want = case.expected(inputs, dict(case.attrs))
     for i, (x, w) in enumerate(zip(got, want)):
         assert_matches(x, np.reshape(w, x.shape), case.tolerance(i), f"{case.name} output {i}")
+
+
+@pytest.mark.parametrize("trans", [True, False])
+@pytest.mark.parametrize("mnk", ZERO_MATMULS, ids=lambda d: "m%d-n%d-k%d" % d)
+@pytest.mark.parametrize("kind", ["s4", "u8"])
+def test_zero_size_dims_in_the_wmatmul_kernel_entry(kind, mnk, trans):
+    """Defect 5 (the kernel's own entry point, used by the benchmarks and the
+    MLP kernel): empty M/N give an empty result, K = 0 the post-ops of 0."""
+    from kernels import wmatmul as W
+
+    M, N, K_ = mnk
+    spec = W.WeightSpec(kind, K_, N, 32, trans)
+    w = np.zeros(N * K_ // 2 if kind == "s4" else N * K_, np.uint8 if kind == "s4" else np.int8)
+    scales = np.ones((N, K_ // 32) if trans else (K_ // 32, N), np.float32)
+    bias = np.arange(N, dtype=np.float32) - 2
+    y = W.wmatmul(np.ones((M, K_), np.float32), w, spec, scales,
+                  post_ops=[("add", bias), ("relu", None)])
+    np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(bias, 0), (M, N)))
