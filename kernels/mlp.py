@@ -63,7 +63,8 @@ def prepare_mlp(wg, sg, wu, su, wd, sd, spec_gu: WM.WeightSpec, spec_d: WM.Weigh
     else:  # one has zero points: both as explicit zero-point rows
         zmode, zf = 1, cat(_explicit_zf(pg), _explicit_zf(pu))
     spec = WM.WeightSpec(spec_gu.kind, spec_gu.K, 2 * pg.wb.shape[0] * 128, spec_gu.group, False)
-    gu = WM.PreparedWeight(spec, cat(pg.wb, pu.wb), cat(pg.sc, pu.sc), zf, zmode, 0)
+    bounds = tuple(max(a, b) for a, b in zip(pg.bounds, pu.bounds))
+    gu = WM.PreparedWeight(spec, cat(pg.wb, pu.wb), cat(pg.sc, pu.sc), zf, zmode, 0, (), bounds)
     return PreparedMLP(gu, WM.prepare(wd, spec_d, sd, zd), spec_gu.N, pg.wb.shape[0] * 128)
 
 
