@@ -543,6 +543,10 @@ def interpolate(op, in_shapes):
                  for d, s in zip(x, scales)]
     else:  # sizes come from the 2nd input's data
         out_x = [UNKNOWN] * len(x)
+    for d, (i, o) in enumerate(zip(x, out_x)):
+        if i == 0 and o not in (0, UNKNOWN):  # oneDNN leaves such a dst unwritten
+            raise _fail(op, f"spatial dim {d} of src {_show(src)} is empty but the output's "
+                            f"is {o}: nothing to interpolate from")
     return [join_data(op, n, c, out_x)]
 
 

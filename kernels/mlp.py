@@ -45,16 +45,26 @@ class PreparedMLP:
     off_up: int  # column offset of "up" in the concatenated output
 
 
+def _explicit_zf(pw: WM.PreparedWeight) -> np.ndarray:
+    """The zero-point rows of a prepared weight as an array (zmode 1 form)."""
+    if pw.zmode == 1:
+        return pw.zf
+    return np.full(pw.sc.shape, 8.0 if pw.zmode == 2 else 0.0, np.float32)
+
+
 def prepare_mlp(wg, sg, wu, su, wd, sd, spec_gu: WM.WeightSpec, spec_d: WM.WeightSpec,
                 zg=None, zu=None, zd=None) -> PreparedMLP:
     """Blocked int4 weights for the gated MLP (gate/up share ``spec_gu``)."""
     pg = WM.prepare(wg, spec_gu, sg, zg)
     pu = WM.prepare(wu, spec_gu, su, zu)
-    assert pg.zmode == pu.zmode
     cat = lambda a, b: np.ascontiguousarray(np.concatenate([a, b], axis=0))
-    zf = cat(pg.zf, pu.zf) if pg.zmode == 1 else pg.zf
+    if pg.zmode == pu.zmode:
+        zmode, zf = pg.zmode, cat(pg.zf, pu.zf) if pg.zmode == 1 else pg.zf
+    else:  # one has zero points: both as explicit zero-point rows
+        zmode, zf = 1, cat(_explicit_zf(pg), _explicit_zf(pu))
     spec = WM.WeightSpec(spec_gu.kind, spec_gu.K, 2 * pg.wb.shape[0] * 128, spec_gu.group, False)
-    gu = WM.PreparedWeight(spec, cat(pg.wb, pu.wb), cat(pg.sc, pu.sc), zf, pg.zmode, 0)
+    bounds = tuple(max(a, b) for a, b in zip(pg.bounds, pu.bounds))
+    gu = WM.PreparedWeight(spec, cat(pg.wb, pu.wb), cat(pg.sc, pu.sc), zf, zmode, 0, (), bounds)
     return PreparedMLP(gu, WM.prepare(wd, spec_d, sd, zd), spec_gu.N, pg.wb.shape[0] * 128)
 
 

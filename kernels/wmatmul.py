@@ -77,6 +77,8 @@ UNARY_OPS = {"relu": EP_RELU, "gelu_erf": EP_GELU_ERF, "gelu_tanh": EP_GELU_TANH
 BINARY_OPS = {"add": EP_ADD, "bias": EP_ADD, "mul": EP_MUL, "sub": EP_SUB, "div": EP_DIV,
               "max": EP_MAX, "min": EP_MIN, "rsub": EP_RSUB, "rdiv": EP_RDIV}
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
+#: operand of a binary post-op that is the running value itself (``Multiply(y, y)``)
+RUNNING = "running value"
 
 
 @dataclass
@@ -97,7 +99,8 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
     ``("clamp", (lo, hi))``, ``("silu", alpha)``, ``("linear", (a, b))``,
     ``("elu", alpha)``, ``("leaky_relu", alpha)``; binary ``("add", array)``
     where ``array`` broadcasts to ``[M, N]`` (scalar, ``[N]``, ``[1, N]``,
-    ``[M, 1]`` or ``[M, N]``; bf16/f16 operands are widened here).
+    ``[M, 1]`` or ``[M, N]``; bf16/f16 operands are widened here), or
+    :data:`RUNNING` for the running value itself (offset -1 in ``ipar``).
     """
     post_ops = list(post_ops or ())
     P = len(post_ops)
@@ -106,7 +109,10 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
     ipar = np.zeros((max(P, 1), 3), np.int64)
     chunks, off = [], 0
     for i, (name, arg) in enumerate(post_ops):
-        if name in BINARY_OPS:
+        if name in BINARY_OPS and isinstance(arg, str) and arg == RUNNING:
+            ops[i] = BINARY_OPS[name]
+            ipar[i] = (-1, 0, 0)
+        elif name in BINARY_OPS:
             ops[i] = BINARY_OPS[name]
             a = np.asarray(arg).astype(np.float32)
             a2 = a.reshape((1,) * (2 - a.ndim) + a.shape[-2:]) if a.ndim <= 2 else \
@@ -147,7 +153,7 @@ def _ep_one(v, m, n, ops, fpar, ipar, buf):
     for i in range(ops.shape[0]):
         op = ops[i]
         if op < 10:
-            o = buf[ipar[i, 0] + m * ipar[i, 1] + n * ipar[i, 2]]
+            o = v if ipar[i, 0] < 0 else buf[ipar[i, 0] + m * ipar[i, 1] + n * ipar[i, 2]]
             if op == 1:
                 v = v + o
             elif op == 2:
@@ -616,6 +622,7 @@ class PreparedWeight:
     zmode: int  # 0 none, 1 zf, 2 constant 8 (s4 stored XOR 0x88)
     xm: int  # XOR mask for int4 bytes (0 after prepare)
     src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
+    bounds: tuple | None = None  # (max |scale|, max |zero point|) for :func:`_fast_is_exact`
 
 
 def _unpack4(w, count, signed):
@@ -646,6 +653,8 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
     zp = None if zps is None else np.asarray(zps).astype(np.float32)
     if zp is not None:
         zp = (zp.T if spec.transposed else zp).reshape(ng, N)
+        if bits4 and signed:
+            zp = zp + np.float32(8)  # s4 is stored as u = q + 8, so u - (z + 8) = q - z
     Np = -(-N // 128) * 128
     nblk = Np // 128
     if bits4:
@@ -653,7 +662,7 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
         u = np.pad(u, ((0, 0), (0, Np - N))).astype(np.uint8)
         byte = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)  # [K, Np/2]
         wb = np.ascontiguousarray(byte.reshape(K, nblk, CB).transpose(1, 0, 2))
-        zmode = 2 if signed else (1 if zp is not None else 0)
+        zmode = 1 if zp is not None else (2 if signed else 0)
     else:
         dt = np.int8 if signed else np.uint8
         qq = np.pad(q, ((0, 0), (0, Np - N))).astype(dt)
@@ -666,7 +675,7 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
                                   .transpose(1, 0, 2))
     else:
         zf = np.zeros((1, 1, 1), np.float32)
-    return PreparedWeight(spec, wb, scp, zf, zmode, 0, (w, scales, zps))
+    return PreparedWeight(spec, wb, scp, zf, zmode, 0, (w, scales, zps), param_bounds(sc, zp))
 
 
 def natural_chunk(N: int) -> int:
@@ -674,7 +683,7 @@ def natural_chunk(N: int) -> int:
     multiple of 16 dividing N/2 up to 768 (wide chunks avoid the cache-set
     conflicts of reading 64 B from rows N/2 bytes apart); 0 if none."""
     half = N // 2
-    if N % 32:
+    if N % 32 or N == 0:
         return 0
     return max(d for d in range(16, min(768, half) + 1, 16) if half % d == 0)
 
@@ -690,13 +699,53 @@ def _natural_blocked(w, spec: WeightSpec, scales, zps):
     scv = np.lib.stride_tricks.as_strided(sc, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
     if zps is not None:
         zp = np.ascontiguousarray(np.asarray(zps).astype(np.float32).reshape(K // G, N))
+        if spec.kind == S4:
+            zp = zp + np.float32(8)  # the nibbles are read XOR 0x88 (u = q + 8)
         zfv = np.lib.stride_tricks.as_strided(zp, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
         zmode = 1
     else:
         zfv = np.zeros((1, 1, 1), np.float32)
         zmode = 2 if spec.kind == S4 else 0
     xm = 0x88 if spec.kind == S4 else 0
-    return PreparedWeight(spec, wb, scv, zfv, zmode, xm, (w, scales, zps))
+    return PreparedWeight(spec, wb, scv, zfv, zmode, xm, (w, scales, zps),
+                          param_bounds(sc, zp if zps is not None else None))
+
+
+# ------------------------------------------------- inf / NaN / overflow guard
+#: partial sums of the fast paths stay below this (2**128 is f32's overflow)
+_SAFE = 2.0 ** 120
+
+
+def param_bounds(scales, zps) -> tuple:
+    """(max |scale|, max |zero point|); NaN when a scale is NaN."""
+    s = np.asarray(scales, np.float32)
+    smax = float(np.max(np.abs(s))) if s.size else 0.0
+    z = None if zps is None else np.asarray(zps, np.float64)
+    zmax = float(np.max(np.abs(z))) if z is not None and z.size else 0.0
+    return smax, zmax
+
+
+def _fast_is_exact(xf, spec: WeightSpec, scales, zps, prepared) -> bool:
+    """Do the fast paths compute what the reference computes, inf/NaN included?
+
+    The reference dequantizes in f32 and sums the products in float64, so its
+    only infinities and NaNs come from the inputs or from dequantized weights
+    that overflow.  The decode kernels sum ``x * u`` unscaled and subtract
+    ``z * sum(x)`` (an inf activation gives inf - inf = NaN; |x| ~ 1e37 can
+    overflow before the scale shrinks it), and BLAS sums in f32.  They are used
+    only when every activation and scale is finite and no partial sum of
+    either form can reach f32's range; anything else takes the exact path
+    (:func:`_prefill` with float64 sums), a rare case by construction.
+    """
+    amax = float(np.max(np.abs(xf))) if xf.size else 0.0
+    if prepared is not None and prepared.bounds is not None:
+        smax, zmax = prepared.bounds
+    else:
+        smax, zmax = param_bounds(scales, zps)
+    wmax = (16.0 if spec.kind in (S4, U4) else 256.0) + zmax + 8.0  # |u| + |z| (s4: +8)
+    K = max(spec.K, 1)
+    return (amax * K * wmax < _SAFE and smax * wmax < _SAFE
+            and amax * smax * wmax * K < _SAFE)  # NaN compares False
 
 
 # ------------------------------------------------------------- entry point
@@ -739,6 +788,13 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         return quantize(y, qs, qz, dtype=qdt, group=qg, out=out)
     M, K = x.shape
     N, G = spec.N, spec.group
+    okind = {"f32": OUT_F32, "bf16": OUT_BF16, "f16": OUT_F16}[out_dtype]
+    if out is None:
+        out = np.empty((M, N), np.float32 if okind == 0 else np.uint16)
+    if M == 0 or N == 0 or K == 0:  # empty output, or a sum over no terms: 0, then post-ops
+        ep = make_epilogue(post_ops, M, N)
+        _store_rows(np.zeros((M, N), np.float32), 0, 0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        return out
     ng = K // G
     if act_dtype == "f16" and x.dtype == np.uint16:
         xk, kind = x, 2
@@ -748,13 +804,13 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     xf = np.empty((M, K), np.float32)
     xs = np.empty((M, ng), np.float32)
     (_prep_x_serial if M * K < 65536 else _prep_x)(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
-    okind = {"f32": OUT_F32, "bf16": OUT_BF16, "f16": OUT_F16}[out_dtype]
-    if out is None:
-        out = np.empty((M, N), np.float32 if okind == 0 else np.uint16)
     ep = make_epilogue(post_ops, M, N)
     bits4 = spec.kind in (S4, U4)
     if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0:
         prepared = _natural_blocked(w, spec, scales, zps)
+    if not _fast_is_exact(xf, spec, scales, zps, prepared):
+        _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
+        return out
     if M <= DECODE_MAX_M and rnd_w == 0 and prepared is not None:
         pw = prepared
         nblk = pw.wb.shape[0]
@@ -772,6 +828,8 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         xe = np.ascontiguousarray(xf[:, 0::2])
         xo = np.ascontiguousarray(xf[:, 1::2])
         zmode = 1 if has_zp else (2 if spec.kind == S4 else 0)
+        if has_zp and spec.kind == S4:
+            zp = zp + np.float32(8)  # the nibbles are read XOR 0x88 (u = q + 8)
         _gemv_nk4(xe, xo, xs, _flat(w, True), K, N, G, np.uint8(0x88 if spec.kind == S4 else 0),
                   sc, zp, zmode, raw)
         finish(raw[None], out, okind, ep)
@@ -801,8 +859,9 @@ def _scales_zps(spec, scales, zps):
     return sc, np.ascontiguousarray(np.asarray(zps).astype(np.float32)).reshape(sh), True
 
 
-def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep):
-    """Panels of PANEL columns: dequantize (parallel, exact f32) then sgemm."""
+def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
+    """Panels of PANEL columns: dequantize (parallel, exact f32) then sgemm
+    (``exact``: float64 sums rounded once, as the reference MatMul)."""
     M, K = xf.shape
     N = spec.N
     bits4 = spec.kind in (S4, U4)
@@ -823,5 +882,9 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep):
         else:
             _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group,
                            sc, zp, has_zp, n0, rnd_w, pv)
-        np.matmul(xf, pv, out=tv)
+        if exact:
+            with np.errstate(all="ignore"):
+                tv[...] = np.matmul(xf.astype(np.float64), pv.astype(np.float64))
+        else:
+            np.matmul(xf, pv, out=tv)
         _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)

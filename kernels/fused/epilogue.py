@@ -48,7 +48,10 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
     Every running value must be f32 (the epilogue computes in f32 and does
     not round between steps).
     """
+    from kernels.wmatmul import RUNNING
+
     steps = []
+    inside = {value_id}  # values computed in the chain: not bindable operands
     i = 0
     while i < len(chain):
         op = ops_by_id[chain[i]]
@@ -60,7 +63,9 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
             ids = {lt.id for lt in nxt.inputs}
             if nxt.kind == K.Multiply and ids == {value_id, op.outputs[0].id}:
                 steps.append(("silu", 1.0))
+                inside.add(op.outputs[0].id)
                 value_id = nxt.outputs[0].id
+                inside.add(value_id)
                 i += 2
                 continue
         if op.kind in BINARY:
@@ -69,13 +74,20 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
                 return f"post-op {op.kind.name} (op {op.id}) does not take the running value"
             pos = ids.index(value_id)
             other = ids[1 - pos]
-            steps.append((BINARY[op.kind][pos], other))
+            if other == value_id:  # Multiply(y, y): the epilogue reads its running value
+                steps.append((BINARY[op.kind][0], RUNNING))
+            elif other in inside:
+                return f"post-op {op.kind.name} (op {op.id}) reads tensor {other}, an earlier " \
+                       f"value of the chain; the epilogue keeps only the running value"
+            else:
+                steps.append((BINARY[op.kind][pos], other))
         else:
             unary = _unary(op)
             if unary is None:
                 return f"post-op {op.kind.name} (op {op.id}) has no epilogue form"
             steps.append(unary)
         value_id = op.outputs[0].id
+        inside.add(value_id)
         i += 1
     return steps, value_id
 

@@ -38,7 +38,10 @@ reference plan for that call.  The implicit causal mask uses the kernel's
 ``top_left`` (no causal_add/causal_sub, or s_kv == s_q) or ``bottom_right``
 (s_kv - s_q == S - Sq) alignment, any other offset an additive triangle.
 SoftMax ``inf_as_zero``: rows the masks hide completely are set to 0 (the
-kernel gives 0/0 there; ``mode=none`` gives NaN like the reference).
+kernel gives 0/0 there; ``mode=none`` gives NaN like the reference).  Any
+other NaN row (scores all -inf because of an inf scale or inf inputs, or a
+NaN input) makes that call run the composed reference plan, which tells a
+row to zero from a NaN to keep.
 
 Numerics.  The kernel keeps scores and probabilities in f32 where the
 reference rounds them to their intermediate types (bf16/f16 scores, SoftMax
@@ -81,6 +84,7 @@ from kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
 from kernels.plan import ComposedPlan, CompileRequest
 
 from .hybrid import HybridPlan
+from .wmatmul_plan import zero_size_reason
 from .sdpa_operands import (_FLOATS, _ANY_RND, _swap, Operand, _compressed, _float_operand, make_kv)
 
 _REFUSED_ROLES = {"softcap_tanh": "soft-capping (tanh) has no kernel form",
@@ -402,8 +406,13 @@ class SdpaCore:
                       scale_mode=sc.scale_mode, mask=None if mask is None else g.kernel_mask(mask),
                       causal=causal, out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd)
         out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
-        if sc.inf_as_zero and (mask is not None or causal is not None) and np.isnan(out).any():
-            self._zero_dead_rows(out, mask, causal, offset)
+        if sc.inf_as_zero and np.isnan(out).any():
+            if mask is not None or causal is not None:
+                self._zero_dead_rows(out, mask, causal, offset)
+            if np.isnan(out).any():  # NaN from the values (inf/NaN inputs or scale): a row
+                # of all -inf scores must be 0, a NaN input must stay NaN; the kernel
+                # cannot tell them apart, the reference can
+                raise _Fallback("NaN rows under inf_as_zero that the masks do not explain")
         for kind, arg in self.steps:
             out = np.reshape(out, arg) if kind == "reshape" else np.transpose(out, arg)
         arrays[self.final_id] = out
@@ -456,7 +465,7 @@ def build(request: CompileRequest):
     """The plan of an SDPA partition, or why the fast path does not apply."""
     b, lts = request.bindings, request.lts
     ops = {op.id: op for op in request.ops}
-    reason = _unknown_ops(request, b)
+    reason = _unknown_ops(request, b) or zero_size_reason(request)
     if reason:
         return reason
     qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]

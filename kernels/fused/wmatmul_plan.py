@@ -4,9 +4,11 @@ Covers ``DynamicDequantize(W int4/int8) [-> TypeCast] -> MatMul [+bias] ->
 post-ops [-> TypeCast]`` with W two-dimensional ([K, N], or [N, K] with
 ``transpose_b``), grouped along K (per_group), per channel (along N) or per
 tensor.  Anything after the epilogue (Quantize/DynamicQuantize, Select) runs
-as reference steps.  Constant weights are repacked once into the kernel's
-blocked layout and cached by buffer address (oneDNN's constant-tensor rule:
-a constant tensor's data does not change).
+as reference steps.  Constant weights (with constant scales and zero points)
+are repacked once into the kernel's blocked layout and cached (see
+:class:`ConstantCache`): oneDNN's rule is that a constant tensor's data does
+not change after the first execute, so the cache is keyed on the identity of
+every buffer the copy was built from, never on their contents.
 
 fpmath: the arithmetic of the composed reference plan, exactly: f32
 activations are rounded as the mode says; dequantized weights are rounded to
@@ -41,8 +43,8 @@ def _group_layout(deq, w_shape, transposed: bool):
     qtype = deq.attrs.get("qtype", "per_tensor")
     if qtype == "per_group":
         gs = list(deq.attrs.get("group_shape", []))
-        if len(gs) != 2 or gs[n_axis] != 1:
-            return f"group_shape {gs} does not group along K only"
+        if len(gs) != 2 or gs[n_axis] not in (1, w_shape[n_axis]):
+            return f"group_shape {gs} neither groups along K only nor spans all of N"
         return gs[k_axis], "group"
     if qtype == "per_channel":
         axis = deq.attrs.get("axis", 1) % 2
@@ -50,6 +52,36 @@ def _group_layout(deq, w_shape, transposed: bool):
             return f"per_channel axis {axis} is not the N axis"
         return w_shape[k_axis], "channel"
     return w_shape[k_axis], "tensor"
+
+
+def _source_key(tensor) -> tuple:
+    """What identifies a tensor's data: buffer address, buffer shape/strides/dtype
+    and the logical tensor's dtype/shape/strides."""
+    buf, lt = tensor.get_data_handle(), tensor.get_logical_tensor()
+    return (buf.__array_interface__["data"][0], buf.shape, buf.strides, buf.dtype.str,
+            lt.dtype, tuple(lt.shape), tuple(lt.strides or ()))
+
+
+class ConstantCache:
+    """One prepared copy of constant tensors, keyed on every source tensor.
+
+    Constant tensors may not change after the first execute (oneDNN's rule),
+    so the same buffers give the same copy; any different buffer, shape,
+    stride or dtype of any source rebuilds it.  The entry holds the source
+    buffers, so their memory cannot be freed and reused by another array at
+    the same address while the copy is cached.
+    """
+
+    def __init__(self):
+        self._key, self._sources, self._value = None, (), None
+
+    def get(self, tensors, build):
+        key = tuple(_source_key(t) for t in tensors)
+        if key != self._key:
+            self._key, self._sources, self._value = None, (), None  # free the old copy first
+            self._value = build()
+            self._key, self._sources = key, tuple(t.get_data_handle() for t in tensors)
+        return self._value
 
 
 @dataclass
@@ -65,8 +97,8 @@ class Linear:
     rnd_x: int
     rnd_w: int
     act: str | None
-    constant: bool
-    cache: dict = field(default_factory=dict)
+    constant: bool  # weights, scales and zero points are all constant
+    cache: ConstantCache = field(default_factory=ConstantCache)
 
     @property
     def K(self) -> int:
@@ -79,10 +111,10 @@ class Linear:
     def _params(self, tensor):
         """Scales/zps as the kernel's per-group array ([K/G, N] or [N, K/G])."""
         a = np.asarray(tensor.numpy())
-        if self.scale_kind == "group":
-            return a
         spec = self.spec
         shape = (spec.N, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, spec.N)
+        if self.scale_kind == "group":  # [K/G, 1] when one group spans N (int4 per-tensor)
+            return a if a.shape == shape else np.broadcast_to(a, shape)
         if self.scale_kind == "channel":
             a = a.reshape(-1, 1) if spec.transposed else a.reshape(1, -1)
         else:
@@ -97,12 +129,8 @@ class Linear:
         zps = None if self.z_id is None else self._params(inputs[self.z_id])
         prepared = None
         if self.constant and self.rnd_w == 0:
-            key = (w_buf.__array_interface__["data"][0],
-                   inputs[self.s_id].buffer.__array_interface__["data"][0])
-            prepared = self.cache.get(key)
-            if prepared is None:
-                self.cache.clear()
-                prepared = self.cache[key] = wm.prepare(w_buf, self.spec, scales, zps)
+            sources = [inputs[t] for t in (self.w_id, self.s_id, self.z_id) if t is not None]
+            prepared = self.cache.get(sources, lambda: wm.prepare(w_buf, self.spec, scales, zps))
         y = wm.wmatmul(x2d, w_buf, self.spec, scales, zps, prepared=prepared, post_ops=post,
                        out_dtype=out_dtype, rnd_x=self.rnd_x, rnd_w=self.rnd_w, act_dtype=self.act)
         return y if out_dtype == "f32" else y.view(dtypes.numpy_dtype(DataType[out_dtype]))
@@ -112,7 +140,7 @@ class Linear:
 class DenseLinear:
     """``x @ W`` with float weights: f32 BLAS on (fpmath-rounded) f32 copies, then
     the same Numba epilogue as the compressed kernels.  Constant weights are
-    converted once and cached by buffer address."""
+    converted once (:class:`ConstantCache`)."""
 
     x_id: int
     w_id: int
@@ -123,24 +151,28 @@ class DenseLinear:
     x_dtype: DataType
     w_dtype: DataType
     constant: bool
-    cache: dict = field(default_factory=dict)
+    cache: ConstantCache = field(default_factory=ConstantCache)
 
     def _weights(self, tensor):
-        key = tensor.buffer.__array_interface__["data"][0]
-        if self.constant and key in self.cache:
-            return self.cache[key]
-        w = self.fpmath.round_input(tensor.numpy(), self.w_dtype)
-        w = np.ascontiguousarray(w.T if self.transposed else w)
-        if self.constant:
-            self.cache.clear()
-            self.cache[key] = w
-        return w
+        """(f32 [K, N] weights, max |w|: NaN when a weight is NaN)."""
+        def build():
+            w = self.fpmath.round_input(tensor.numpy(), self.w_dtype)
+            w = np.ascontiguousarray(w.T if self.transposed else w, dtype=np.float32)
+            return w, float(np.max(np.abs(w))) if w.size else 0.0
+
+        return self.cache.get([tensor], build) if self.constant else build()
 
     def __call__(self, x2d, inputs, post=(), out_dtype="f32"):
         from kernels import wmatmul as wm
 
         xf = self.fpmath.round_input(x2d, self.x_dtype)
-        acc = np.matmul(xf, self._weights(inputs[self.w_id]))
+        w, wmax = self._weights(inputs[self.w_id])
+        amax = float(np.max(np.abs(xf))) if xf.size else 0.0
+        if amax * wmax * max(self.K, 1) < wm._SAFE:  # NaN compares False
+            acc = np.matmul(xf, w)
+        else:  # inf/NaN or f32 partial sums that may overflow: float64 sums, as the reference
+            with np.errstate(all="ignore"):
+                acc = np.matmul(xf.astype(np.float64), w.astype(np.float64)).astype(np.float32)
         M = acc.shape[0]
         ep = wm.make_epilogue(post, M, self.N)
         okind = {"f32": wm.OUT_F32, "bf16": wm.OUT_BF16, "f16": wm.OUT_F16}[out_dtype]
@@ -168,6 +200,19 @@ def make_dense_linear(request: CompileRequest, mm_id: int, any_out: bool = False
                        w_lt.property == PropertyType.constant)
 
 
+def zero_size_reason(request: CompileRequest) -> str | None:
+    """Why a partition with a zero-size tensor takes the reference plan, if it has one.
+
+    Empty outputs and sums over no terms (K = 0: zeros, then bias and post-ops)
+    are what the reference ops compute; the kernels' blockings assume work.
+    """
+    empty = [lt.id for lt in request.lts.values() if lt.shape and 0 in lt.shape]
+    if empty:
+        return f"tensors {sorted(empty)} have a zero-size dim (the reference plan computes " \
+               f"empty outputs and sums over no terms)"
+    return None
+
+
 def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id: int | None = None,
                 any_out: bool = False):
     """A :class:`Linear` for a compressed-weight MatMul (a :class:`DenseLinear`
@@ -177,6 +222,9 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
 
     lts = request.lts
     ops = {op.id: op for op in request.ops}
+    reason = zero_size_reason(request)
+    if reason:
+        return reason
     if deq_id is None:
         return make_dense_linear(request, mm_id, any_out)
     deq, mm = ops[deq_id], ops[mm_id]
@@ -210,9 +258,10 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
         rnd_w = _TYPE_RND[lts[deq.outputs[0].id].dtype]
     rnd_x = rounding_code(request.fpmath, src_is_f32=x_lt.dtype == DataType.f32)
     z_id = deq.inputs[2].id if len(deq.inputs) > 2 else None
+    constant = all(lts[t.id].property == PropertyType.constant for t in deq.inputs)
     return Linear(mm.inputs[0].id, deq.inputs[0].id, deq.inputs[1].id, z_id,
                   wm.WeightSpec(_WEIGHT_KINDS[wq.dtype], K_, N, group, transposed), scale_kind,
-                  rnd_x, rnd_w, _ACT[x_lt.dtype], lts[wq.id].property == PropertyType.constant)
+                  rnd_x, rnd_w, _ACT[x_lt.dtype], constant)
 
 
 def build(request: CompileRequest):

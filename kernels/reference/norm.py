@@ -1,7 +1,8 @@
 """Normalizations: LayerNorm, RMSNorm, BatchNorm (inference, training), GroupNorm.
 
 Statistics are computed in float64 (population variance, as oneDNN):
-``mean = sum(x) / N``, ``var = sum((x - mean)^2) / N``.  The normalized
+``mean = sum(x) / N``, ``var = sum((x - mean)^2) / N`` (NaN, 0/0, over no
+elements, as oneDNN's division by the empty count).  The normalized
 value ``(x - mean) / sqrt(var + eps)`` is also evaluated in f64, then scaled
 and shifted, and rounded once to the output type.
 """
@@ -14,9 +15,17 @@ from graph_api.enums import OpKind
 from ._common import along, channel_axis, f64, finish, norm_axis, to_ncx
 
 
+def _mean(x: np.ndarray, axes) -> np.ndarray:
+    """sum / count over ``axes`` (keepdims); 0/0 = NaN over no elements, silently."""
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return x.sum(axis=axes, keepdims=True) / np.float64(count)
+
+
 def _moments(x: np.ndarray, axes) -> tuple[np.ndarray, np.ndarray]:
-    mean = x.mean(axis=axes, keepdims=True)
-    var = np.square(x - mean).mean(axis=axes, keepdims=True)
+    mean = _mean(x, axes)
+    var = _mean(np.square(x - mean), axes)
     return mean, var
 
 
@@ -46,7 +55,7 @@ def rms_norm(op, inputs, out_lts, ctx):
     begin = norm_axis(int(op.attrs.get("begin_norm_axis", -1)), x.ndim)
     axes = tuple(range(begin, x.ndim))
     eps = float(np.float32(op.attrs.get("epsilon", 1e-5)))
-    y = x / np.sqrt(np.square(x).mean(axis=axes, keepdims=True) + eps)
+    y = x / np.sqrt(_mean(np.square(x), axes) + eps)
     if len(inputs) >= 2:
         y = y * f64(inputs[1])
     return [finish(y, out_lts[0])]
@@ -95,7 +104,7 @@ def group_norm(op, inputs, out_lts, ctx):
     x = to_ncx(f64(inputs[0]), fmt)
     groups = int(op.attrs["groups"])
     n, c = x.shape[:2]
-    xg = x.reshape((n, groups, -1))
+    xg = x.reshape((n, groups, x.size // max(n * groups, 1)))  # -1 is ambiguous when n = 0
     mean, var = _moments(xg, 2)
     eps = float(np.float32(op.attrs.get("epsilon", 1e-5)))
     y = ((xg - mean) / np.sqrt(var + eps)).reshape(x.shape)

@@ -1,7 +1,9 @@
 """Reductions over ``axes`` (attribute, or the optional s32 second input).
 
 Evaluated in float64, rounded once to the output type; ``keep_dims`` only
-changes the output shape, which comes from the output logical tensor::
+changes the output shape, which comes from the output logical tensor.  Over
+no elements: sum/L1/L2 0, prod 1, mean NaN, max/min the lowest/highest finite
+value of the src type (oneDNN's accumulator start values, see ``EMPTY``)::
 
     ReduceL1 = sum|x|   ReduceL2 = sqrt(sum x^2)   ReduceMax/Min/Mean/Prod/Sum
 """
@@ -22,13 +24,32 @@ def reduce_axes(op, inputs, ndim: int) -> tuple[int, ...]:
     return tuple(sorted({norm_axis(int(a), ndim) for a in axes}))
 
 
+def _finite_max(dtype) -> float:
+    """The largest finite value of a float storage dtype (ml_dtypes knows bf16 too)."""
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dtype).max)
+
+
+#: value of a reduction over no elements where numpy has none: oneDNN starts
+#: max from the lowest finite value of the src type, min from the highest, and
+#: divides the mean's 0 by the count 0
+EMPTY = {"reduce_max": lambda dt: -_finite_max(dt), "reduce_min": _finite_max,
+         "reduce_mean": lambda dt: np.nan}
+
+
 def reduction(formula):
     """Adapt ``formula(x, axes)`` to the kernel contract."""
 
     def kernel(op, inputs, out_lts, ctx):
         x = f64(inputs[0])
+        axes = reduce_axes(op, inputs, x.ndim)
         with np.errstate(all="ignore"):
-            y = formula(x, reduce_axes(op, inputs, x.ndim))
+            if formula.__name__ in EMPTY and any(x.shape[a] == 0 for a in axes):
+                empty = EMPTY[formula.__name__](np.asarray(inputs[0]).dtype)
+                y = np.full(np.sum(x, axis=axes).shape, empty)
+            else:
+                y = formula(x, axes)
         return [finish(y, out_lts[0])]
 
     kernel.__name__ = formula.__name__

@@ -8,7 +8,8 @@ Evaluated in float64 along ``axis`` (SoftMax default 1, LogSoftmax -1)::
 A slice whose inputs are all -inf gives NaN in mode ``none`` (as IEEE does:
 -inf - -inf) and, with ``mode="inf_as_zero"``, an all-zero softmax and
 ``stats = -inf`` (oneDNN clamps the max to a finite value and the 1/sum of an
-empty sum to 1).  ``stats`` keeps the softmax axis with size 1.
+empty sum to 1).  ``stats`` keeps the softmax axis with size 1.  An empty
+softmax axis gives an empty dst and ``stats = -inf`` (log of an empty sum).
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from ._common import f64, finish, norm_axis
 
 
 def _max_and_sum(x, axis):
-    m = x.max(axis=axis, keepdims=True)
+    # initial -inf: over an empty axis max = -inf and sum = 0 (stats = -inf), and
+    # the softmax itself is empty; elsewhere it changes nothing
+    m = x.max(axis=axis, keepdims=True, initial=-np.inf)
     s = np.exp(x - m).sum(axis=axis, keepdims=True)
     return m, s
 

@@ -120,7 +120,7 @@ def attention(b, *, dtype=dt.f32, B=1, Hq=4, Hkv=None, Sq=4, S=40, D=32, five_d=
         m_shape = (B,) + (1,) * (r - 3) + (Sq, S)
         values = b.rng.standard_normal(m_shape)
         values[b.rng.random(m_shape) < 0.2] = -np.inf
-        values[..., 0] = 0.0  # no row fully masked
+        values[..., :1] = 0.0  # no row fully masked
         x = b.op(K.Add, [x, b.input(dt.f32, m_shape, values)], dt.f32, scores_shape)
     if mask == "select":
         c_shape = (1,) * (r - 1) + (S,)
