@@ -410,7 +410,8 @@ def conv_pads(op, src_spatial, kernel_spatial, strides, dilations, deconv=False)
 
     SAME_UPPER/SAME_LOWER pad ``(k-1)*d+1 - s`` in total (``- x % s`` when the
     stride does not divide the size, convolution only), the odd extra at the end
-    (UPPER) or the beginning (LOWER); VALID pads nothing.  Unknown sizes give -1.
+    (UPPER) or the beginning (LOWER); VALID pads nothing.  Unknown sizes give
+    None (not -1: a pooling ``pads_end`` may be -1).
     """
     count = len(src_spatial)
     begin = _spatial_attr(op, "pads_begin", count, allow_empty=True)
@@ -421,7 +422,7 @@ def conv_pads(op, src_spatial, kernel_spatial, strides, dilations, deconv=False)
     begin, end_ = [], []
     for x, k, s, d in zip(src_spatial, kernel_spatial, strides, dilations):
         if UNKNOWN in (x, k) and auto_pad != "VALID":
-            b, e = UNKNOWN, UNKNOWN
+            b, e = None, None
         else:
             b, e = _auto_pad_1d(x, s, k, d, auto_pad, deconv)
         begin.append(b)
@@ -430,7 +431,7 @@ def conv_pads(op, src_spatial, kernel_spatial, strides, dilations, deconv=False)
 
 
 def _window_out(x, k, s, d, pb, pe, ceil=False):
-    if UNKNOWN in (x, k, pb, pe):
+    if UNKNOWN in (x, k) or None in (pb, pe):
         return UNKNOWN
     span = x + pb + pe - ((k - 1) * d + 1)
     return (-(-span // s) if ceil else span // s) + 1
@@ -496,7 +497,7 @@ def conv_transpose(op, in_shapes):
     pb, pe = conv_pads(op, x, k, strides, dilations, deconv=True)
     out_x = []
     for xi, ki, s, d, op_, b, e in zip(x, k, strides, dilations, out_pad, pb, pe):
-        known = UNKNOWN not in (xi, ki, b, e)
+        known = UNKNOWN not in (xi, ki) and None not in (b, e)
         out_x.append(s * (xi - 1) + (ki - 1) * d + 1 + op_ - b - e if known else UNKNOWN)
     out_c = UNKNOWN if o == UNKNOWN else o * groups
     if len(in_shapes) > 2 and in_shapes[2] is not None:
