@@ -257,3 +257,14 @@ def test_kernels_never_modify_their_inputs():
     op = make_op(OpKind.LayerNormBackward, [shape, shape, (2, 3), (2, 3)], [shape], use_affine=False)
     REFERENCE[op.kind](op, inputs, op.outputs, CTX)
     assert all(x.tobytes() == y.tobytes() for x, y in zip(inputs, before))
+
+
+def test_filled_backward_graphs_give_finite_gradients():
+    """Variances and SqrtBackward inputs are filled positive, so a check run
+    compares numbers, not NaN with NaN."""
+    from graph_api.cli import execute, prepare
+    from tests.conformance_files import ROOT
+
+    report = execute(prepare(ROOT / "pattern/f32/bn_bwd_relu_bwd_fusion.json"), check=True)
+    assert report.ok and len(report.checks) == 3
+    assert all(np.isfinite(report.run.outputs[c.tid]).all() for c in report.checks)
