@@ -132,14 +132,14 @@ def eltwise_backward(formula, **attr_defaults):
 def softmax_backward(op, inputs, out_lts, ctx):
     """diff_src = dst * (dd - sum(dd * dst)) along axis (inputs: diff_dst, dst)."""
     dd, dst = f64(inputs[0]), f64(inputs[1])
-    axis = norm_axis(int(op.attrs["axis"]), dd.ndim)
+    axis = norm_axis(int(op.attrs.get("axis", 1)), dd.ndim)
     return [finish(dst * (dd - (dd * dst).sum(axis=axis, keepdims=True)), out_lts[0])]
 
 
 def log_softmax_backward(op, inputs, out_lts, ctx):
     """diff_src = dd - exp(dst) * sum(dd) along axis (inputs: diff_dst, dst)."""
     dd, dst = f64(inputs[0]), f64(inputs[1])
-    axis = norm_axis(int(op.attrs["axis"]), dd.ndim)
+    axis = norm_axis(int(op.attrs.get("axis", -1)), dd.ndim)
     with np.errstate(all="ignore"):
         return [finish(dd - np.exp(dst) * dd.sum(axis=axis, keepdims=True), out_lts[0])]
 
@@ -152,7 +152,7 @@ def _all_but(ndim: int, axis: int) -> tuple[int, ...]:
 def bias_add_backward(op, inputs, out_lts, ctx):
     """diff_bias[c] = sum of diff_dst over every dim but the channel one."""
     dd = f64(inputs[0])
-    axis = channel_axis(op.attrs["data_format"], dd.ndim)
+    axis = channel_axis(op.attrs.get("data_format", "NXC"), dd.ndim)
     return [finish(dd.sum(axis=_all_but(dd.ndim, axis)), out_lts[0])]
 
 
@@ -161,7 +161,7 @@ def slope_view_shape(op, slope_shape, src_ndim: int) -> tuple[int, ...]:
     ``data_format`` (PReLU's per-channel form); otherwise right-aligned numpy."""
     if len(slope_shape) == 1 and src_ndim >= 2:
         shape = [1] * src_ndim
-        shape[channel_axis(op.attrs["data_format"], src_ndim)] = slope_shape[0]
+        shape[channel_axis(op.attrs.get("data_format", "NXC"), src_ndim)] = slope_shape[0]
         return tuple(shape)
     return (1,) * (src_ndim - len(slope_shape)) + tuple(slope_shape)
 
@@ -198,7 +198,7 @@ def batch_norm_backward(op, inputs, out_lts, ctx):
     """BatchNormTrainingBackward: see the module docstring (channel per data_format);
     outputs diff_src and, if declared, diff_gamma and diff_beta."""
     x, dd = f64(inputs[0]), f64(inputs[1])
-    axis = channel_axis(op.attrs["data_format"], x.ndim)
+    axis = channel_axis(op.attrs.get("data_format", "NXC"), x.ndim)
     shape = [1] * x.ndim
     shape[axis] = -1
     mean, var = (f64(v).reshape(shape) for v in inputs[2:4])
@@ -214,13 +214,13 @@ def layer_norm_backward(op, inputs, out_lts, ctx):
     """LayerNormBackward: see the module docstring; mean/variance have the
     leading dims ``src[:begin_norm_axis]``, gamma the normalized ones."""
     x, dd = f64(inputs[0]), f64(inputs[1])
-    begin = norm_axis(int(op.attrs["begin_norm_axis"]), x.ndim)
+    begin = norm_axis(int(op.attrs.get("begin_norm_axis", -1)), x.ndim)
     axes = tuple(range(begin, x.ndim))
     trail = (1,) * len(axes)
     mean, var = (f64(v).reshape(x.shape[:begin] + trail) for v in inputs[2:4])
-    affine = op.attrs["use_affine"] and len(inputs) > 4
+    affine = op.attrs.get("use_affine", True) and len(inputs) > 4
     gamma = f64(inputs[4]) if affine else 1.0
-    eps = float(np.float32(op.attrs["epsilon"]))
+    eps = float(np.float32(op.attrs.get("epsilon", 1e-5)))
     dx, dgamma, dbeta = _norm_grads(x, dd, mean, var, eps, axes, gamma)
     lead = tuple(range(begin))
     values = [dx, dgamma.sum(axis=lead), dbeta.sum(axis=lead)]

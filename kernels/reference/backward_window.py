@@ -129,44 +129,49 @@ def _geometry(op, nsp):
 
 
 def _data(x, op, index, ctx):
-    return to_ncx(round_mm_input(x, index, ctx), op.attrs["data_format"]).astype(np.float64)
+    return to_ncx(round_mm_input(x, index, ctx), op.attrs.get("data_format", "NXC")).astype(np.float64)
+
+
+def _weights_format(op) -> str:
+    """The schema default: XIO for Convolution*, XOI for ConvTranspose*."""
+    return op.attrs.get("weights_format", "XOI" if "Transpose" in op.kind.name else "XIO")
 
 
 def _weights(x, op, index, ctx):
-    return weights_to_oix(round_mm_input(x, index, ctx), op.attrs["weights_format"]).astype(np.float64)
+    return weights_to_oix(round_mm_input(x, index, ctx), _weights_format(op)).astype(np.float64)
 
 
 def conv_backward_data(op, inputs, out_lts, ctx):
     """diff_src[p - pb] += diff_dst[y] * w[k] over taps (inputs: diff_dst, weights)."""
-    fmt = op.attrs["data_format"]
+    fmt = op.attrs.get("data_format", "NXC")
     dy, w = _data(inputs[0], op, 0, ctx), _weights(inputs[1], op, 1, ctx)
     src_shape = ncx_shape(out_lts[0].shape, fmt)
     strides, dilations = _geometry(op, dy.ndim - 2)
     begin, _ = pads(op, src_shape[2:], strides, w.shape[2:], dilations)
-    dx = conv_data_core(dy, w, int(op.attrs["groups"]), strides, dilations, begin, src_shape)
+    dx = conv_data_core(dy, w, int(op.attrs.get("groups", 1)), strides, dilations, begin, src_shape)
     return [finish(from_ncx(dx, fmt), out_lts[0])]
 
 
 def conv_backward_weights(op, inputs, out_lts, ctx):
     """diff_w[k] = sum over n, y of src[p - pb] * diff_dst[y] (inputs: src, diff_dst)."""
     x, dy = _data(inputs[0], op, 0, ctx), _data(inputs[1], op, 1, ctx)
-    wfmt = op.attrs["weights_format"]
+    wfmt = _weights_format(op)
     kernel = list(weights_to_oix(np.empty(out_lts[0].shape, np.int8), wfmt).shape[2:])
     strides, dilations = _geometry(op, x.ndim - 2)
     begin, _ = pads(op, x.shape[2:], strides, kernel, dilations)
-    dw = conv_weights_core(x, dy, int(op.attrs["groups"]), strides, dilations, begin, kernel)
+    dw = conv_weights_core(x, dy, int(op.attrs.get("groups", 1)), strides, dilations, begin, kernel)
     return [finish(oix_to_format(dw, wfmt), out_lts[0])]
 
 
 def conv_transpose_backward_data(op, inputs, out_lts, ctx):
     """diff_src = Convolution(diff_dst, w with I and O swapped), pads as given."""
-    fmt = op.attrs["data_format"]
+    fmt = op.attrs.get("data_format", "NXC")
     dy, w = _data(inputs[0], op, 0, ctx), _weights(inputs[1], op, 1, ctx)
     w_conv = np.swapaxes(w, 0, 1)  # (OCg, IC, K) -> (IC, OCg, K)
     strides, dilations = _geometry(op, dy.ndim - 2)
     begin, _ = pads(op, dy.shape[2:], strides, w.shape[2:], dilations)
     out_sp = ncx_shape(out_lts[0].shape, fmt)[2:]
-    dx = conv_forward_core(dy, w_conv, int(op.attrs["groups"]), strides, dilations, begin, out_sp)
+    dx = conv_forward_core(dy, w_conv, int(op.attrs.get("groups", 1)), strides, dilations, begin, out_sp)
     return [finish(from_ncx(dx, fmt), out_lts[0])]
 
 
@@ -174,11 +179,11 @@ def conv_transpose_backward_weights(op, inputs, out_lts, ctx):
     """diff_w = the Convolution weights gradient with x = diff_dst and dy = src,
     I and O swapped back (inputs: src, diff_dst)."""
     x, dy = _data(inputs[0], op, 0, ctx), _data(inputs[1], op, 1, ctx)
-    wfmt = op.attrs["weights_format"]
+    wfmt = _weights_format(op)
     kernel = list(weights_to_oix(np.empty(out_lts[0].shape, np.int8), wfmt).shape[2:])
     strides, dilations = _geometry(op, x.ndim - 2)
     begin, _ = pads(op, x.shape[2:], strides, kernel, dilations, deconv=True)
-    dw = conv_weights_core(dy, x, int(op.attrs["groups"]), strides, dilations, begin, kernel)
+    dw = conv_weights_core(dy, x, int(op.attrs.get("groups", 1)), strides, dilations, begin, kernel)
     return [finish(oix_to_format(np.swapaxes(dw, 0, 1), wfmt), out_lts[0])]
 
 
@@ -195,7 +200,7 @@ def _pool_geometry(op, in_sp, out_sp, dilated: bool):
 def avg_pool_backward(op, inputs, out_lts, ctx):
     """diff_src[p - pb] += diff_dst[y] / divisor[y]; divisor = window cells inside
     the source (exclude_pad) or the kernel volume (inputs: diff_dst[, src_shape])."""
-    fmt = op.attrs["data_format"]
+    fmt = op.attrs.get("data_format", "NXC")
     dy = to_ncx(f64(inputs[0]), fmt)
     src_shape = ncx_shape(out_lts[0].shape, fmt)
     in_sp, out_sp = list(src_shape[2:]), list(dy.shape[2:])
@@ -214,7 +219,7 @@ def avg_pool_backward(op, inputs, out_lts, ctx):
 
 def max_pool_backward(op, inputs, out_lts, ctx):
     """diff_src[first argmax of the window] += diff_dst[y] (inputs: src, diff_dst)."""
-    fmt = op.attrs["data_format"]
+    fmt = op.attrs.get("data_format", "NXC")
     x, dy = to_ncx(f64(inputs[0]), fmt), to_ncx(f64(inputs[1]), fmt)
     in_sp, out_sp = list(x.shape[2:]), list(dy.shape[2:])
     kernel, strides, dilations, begin, extent = _pool_geometry(op, in_sp, out_sp, True)
@@ -252,10 +257,10 @@ def interpolation_matrix(o_size: int, i_size: int, mode: str, ctm: str) -> np.nd
 
 def interpolate_backward(op, inputs, out_lts, ctx):
     """diff_src = A^T diff_dst along every spatial dim (inputs: src, diff_dst[, sizes])."""
-    fmt = op.attrs["data_format"]
+    fmt = op.attrs.get("data_format", "NXC")
     dy = to_ncx(f64(inputs[1]), fmt)
     in_sp = ncx_shape(out_lts[0].shape, fmt)[2:]
-    mode, ctm = op.attrs["mode"], op.attrs["coordinate_transformation_mode"]
+    mode, ctm = op.attrs["mode"], op.attrs.get("coordinate_transformation_mode", "half_pixel")
     for axis, i_size in enumerate(in_sp, start=2):
         a = interpolation_matrix(dy.shape[axis], i_size, mode, ctm)
         dy = np.moveaxis(np.tensordot(a.T, np.moveaxis(dy, axis, 0), axes=1), 0, axis)
