@@ -472,6 +472,8 @@ def run_case(case: Case, root: Path, max_elements: int = MAX_ELEMENTS) -> Outcom
         return Outcome(case, "unimplemented", str(err))
     except (GraphError, OSError) as err:
         return Outcome(case, "failed", f"{type(err).__name__}: {err}")
+    except Exception as err:  # noqa: BLE001 - a crash fails this case, not the batch
+        return Outcome(case, "failed", f"internal error {type(err).__name__}: {err}")
     bad = [f"output {c.tid}: {c.verdict.message}" for c in report.checks if not c.verdict.ok]
     return Outcome(case, "failed", "; ".join(bad)) if bad else Outcome(case, "passed")
 
@@ -487,7 +489,7 @@ def run_batch(batch_file, root=None, max_elements: int = MAX_ELEMENTS, echo=prin
         outcome = run_case(case, root, max_elements)
         summary.outcomes.append(outcome)
         if outcome.state != "passed":
-            echo(f"{index}:{outcome.state.upper()} ({case.origin}) {case.command()}: "
+            echo(f"{index}:{outcome.state.upper()} ({case.origin}) __REPRO: {case.command()}: "
                  f"{outcome.message}")
     echo(summary.line())
     return summary

@@ -208,3 +208,18 @@ def test_the_real_op_f32_ci_batch_passes_every_present_case():
     assert summary.count("passed") >= 50 and summary.count("missing") == 10
     present = {o.case.path for o in summary.outcomes if o.state != "missing"}
     assert all((ROOT / p).is_file() for p in present)
+
+
+def test_a_crash_in_one_case_fails_that_case_and_the_batch_goes_on(inputs, monkeypatch):
+    from kernels.reference import REFERENCE
+
+    def crash(op, inputs_, out_lts, ctx):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setitem(REFERENCE, ga.OpKind.AbsBackward, crash)
+    path = write(inputs, "b", "--case=op/f32/abs_bwd.json --case=op/f32/matmul.json")
+    lines = []
+    summary = run_batch(path, inputs, echo=lines.append)
+    assert [o.state for o in summary.outcomes] == ["failed", "passed"]
+    assert "__REPRO: --graph --case=op/f32/abs_bwd.json" in lines[0]
+    assert "internal error ZeroDivisionError: boom" in lines[0]
