@@ -624,6 +624,25 @@ def eltwise_backward(op, in_shapes):
     return [same_shape(op, in_shapes[:2], "src/dst and diff_dst")]
 
 
+def softmax_backward(op, in_shapes):
+    """SoftMax/LogSoftmaxBackward: as eltwise_backward, with ``axis`` in range."""
+    shape = same_shape(op, in_shapes[:2], "diff_dst and dst")
+    if shape is not None:
+        normalize_axis(op, op.attrs["axis"], len(shape))
+    return [shape]
+
+
+def _check_groups(op, weights):
+    """Convolution*Backward: the weights' output channels O split into ``groups``
+    (the input side is checked against src by :func:`convolution`)."""
+    if weights is None:
+        return
+    o = split_weights(op, weights)[0]
+    groups = op.attrs["groups"]
+    if groups < 1 or (o != UNKNOWN and o % groups):
+        raise _fail(op, f"weights output channels {o} do not split into groups={groups}")
+
+
 def bias_add_backward(op, in_shapes):
     """BiasAddBackward: diff_bias = ``[C]`` of diff_dst under ``data_format``."""
     diff_dst = in_shapes[0]
@@ -634,7 +653,13 @@ def prelu_backward(op, in_shapes):
     """PReLUBackward: diff_src = src (= diff_dst); diff_slope = slope."""
     src, slope, diff_dst = in_shapes
     src = same_shape(op, [src, diff_dst], "src and diff_dst")
-    if src is not None and slope is not None and not (len(slope) == 1 and len(src) >= 2):
+    if src is None or slope is None:
+        return [src, slope]
+    if len(slope) == 1 and len(src) >= 2:  # per channel (the data_format's C) or one value
+        c = _channels(op, src)
+        if UNKNOWN not in (slope[0], c) and slope[0] not in (1, c):
+            raise _fail(op, f"1-D slope {_show(slope)} must have 1 or the {c} src channels")
+    else:
         check_one_way(op, src, slope, "slope")
     return [src, slope]
 
@@ -691,6 +716,7 @@ def conv_backward_data(op, in_shapes):
     """ConvolutionBackwardData: diff_src = ``dst_shape`` (attribute, else the
     declared output); diff_dst must be the forward Convolution's output."""
     diff_dst, wei = in_shapes[0], in_shapes[1]
+    _check_groups(op, wei)
     shape = _shape_attr(op, "dst_shape") if len(in_shapes) == 2 else None
     shape = shape or _declared(op)
     if shape is None and wei is not None:
@@ -708,6 +734,8 @@ def conv_backward_weights(op, in_shapes):
     shape = shape or _declared(op)
     if shape is None and src is not None:
         shape = (UNKNOWN,) * len(src)
+    if op.kind.name == "ConvolutionBackwardWeights":
+        _check_groups(op, shape)
     if is_known(shape) and src is not None:
         fwd = convolution if op.kind.name == "ConvolutionBackwardWeights" else conv_transpose
         _checked_forward(op, fwd(op, [src, shape])[0], src, diff_dst, "diff_dst")
@@ -725,6 +753,8 @@ def conv_transpose_backward_data(op, in_shapes):
     groups = op.attrs["groups"]
     if UNKNOWN not in (c, o) and (groups < 1 or c != o * groups):
         raise _fail(op, f"diff_dst has {c} channels, expected weights O {o} x groups {groups}")
+    if i != UNKNOWN and i % groups:
+        raise _fail(op, f"weights input channels {i} do not split into groups={groups}")
     strides = _spatial_attr(op, "strides", len(x))
     dilations = _spatial_attr(op, "dilations", len(x))
     _check_positive(op, "strides", strides)

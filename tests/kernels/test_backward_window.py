@@ -252,3 +252,28 @@ def test_use_affine_layer_norm_backward_needs_three_outputs():
 
     with pytest.raises(InvalidGraphOp, match="use_affine=true needs 3 outputs"):
         make_op(OpKind.LayerNormBackward, [(2, 3)] * 2 + [(2,)] * 2, [(2, 3)])
+
+
+def test_a_1d_prelu_slope_must_match_the_channels():
+    from graph_api.errors import InvalidShape
+
+    op = make_op(OpKind.PReLUBackward, [(2, 3, 4), (4,), (2, 3, 4)], [None, None],
+                 data_format="NCX")
+    with pytest.raises(InvalidShape, match="3 src channels"):
+        inferred(op)
+
+
+@pytest.mark.parametrize("kind,ins,attrs,phrase", [
+    (OpKind.SoftMaxBackward, [(2, 3), (2, 3)], {"axis": 2}, "out of range"),
+    (OpKind.ConvolutionBackwardData, [(1, 3, 4, 4), (3, 2, 1, 1)],
+     dict(strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1], groups=2,
+          dst_shape=[1, 4, 4, 4], data_format="NCX", weights_format="OIX"), "groups=2"),
+    (OpKind.ConvTransposeBackwardData, [(1, 4, 4, 4), (3, 2, 1, 1)],
+     dict(strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1], groups=2,
+          data_format="NCX", weights_format="IOX"), "groups=2"),
+])
+def test_inconsistent_shapes_fail_before_any_kernel(kind, ins, attrs, phrase):
+    from graph_api.errors import InvalidShape
+
+    with pytest.raises(InvalidShape, match=phrase):
+        inferred(make_op(kind, ins, [None], **attrs))
