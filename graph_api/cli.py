@@ -4,6 +4,7 @@
 
     graph-api run FILE.json [--policy fusion|debug] [--fpmath MODE] [--apply-to-int]
                             [--repeat N] [--check] [--seed N] [--mb N]
+    graph-api run --batch BATCH_FILE [--inputs-root DIR]
     graph-api partitions FILE.json [--policy fusion|debug]
     graph-api dot FILE.json [-o out.dot] [--policy fusion|debug]
 
@@ -11,7 +12,9 @@
 partitions, compiles and executes it and prints one row per partition.  With
 ``--check`` every graph output is compared with the unfused numpy reference
 (:func:`graph_api.check.compare`, per-data-type tolerances) and the exit code
-is 1 on a mismatch.  Errors are one line, ``graph-api: error: <message>``,
+is 1 on a mismatch.  ``run --batch`` runs a benchdnn graph batch file
+(:mod:`graph_api.batch`) and prints benchdnn's summary line; exit code 1 when a
+case failed.  Errors are one line, ``graph-api: error: <message>``,
 exit code 2.  Also ``python -m graph_api``.
 
 The functions :func:`prepare` and :func:`execute` are what ``run`` does; the
@@ -30,7 +33,7 @@ from pathlib import Path
 from . import fill, rewrite
 from .check import Verdict, compare
 from .enums import FPMathMode, OpKind, PartitionPolicy
-from .errors import GraphError
+from .errors import GraphError, InvalidArguments
 from .fpmath import FPMath
 from .json_io import load
 from .runner import GraphRun, run_graph
@@ -301,10 +304,21 @@ def render_svg(dot_path: Path) -> Path | None:
 
 # ====================================================================== commands
 def cmd_run(args) -> int:
+    if args.batch is not None:
+        return cmd_run_batch(args)
     prepared = prepare(args.file, args.fpmath, args.apply_to_int, args.mb)
     report = execute(prepared, args.policy, args.repeat, args.check, args.seed)
     print("\n".join(report_lines(report, args.policy)))
     return EXIT_OK if report.ok else EXIT_MISMATCH
+
+
+def cmd_run_batch(args) -> int:
+    from .batch import run_batch
+
+    if args.file is not None:
+        raise InvalidArguments(f"give either a graph file ({args.file}) or --batch, not both")
+    summary = run_batch(args.batch, args.inputs_root)
+    return EXIT_OK if summary.ok else EXIT_MISMATCH
 
 
 def cmd_partitions(args) -> int:
@@ -366,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name, help_text, epilog=None):
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("file", help="a oneDNN graph JSON file (graph dump or benchdnn --case)")
+        p.add_argument("file", nargs="?" if name == "run" else None,
+                       help="a oneDNN graph JSON file (graph dump or benchdnn --case)")
         p.add_argument("--policy", type=_policy, default=PartitionPolicy.fusion, metavar="{fusion,debug}",
                        help="partition policy: fusion (patterns) or debug (one op per partition)")
         return p
@@ -383,6 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=fill.SEED, help="seed of the input filler")
     run.add_argument("--mb", type=_positive, default=None, metavar="N",
                      help="set the leading batch dim to N, as benchdnn --mb")
+    run.add_argument("--batch", metavar="BATCH_FILE",
+                     help="run every --case of a benchdnn graph batch file (instead of FILE.json)")
+    run.add_argument("--inputs-root", metavar="DIR", default=None,
+                     help="folder the batch file's --case/--batch paths are relative to "
+                          "(default: found from the batch file)")
     run.set_defaults(handler=cmd_run)
     add("partitions", "print the partition table and why unfused ops were not fused").set_defaults(
         handler=cmd_partitions)
@@ -398,6 +418,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "run" and args.file is None and args.batch is None:
+            parser.error("run needs a graph file (the argument 'file') or --batch BATCH_FILE")
     except SystemExit as stop:  # argparse has printed usage or help
         return int(stop.code or 0)
     try:

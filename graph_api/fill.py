@@ -33,7 +33,8 @@ from a MatMul::
     src            MatMul input 0                              integers in [-4, 4]
     bias           MatMul input 2                              integers in [-2, 2]
     divisor        Divide input 1                              one of {1, 2, 4}
-    positive       Log / Sqrt / Pow / Reciprocal input         uniform in [0.25, 4]
+    positive       Log / Sqrt / Pow / Reciprocal input,        uniform in [0.25, 4]
+                   variances, SqrtBackward input 0
     generic        anything else                               floats uniform in [-2, 2]; integers
                                                                in INT_RANGES; booleans coin flips
 
@@ -163,6 +164,13 @@ def weight_exponent(k: int) -> int:
     return int(math.floor(math.log2(max(k, 1)) / 2))
 
 
+#: (op kind, input port) that a finite run needs positive: variances (benchdnn
+#: fills them positive) and SqrtBackward's src or dst
+POSITIVE_PORTS = frozenset({(OpKind.BatchNormInference, 4), (OpKind.BatchNormForwardTraining, 2),
+                            (OpKind.BatchNormTrainingBackward, 3), (OpKind.LayerNormBackward, 3),
+                            (OpKind.SqrtBackward, 0)})
+
+
 def _role_of_use(graph, scores, op, port, lt) -> Role:
     kind, others = op.kind, [x.id for i, x in enumerate(op.inputs) if i != port]
     beside_scores = any(t in scores for t in others)
@@ -199,6 +207,8 @@ def _role_of_use(graph, scores, op, port, lt) -> Role:
     if kind == OpKind.Divide and port == 1:
         return Role("divisor", op, port)
     if kind in (OpKind.Log, OpKind.Sqrt, OpKind.Pow, OpKind.Reciprocal) and port == 0:
+        return Role("positive", op, port)
+    if (kind, port) in POSITIVE_PORTS:  # variances, and SqrtBackward's src/dst
         return Role("positive", op, port)
     return Role("generic", op, port)
 

@@ -87,6 +87,18 @@ def check_pads(op):
             raise _fail(op, f"{name}={op.attrs[name]} must be non-negative")
 
 
+def check_pool_pads(op):
+    """AvgPool/MaxPool: ``pads_begin`` non-negative; ``pads_end`` may be negative.
+
+    Extension: oneDNN's ``check_pads`` rejects a negative ``pads_end`` at
+    add_op, yet its benchdnn input ``avgpool_3d_chain_fusion.json`` carries
+    one; here it means the last windows stop short of the end of the source
+    (rows past ``size + pads_end`` are never read).
+    """
+    if any(p < 0 for p in op.attrs["pads_begin"]):
+        raise _fail(op, f"pads_begin={op.attrs['pads_begin']} must be non-negative")
+
+
 def check_maxpool_dilations(op):
     """MaxPool ``dilations`` has one entry per kernel dim (the 12-ones default passes)."""
     dilations, kernel = op.attrs["dilations"], op.attrs["kernel"]
@@ -580,11 +592,11 @@ _CNN = [
         _conv_attrs(("XOI", "IOX")) + (Attr("output_padding", "s64[]", TWELVE_ZEROS),),
         [check_pads], doc="out = s (x - 1) + (k-1) d + 1 + output_padding - pb - pe"),
     row(K.AvgPool, ["src:T"], ["dst:T"], {"T": FLOATS}, shapes.pooling,
-        _pool_attrs() + (_required("exclude_pad", "bool"),), [check_pads],
+        _pool_attrs() + (_required("exclude_pad", "bool"),), [check_pool_pads],
         doc="window mean; exclude_pad leaves padding out of the count"),
     row(K.MaxPool, ["src:T"], ["dst:T"], {"T": FLOATS}, shapes.pooling,
         _pool_attrs() + (Attr("dilations", "s64[]", TWELVE_ONES),),
-        [check_pads, check_maxpool_dilations], doc="window max"),
+        [check_pool_pads, check_maxpool_dilations], doc="window max"),
     row(K.Interpolate, ["src:T1", "sizes:T2?"], ["dst:T1"],
         {"T1": FLOATS, "T2": frozenset({DT.s32})}, shapes.interpolate,
         [_required("mode", "string", ("nearest", "linear", "bilinear", "trilinear")),
@@ -618,8 +630,134 @@ _GRAPH = [
 ]
 
 
+# ------------------------------------------------- backward (training) ops
+# Rows follow oneDNN's op_def.hpp: "src/dst" ports read the forward dst when
+# ``use_dst`` is true (the default), else the forward src.
+USE_DST = Attr("use_dst", "bool", True)
+S32 = frozenset({DT.s32})
+
+
+def check_softmax_bwd_dtype(op):
+    """SoftMaxBackward: diff_src is f32 or the data type of diff_dst."""
+    diff_dst, diff_src = op.inputs[0].dtype, op.outputs[0].dtype
+    if diff_src not in (diff_dst, DT.f32):
+        raise _fail(op, f"diff_dst {diff_dst.name} with diff_src {diff_src.name} is not "
+                        f"supported; diff_src must be {diff_dst.name} or f32")
+
+
+def check_ln_bwd_use_affine(op):
+    """LayerNormBackward with ``use_affine=true`` declares diff_src, diff_gamma, diff_beta."""
+    if op.attrs["use_affine"] and len(op.outputs) != 3:
+        raise _fail(op, f"use_affine=true needs 3 outputs (diff_src, diff_gamma, diff_beta), "
+                        f"given {len(op.outputs)}; set use_affine=false for diff_src only")
+
+
+def shape_given(attr: str, port: int):
+    """oneDNN's check_avgpool_bwd_input_shape / check_conv_bwd_*_shape: a shape
+    comes from input ``port`` or from attribute ``attr``.
+
+    Deviation: oneDNN counts its 12-zero default as "given"; a shape of zeros
+    cannot be computed with, so here it must be set.
+    """
+
+    def check(op):
+        if len(op.inputs) <= port and not any(op.attrs.get(attr) or []):
+            raise _fail(op, f"{attr} must be given as an attribute when input {port} is absent")
+
+    check.__doc__ = f"{attr} as attribute or input {port}"
+    return check
+
+
+def eltwise_bwd(kind: OpKind, *attrs: Attr, first: str = "src", doc: str = "") -> OpSchema:
+    """(src or src/dst, diff_dst) -> diff_src, one T in {f32, bf16, f16}."""
+    return row(kind, [f"{first}:T", "diff_dst:T"], ["diff_src:T"], {"T": FLOATS},
+               shapes.eltwise_backward, attrs, doc=doc)
+
+
+def pool_bwd_attrs(*extra: Attr) -> tuple[Attr, ...]:
+    return (_required("strides", "s64[]"), _required("pads_begin", "s64[]"),
+            _required("pads_end", "s64[]"), _required("kernel", "s64[]"), AUTO_PAD,
+            DATA_FORMAT) + extra
+
+
+_BACKWARD = [
+    eltwise_bwd(K.AbsBackward, doc="dy * sign(x)"),
+    eltwise_bwd(K.ClampBackward, _required("min", "f32"), _required("max", "f32"), USE_DST,
+                first="src/dst", doc="dy where min < v < max, else 0"),
+    eltwise_bwd(K.EluBackward, _required("alpha", "f32"), USE_DST, first="src/dst",
+                doc="dy * (x > 0 ? 1 : alpha e^x)  (use_dst: d > 0 ? 1 : d + alpha)"),
+    eltwise_bwd(K.GELUBackward, Attr("mode", "string", "gelu_erf", ("gelu_erf", "gelu_tanh")),
+                doc="dy * d/dx gelu(x)"),
+    eltwise_bwd(K.HardSigmoidBackward, _required("alpha", "f32"), _required("beta", "f32"),
+                doc="dy * alpha where 0 < alpha x + beta < 1, else 0"),
+    eltwise_bwd(K.HardSwishBackward, doc="dy * (x/3 + 1/2) inside (-3, 3); dy above, 0 below"),
+    eltwise_bwd(K.MishBackward, doc="dy * (tanh sp + x sigmoid(x) (1 - tanh^2 sp)), sp = softplus"),
+    eltwise_bwd(K.ReLUBackward, USE_DST, first="src/dst", doc="dy where v > 0, else 0"),
+    eltwise_bwd(K.SigmoidBackward, USE_DST, first="src/dst", doc="dy * s (1 - s)"),
+    eltwise_bwd(K.SoftPlusBackward, Attr("beta", "f32", 1.0), doc="dy * sigmoid(beta x)"),
+    eltwise_bwd(K.SqrtBackward, USE_DST, first="src/dst", doc="dy / (2 sqrt x)"),
+    eltwise_bwd(K.TanhBackward, USE_DST, first="src/dst", doc="dy * (1 - t^2)"),
+    row(K.SoftMaxBackward, ["diff_dst:T1", "dst:T1"], ["diff_src:T2"], {"T1": FLOATS, "T2": FLOATS},
+        shapes.softmax_backward, [Attr("axis", "s64", 1)], [check_softmax_bwd_dtype],
+        doc="dst * (dy - sum(dy * dst)) along axis"),
+    row(K.LogSoftmaxBackward, ["diff_dst:T", "dst:T"], ["diff_src:T"], {"T": FLOATS},
+        shapes.softmax_backward, [Attr("axis", "s64", -1)],
+        doc="dy - exp(dst) * sum(dy) along axis"),
+    row(K.BiasAddBackward, ["diff_dst:T"], ["diff_bias:T"], {"T": FLOATS},
+        shapes.bias_add_backward, [DATA_FORMAT], doc="sum of dy over all but the channel dim"),
+    row(K.PReLUBackward, ["src:T", "slope:T", "diff_dst:T"], ["diff_src:T", "diff_slope:T"],
+        {"T": FLOATS}, shapes.prelu_backward, [DATA_FORMAT],
+        doc="dx = dy * (x > 0 ? 1 : slope); dslope = sum of dy * (x > 0 ? 0 : x) to slope's shape"),
+    row(K.BatchNormTrainingBackward, ["src:T1", "diff_dst:T1", "mean:T2", "variance:T2", "gamma:T2?"],
+        ["diff_src:T1", "diff_gamma:T2?", "diff_beta:T2?"], {"T1": FLOATS, "T2": NORM_AUX},
+        shapes.batch_norm_backward, [_required("epsilon", "f32"), DATA_FORMAT],
+        [port_count_sets(inputs={4, 5}, outputs={1, 2, 3}), check_bn_data_type],
+        doc="per channel, with the given mean/variance"),
+    row(K.LayerNormBackward,
+        ["src:T1", "diff_dst:T1", "mean:T2", "variance:T2", "gamma:T2?", "beta:T2?"],
+        ["diff_src:T1", "diff_gamma:T2?", "diff_beta:T2?"], {"T1": FLOATS, "T2": NORM_AUX},
+        shapes.norm_backward, [BEGIN_NORM_AXIS, USE_AFFINE, EPSILON],
+        [port_count_sets(inputs={4, 5, 6}, outputs={1, 3}), check_ln_bwd_use_affine],
+        doc="over dims begin_norm_axis.., with the given mean/variance"),
+    row(K.ConvolutionBackwardData, ["diff_dst:T1", "weights:T1", "dst_shape:T2?"], ["diff_src:T1"],
+        {"T1": FLOATS, "T2": S32}, shapes.conv_backward_data,
+        _conv_attrs(("XIO", "OIX")) + (Attr("output_padding", "s64[]", TWELVE_ZEROS),
+                                       Attr("dst_shape", "s64[]", TWELVE_ZEROS)),
+        [shape_given("dst_shape", 2), check_pads],
+        doc="gradient of Convolution w.r.t. src; dst_shape is the forward src shape"),
+    row(K.ConvolutionBackwardWeights, ["src:T1", "diff_dst:T1", "weights_shape:T2?"],
+        ["diff_weights:T1"], {"T1": FLOATS, "T2": S32}, shapes.conv_backward_weights,
+        _conv_attrs(("XIO", "OIX")) + (Attr("weights_shape", "s64[]", TWELVE_ZEROS),),
+        [shape_given("weights_shape", 2), check_pads],
+        doc="gradient of Convolution w.r.t. weights"),
+    row(K.ConvTransposeBackwardData, ["diff_dst:T", "weights:T"], ["diff_src:T"], {"T": FLOATS},
+        shapes.conv_transpose_backward_data, _conv_attrs(("XOI", "IOX")), [check_pads],
+        doc="gradient of ConvTranspose w.r.t. src: a Convolution of diff_dst"),
+    row(K.ConvTransposeBackwardWeights, ["src:T1", "diff_dst:T1", "weights_shape:T2?"],
+        ["diff_weights:T1"], {"T1": FLOATS, "T2": S32}, shapes.conv_backward_weights,
+        _conv_attrs(("XOI", "IOX")) + (Attr("weights_shape", "s64[]", TWELVE_ZEROS),),
+        [shape_given("weights_shape", 2), check_pads],
+        doc="gradient of ConvTranspose w.r.t. weights"),
+    row(K.AvgPoolBackward, ["diff_dst:T", "src_shape:T1?"], ["diff_src:T"], {"T": FLOATS, "T1": S32},
+        shapes.pool_backward,
+        pool_bwd_attrs(_required("exclude_pad", "bool"), Attr("src_shape", "s64[]", TWELVE_ZEROS)),
+        [shape_given("src_shape", 1), check_pads],
+        doc="each dy spread evenly over its window (divisor as AvgPool)"),
+    row(K.MaxPoolBackward, ["src:T", "diff_dst:T"], ["diff_src:T"], {"T": FLOATS},
+        shapes.pool_backward, pool_bwd_attrs(Attr("dilations", "s64[]", TWELVE_ONES)),
+        [check_pads, check_maxpool_dilations], doc="each dy to the first max of its window"),
+    row(K.InterpolateBackward, ["src:T1", "diff_dst:T1", "sizes:T2?"], ["diff_src:T1"],
+        {"T1": FLOATS, "T2": S32}, shapes.interpolate_backward,
+        [_required("mode", "string", ("nearest", "linear", "bilinear", "trilinear")),
+         Attr("coordinate_transformation_mode", "string", "half_pixel",
+              ("half_pixel", "align_corners")),
+         Attr("sizes", "s64[]"), Attr("scales", "f32[]"), DATA_FORMAT],
+        [check_interpolate_sizes_scales], doc="transpose of Interpolate's linear map"),
+]
+
+
 ROWS: tuple[OpSchema, ...] = tuple(_ELEMENTWISE + _LAYOUT + _MATMUL_SOFTMAX_NORMS + _CNN
-                                   + _QUANT + _GRAPH)
+                                   + _QUANT + _GRAPH + _BACKWARD)
 
 #: The op table ``Graph.add_op`` verifies against.
 OP_SCHEMAS: dict[OpKind, OpSchema] = {schema.kind: schema for schema in ROWS}

@@ -410,7 +410,8 @@ def conv_pads(op, src_spatial, kernel_spatial, strides, dilations, deconv=False)
 
     SAME_UPPER/SAME_LOWER pad ``(k-1)*d+1 - s`` in total (``- x % s`` when the
     stride does not divide the size, convolution only), the odd extra at the end
-    (UPPER) or the beginning (LOWER); VALID pads nothing.  Unknown sizes give -1.
+    (UPPER) or the beginning (LOWER); VALID pads nothing.  Unknown sizes give
+    None (not -1: a pooling ``pads_end`` may be -1).
     """
     count = len(src_spatial)
     begin = _spatial_attr(op, "pads_begin", count, allow_empty=True)
@@ -421,7 +422,7 @@ def conv_pads(op, src_spatial, kernel_spatial, strides, dilations, deconv=False)
     begin, end_ = [], []
     for x, k, s, d in zip(src_spatial, kernel_spatial, strides, dilations):
         if UNKNOWN in (x, k) and auto_pad != "VALID":
-            b, e = UNKNOWN, UNKNOWN
+            b, e = None, None
         else:
             b, e = _auto_pad_1d(x, s, k, d, auto_pad, deconv)
         begin.append(b)
@@ -430,7 +431,7 @@ def conv_pads(op, src_spatial, kernel_spatial, strides, dilations, deconv=False)
 
 
 def _window_out(x, k, s, d, pb, pe, ceil=False):
-    if UNKNOWN in (x, k, pb, pe):
+    if UNKNOWN in (x, k) or None in (pb, pe):
         return UNKNOWN
     span = x + pb + pe - ((k - 1) * d + 1)
     return (-(-span // s) if ceil else span // s) + 1
@@ -496,7 +497,7 @@ def conv_transpose(op, in_shapes):
     pb, pe = conv_pads(op, x, k, strides, dilations, deconv=True)
     out_x = []
     for xi, ki, s, d, op_, b, e in zip(x, k, strides, dilations, out_pad, pb, pe):
-        known = UNKNOWN not in (xi, ki, b, e)
+        known = UNKNOWN not in (xi, ki) and None not in (b, e)
         out_x.append(s * (xi - 1) + (ki - 1) * d + 1 + op_ - b - e if known else UNKNOWN)
     out_c = UNKNOWN if o == UNKNOWN else o * groups
     if len(in_shapes) > 2 and in_shapes[2] is not None:
@@ -603,4 +604,173 @@ def prelu(op, in_shapes):
         if _merge_dim(slope[0], c) is not None or slope[0] == 1:
             return [src]
     check_one_way(op, src, slope, "slope")
+    return [src]
+
+
+# ================================================= backward (training) ops
+# oneDNN's ``infer_*_bwd/bprop_output_shape``: a gradient has the shape of the
+# forward tensor it belongs to.  Attributes that name a shape (``dst_shape``,
+# ``weights_shape``, ``src_shape``) default to oneDNN's 12 zeros = not given.
+def _shape_attr(op, name: str):
+    """A shape attribute, or None when it holds oneDNN's all-zero default."""
+    value = op.attrs.get(name) or []
+    return tuple(value) if value and any(value) else None
+
+
+def _declared(op, index: int = 0):
+    lt = op.outputs[index] if index < len(op.outputs) else None
+    return None if lt is None else lt.shape
+
+
+def eltwise_backward(op, in_shapes):
+    """*Backward of element-wise ops and SoftMax/LogSoftmax: diff_src = the
+    shape both inputs share (src or dst, and diff_dst)."""
+    return [same_shape(op, in_shapes[:2], "src/dst and diff_dst")]
+
+
+def softmax_backward(op, in_shapes):
+    """SoftMax/LogSoftmaxBackward: as eltwise_backward, with ``axis`` in range."""
+    shape = same_shape(op, in_shapes[:2], "diff_dst and dst")
+    if shape is not None:
+        normalize_axis(op, op.attrs["axis"], len(shape))
+    return [shape]
+
+
+def _check_groups(op, weights):
+    """Convolution*Backward: the weights' output channels O split into ``groups``
+    (the input side is checked against src by :func:`convolution`)."""
+    if weights is None:
+        return
+    o = split_weights(op, weights)[0]
+    groups = op.attrs["groups"]
+    if groups < 1 or (o != UNKNOWN and o % groups):
+        raise _fail(op, f"weights output channels {o} do not split into groups={groups}")
+
+
+def bias_add_backward(op, in_shapes):
+    """BiasAddBackward: diff_bias = ``[C]`` of diff_dst under ``data_format``."""
+    diff_dst = in_shapes[0]
+    return [None if diff_dst is None else (_channels(op, diff_dst),)]
+
+
+def prelu_backward(op, in_shapes):
+    """PReLUBackward: diff_src = src (= diff_dst); diff_slope = slope."""
+    src, slope, diff_dst = in_shapes
+    src = same_shape(op, [src, diff_dst], "src and diff_dst")
+    if src is None or slope is None:
+        return [src, slope]
+    if len(slope) == 1 and len(src) >= 2:  # per channel (the data_format's C) or one value
+        c = _channels(op, src)
+        if UNKNOWN not in (slope[0], c) and slope[0] not in (1, c):
+            raise _fail(op, f"1-D slope {_show(slope)} must have 1 or the {c} src channels")
+    else:
+        check_one_way(op, src, slope, "slope")
+    return [src, slope]
+
+
+def norm_backward(op, in_shapes):
+    """LayerNormBackward: diff_src = src; diff_gamma/diff_beta = ``src[begin_norm_axis:]``."""
+    src = same_shape(op, in_shapes[:2], "src and diff_dst")
+    if src is None:
+        return [None] * len(op.outputs)
+    bna = _begin_norm_axis(op, src)
+    for name, shape in zip(("mean", "variance"), in_shapes[2:4]):
+        if shape is not None:
+            same_shape(op, [shape, tuple(src[:bna])], f"{name} and src[:begin_norm_axis]")
+    for name, shape in zip(("gamma", "beta"), in_shapes[4:]):
+        check_one_way(op, src[bna:], shape, name)
+    aux = tuple(src[bna:])
+    return [src, aux, aux][:len(op.outputs)]
+
+
+def batch_norm_backward(op, in_shapes):
+    """BatchNormTrainingBackward: diff_src = src; diff_gamma/diff_beta = ``[C]``."""
+    src = same_shape(op, in_shapes[:2], "src and diff_dst")
+    if src is None:
+        return [None] * len(op.outputs)
+    c = _channels(op, src)
+    _check_channel_vectors(op, in_shapes[2:], ("mean", "variance", "gamma"), c)
+    return [src] + [(c,)] * (len(op.outputs) - 1)
+
+
+def _checked_forward(op, fwd, src, out, what: str):
+    """The forward ``fwd(op, [src...])`` output must agree with ``out`` (diff_dst)."""
+    if src is None or out is None or not is_known(src):
+        return
+    same_shape(op, [fwd, out], f"the forward output of src {_show(src)} and {what}")
+
+
+def pool_backward(op, in_shapes):
+    """MaxPoolBackward: diff_src = src.  AvgPoolBackward: diff_src =
+    ``src_shape`` (attribute, or unknown dims when given as an s32 input).
+    diff_dst must be what the forward pooling of that shape gives."""
+    if op.kind.name == "MaxPoolBackward":
+        src, diff_dst = in_shapes
+    else:
+        diff_dst = in_shapes[0]
+        src = _shape_attr(op, "src_shape") if len(in_shapes) == 1 else None
+        if src is None and diff_dst is not None:
+            src = (UNKNOWN,) * len(diff_dst)
+    if src is not None and is_known(src):
+        _checked_forward(op, pooling(op, [src])[0], src, diff_dst, "diff_dst")
+    return [src]
+
+
+def conv_backward_data(op, in_shapes):
+    """ConvolutionBackwardData: diff_src = ``dst_shape`` (attribute, else the
+    declared output); diff_dst must be the forward Convolution's output."""
+    diff_dst, wei = in_shapes[0], in_shapes[1]
+    _check_groups(op, wei)
+    shape = _shape_attr(op, "dst_shape") if len(in_shapes) == 2 else None
+    shape = shape or _declared(op)
+    if shape is None and wei is not None:
+        shape = (UNKNOWN,) * len(wei)
+    if is_known(shape) and wei is not None:
+        _checked_forward(op, convolution(op, [shape, wei])[0], shape, diff_dst, "diff_dst")
+    return [shape]
+
+
+def conv_backward_weights(op, in_shapes):
+    """Convolution/ConvTransposeBackwardWeights: diff_weights = ``weights_shape``
+    (attribute, else the declared output); diff_dst must match the forward op."""
+    src, diff_dst = in_shapes[0], in_shapes[1]
+    shape = _shape_attr(op, "weights_shape") if len(in_shapes) == 2 else None
+    shape = shape or _declared(op)
+    if shape is None and src is not None:
+        shape = (UNKNOWN,) * len(src)
+    if op.kind.name == "ConvolutionBackwardWeights":
+        _check_groups(op, shape)
+    if is_known(shape) and src is not None:
+        fwd = convolution if op.kind.name == "ConvolutionBackwardWeights" else conv_transpose
+        _checked_forward(op, fwd(op, [src, shape])[0], src, diff_dst, "diff_dst")
+    return [shape]
+
+
+def conv_transpose_backward_data(op, in_shapes):
+    """ConvTransposeBackwardData: diff_src = the Convolution of diff_dst by the
+    weights (channels = weights I), as oneDNN's ``infer_convtranspose_ncx_oix``."""
+    diff_dst, wei = in_shapes
+    if diff_dst is None or wei is None:
+        return [None]
+    n, c, x = split_data(op, diff_dst)
+    o, i, k = split_weights(op, wei)
+    groups = op.attrs["groups"]
+    if UNKNOWN not in (c, o) and (groups < 1 or c != o * groups):
+        raise _fail(op, f"diff_dst has {c} channels, expected weights O {o} x groups {groups}")
+    if i != UNKNOWN and i % groups:
+        raise _fail(op, f"weights input channels {i} do not split into groups={groups}")
+    strides = _spatial_attr(op, "strides", len(x))
+    dilations = _spatial_attr(op, "dilations", len(x))
+    _check_positive(op, "strides", strides)
+    _check_positive(op, "dilations", dilations)
+    pb, pe = conv_pads(op, x, k, strides, dilations)
+    out_x = [_window_out(*args) for args in zip(x, k, strides, dilations, pb, pe)]
+    return [join_data(op, n, i, out_x)]
+
+
+def interpolate_backward(op, in_shapes):
+    """InterpolateBackward: diff_src = src; diff_dst = the forward Interpolate of src."""
+    src, diff_dst = in_shapes[0], in_shapes[1]
+    if src is not None and is_known(src) and (op.attrs.get("sizes") or op.attrs.get("scales")):
+        _checked_forward(op, interpolate(op, [src])[0], src, diff_dst, "diff_dst")
     return [src]

@@ -1,4 +1,4 @@
-"""Numpy reference kernels: the ground truth for every forward op.
+"""Numpy reference kernels: the ground truth for every op (forward and backward).
 
 ``REFERENCE[OpKind.X](op, inputs, out_lts, ctx) -> list[np.ndarray]`` (the
 contract is in DESIGN.md).  The dict is assembled explicitly from the
@@ -6,6 +6,8 @@ per-topic tables below; each kernel's docstring states its formula.
 """
 from __future__ import annotations
 
+from .backward import BACKWARD
+from .backward_window import BACKWARD_WINDOW
 from .binary import BINARY
 from .context import RefContext
 from .conv import CONV
@@ -22,11 +24,11 @@ from .softmax import SOFTMAX
 
 #: the per-topic tables, in the order they are merged (no kind appears twice)
 TABLES = (ELTWISE, BINARY, MATMUL, CONV, POOL, NORM, SOFTMAX, REDUCE, QUANT, MISC,
-          RESAMPLE, DROPOUT)
+          RESAMPLE, DROPOUT, BACKWARD, BACKWARD_WINDOW)
 
 REFERENCE: dict = {
     **ELTWISE, **BINARY, **MATMUL, **CONV, **POOL, **NORM, **SOFTMAX, **REDUCE, **QUANT,
-    **MISC, **RESAMPLE, **DROPOUT,
+    **MISC, **RESAMPLE, **DROPOUT, **BACKWARD, **BACKWARD_WINDOW,
 }
 
 __all__ = ["REFERENCE", "RefContext", "TABLES"]

@@ -20,6 +20,7 @@ prio   pattern                 oneDNN passes
  9.1   matmul_transpose        fp_matmul_transpose_reorder, ..._reshape_transpose_reshape
  8.9   matmul_dropout          fp_matmul_dropout
  8.8   matmul_post_ops         fp_matmul_post_ops
+ 8.8   batchnorm_bwd_relu_bwd  fp_bnorm_bwd_relu_bwd
  8.4   reduction_post_ops      fp_reduction_post_ops
  8.3   binary_post_ops         fp_binary_post_ops
  8.2   softmax_post_ops, layernorm_post_ops, reciprocal_multiply, eltwise_post_ops
@@ -30,6 +31,7 @@ Ops no pattern takes are single-op partitions (oneDNN's priority-8 passes).
 """
 from __future__ import annotations
 
+from .cnn_backward import BATCHNORM_BWD_RELU_BWD
 from .matmul import (BINARY_MATMUL_BINARY, MATMUL_COMPRESSED, MATMUL_DROPOUT, MATMUL_POST_OPS,
                      MATMUL_QUANTIZED, MATMUL_TRANSPOSE)
 from .misc import (BINARY_POST_OPS, ELTWISE_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY,
@@ -50,7 +52,7 @@ PATTERNS = [
     X8_REORDER,
     MATMUL_TRANSPOSE,
     MATMUL_DROPOUT,
-    MATMUL_POST_OPS,
+    MATMUL_POST_OPS, BATCHNORM_BWD_RELU_BWD,
     REDUCTION_POST_OPS,
     BINARY_POST_OPS,
     SOFTMAX_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY, ELTWISE_POST_OPS,

@@ -58,7 +58,7 @@ def test_every_forward_kind_has_a_row():
     missing = sorted(k.name for k in FORWARD_KINDS - set(OP_SCHEMAS))
     assert not missing
     assert all(schema.kind == kind for kind, schema in OP_SCHEMAS.items())
-    assert len(OP_SCHEMAS) == 63
+    assert set(OP_SCHEMAS) == set(OpKind)  # the backward kinds too
 
 
 # --------------------------------------------------------- valid ops table
@@ -156,6 +156,56 @@ VALID = {
     "End": (["f32:2x3"], [], {}, {}),
     "Wildcard": (["f32:2", "s8:3"], ["u4:7", "boolean:?"], {}, {}),
 }
+
+# ---- backward (training) kinds: ports and defaults of oneDNN's op_def.hpp
+_T = ["f32:2x3", "f32:2x3"]
+VALID.update({
+    "AbsBackward": (_T, ["f32:2x3"], {}, {}),
+    "ClampBackward": (_T, ["f32:2x3"], {"min": -1.0, "max": 1.0}, {"use_dst": True}),
+    "EluBackward": (_T, ["f32:2x3"], {"alpha": 1.0}, {"use_dst": True}),
+    "GELUBackward": (["bf16:2x3", "bf16:2x3"], ["bf16:2x3"], {}, {"mode": "gelu_erf"}),
+    "HardSigmoidBackward": (_T, ["f32:2x3"], {"alpha": 0.2, "beta": 0.5}, {}),
+    "HardSwishBackward": (["f16:4", "f16:4"], ["f16:4"], {}, {}),
+    "MishBackward": (_T, ["f32:2x3"], {}, {}),
+    "ReLUBackward": (_T, ["f32:2x3"], {}, {"use_dst": True}),
+    "SigmoidBackward": (_T, ["f32:2x3"], {}, {"use_dst": True}),
+    "SoftPlusBackward": (_T, ["f32:2x3"], {}, {"beta": 1.0}),
+    "SqrtBackward": (_T, ["f32:2x3"], {}, {"use_dst": True}),
+    "TanhBackward": (_T, ["f32:2x3"], {}, {"use_dst": True}),
+    "SoftMaxBackward": (["bf16:2x3", "bf16:2x3"], ["f32:2x3"], {}, {"axis": 1}),
+    "LogSoftmaxBackward": (_T, ["f32:2x3"], {}, {"axis": -1}),
+    "BiasAddBackward": (["f32:2x5x4"], ["f32:4"], {}, {"data_format": "NXC"}),
+    "PReLUBackward": (["f32:2x3x4", "f32:3", "f32:2x3x4"], ["f32:2x3x4", "f32:3"],
+                      {"data_format": "NCX"}, {}),
+    "BatchNormTrainingBackward": (["f32:2x4x3", "f32:2x4x3", "f32:3", "f32:3", "f32:3"],
+                                  ["f32:2x4x3", "f32:3", "f32:3"], {"epsilon": 1e-5},
+                                  {"data_format": "NXC"}),
+    "LayerNormBackward": (["f32:2x3x4", "f32:2x3x4", "f32:2x3", "f32:2x3", "f32:4", "f32:4"],
+                          ["f32:2x3x4", "f32:4", "f32:4"], {},
+                          {"begin_norm_axis": -1, "use_affine": True, "epsilon": 1e-5}),
+    "ConvolutionBackwardData": (["f32:1x3x3x4", "f32:3x3x2x4"], ["f32:1x5x5x2"],
+                                dict(_CONV2D, pads_begin=[0, 0], pads_end=[0, 0],
+                                     dst_shape=[1, 5, 5, 2]),
+                                {"weights_format": "XIO", "groups": 1,
+                                 "output_padding": [0] * 12}),
+    "ConvolutionBackwardWeights": (["f32:1x2x5x5", "f32:1x4x5x5"], ["f32:4x2x3x3"],
+                                   dict(_CONV2D, data_format="NCX", weights_format="OIX",
+                                        weights_shape=[4, 2, 3, 3]), {"auto_pad": "None"}),
+    "ConvTransposeBackwardData": (["f32:1x4x7x7", "f32:2x4x3x3"], ["f32:1x2x5x5"],
+                                  dict(_CONV2D, pads_begin=[0, 0], pads_end=[0, 0],
+                                       data_format="NCX", weights_format="IOX"), {"groups": 1}),
+    "ConvTransposeBackwardWeights": (["f32:1x5x5x2", "f32:1x7x7x4"], ["f32:3x3x4x2"],
+                                     dict(_CONV2D, pads_begin=[0, 0], pads_end=[0, 0],
+                                          weights_shape=[3, 3, 4, 2]), {"weights_format": "XOI"}),
+    "AvgPoolBackward": (["f32:1x3x2x2"], ["f32:1x3x5x5"],
+                        dict(_POOL2D, exclude_pad=True, data_format="NCX", src_shape=[1, 3, 5, 5]),
+                        {"auto_pad": "None"}),
+    "MaxPoolBackward": (["f32:1x5x5x3", "f32:1x2x2x3"], ["f32:1x5x5x3"], _POOL2D,
+                        {"dilations": [1] * 12, "data_format": "NXC"}),
+    "InterpolateBackward": (["f32:1x3x5x5", "f32:1x3x10x10"], ["f32:1x3x5x5"],
+                            {"mode": "linear", "scales": [2.0, 2.0], "data_format": "NCX"},
+                            {"coordinate_transformation_mode": "half_pixel"}),
+})
 
 
 def test_valid_table_covers_every_row():

@@ -454,3 +454,15 @@ def small(first, post=("relu",), tail=(), dtype=dt.f32, leak=None, shape=(4, 8))
             g.op(K.Quantize, y, dtype=dt.u8, name="quantize",
                  attrs={"qtype": "per_tensor", "axis": 1, "scales": [0.25], "zps": [3]})
     return g.done()
+
+
+def bn_bwd_relu_bwd(data_format="NCX", gamma=True, use_dst=False):
+    """ReLUBackward into BatchNormTrainingBackward's input 0 (oneDNN's edge)."""
+    g = G()
+    shape, c = ((2, 3, 4, 5), 3) if data_format == "NCX" else ((2, 4, 5, 3), 3)
+    x = g.input(shape)
+    y = g.op(K.ReLUBackward, x, g.input(shape), attrs={"use_dst": use_dst}, name="relu_bwd")
+    stats = [g.input((c,)), g.input((c,))] + ([g.input((c,))] if gamma else [])
+    g.op(K.BatchNormTrainingBackward, y, g.input(shape), *stats, outputs=3 if gamma else 1,
+         attrs={"epsilon": 1e-3, "data_format": data_format}, name="bn_bwd")
+    return g.done()

@@ -24,6 +24,7 @@ EXPECTED = [
     ("complex_fusion/mha/timms-sdpa-bwd", "sdpa_backward"),
     ("complex_fusion/mha/torchbench-sdpa-bwd", "sdpa_backward"),
     ("complex_fusion/mha/", "sdpa"),
+    ("pattern/f32/bn_bwd_relu_bwd", "batchnorm_bwd_relu_bwd"),
     ("pattern/f32/binary_", "binary_post_ops"),
     ("pattern/f32/matmul_dropout", "matmul_dropout"),
     ("pattern/f32/reciprocal", "reciprocal_multiply"),

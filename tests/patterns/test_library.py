@@ -96,6 +96,10 @@ CANONICAL = [
      lambda: gr.small("typecast", (), ("quantize",), dtype=dt.bf16)),
     ("x8-reorder", "x8_reorder", lambda: gr.small("x8_reorder", (), ("quantize",), dtype=dt.s8)),
     ("reorder-sum", "reorder_sum", lambda: gr.small("reorder", ("add",))),
+    # ---- CNN training ----
+    ("bn-bwd-relu-bwd-ncx", "batchnorm_bwd_relu_bwd", lambda: gr.bn_bwd_relu_bwd()),
+    ("bn-bwd-relu-bwd-nxc-no-gamma", "batchnorm_bwd_relu_bwd",
+     lambda: gr.bn_bwd_relu_bwd(data_format="NXC", gamma=False, use_dst=True)),
 ]
 
 
