@@ -13,6 +13,7 @@ from .errors import (ExecutionError, InvalidArguments, InvalidDataType, InvalidS
 from .fpmath import FPMath
 from .infer import merge_shapes, propagate
 from .logical_tensor import LogicalTensor, dense_strides
+from .memory import check_partition
 from .tensor import Tensor
 
 #: op kinds with no kernel: oneDNN returns them as unsupported partitions
@@ -143,6 +144,7 @@ class Partition:
                 if final.strides is None or final.layout != LayoutType.strided:
                     final = final.with_shape(final.shape, dense_strides(final.shape), LayoutType.strided)
                 lts[lt.id] = final
+        check_partition(f"partition {self.id} ({self.get_kind()})", lts, self.input_ids, self.output_ids)
         request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids),
                                  list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
         plan = select_plan(request)
