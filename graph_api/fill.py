@@ -293,7 +293,9 @@ def _quantized(rng, lt: LogicalTensor, role: Role) -> np.ndarray:
         if info.kind == "float":  # f8
             return _ints(rng, -4, 4, shape)
         spread = 16 if info.bits == 8 else 4
-        values = _ints(rng, -spread, spread, shape) + np.int16(_zero_point(role.op))
+        # a zero point outside the type's range (legal, if odd) centres on the nearest end
+        zero_point = min(max(_zero_point(role.op), int(info.lowest)), int(info.highest))
+        values = _ints(rng, -spread, spread, shape) + np.int16(zero_point)
         return np.clip(values, int(info.lowest), int(info.highest))
     if role.name == "ddq_scales":
         e = weight_exponent(role.k) if role.k else 0

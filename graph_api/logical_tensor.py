@@ -168,3 +168,16 @@ class LogicalTensor:
         if self.encoding is not None:
             extra += f" encoding={self.encoding}"
         return f"%{self.id}:{self.dtype.name}[{shape}]{extra}"
+
+
+def is_self_overlapping(shape, strides) -> bool:
+    """May two elements of this strided layout share memory?  No when, with the
+    dims of size > 1 sorted by |stride|, each stride reaches past everything
+    the smaller ones span (a stride of 0 on such a dim always overlaps)."""
+    dims = sorted((abs(s), d) for d, s in zip(shape, strides or ()) if d > 1)
+    reach = 1
+    for stride, size in dims:
+        if stride < reach:
+            return True
+        reach = stride * size
+    return False

@@ -12,7 +12,7 @@ from .errors import (ExecutionError, InvalidArguments, InvalidDataType, InvalidS
                      op_label)
 from .fpmath import FPMath
 from .infer import merge_shapes, propagate
-from .logical_tensor import LogicalTensor, dense_strides
+from .logical_tensor import LogicalTensor, dense_strides, is_self_overlapping
 from .memory import check_partition
 from .tensor import Tensor
 
@@ -209,6 +209,10 @@ class Partition:
                 raise InvalidShape(f"partition {self.id}: output tensor {tid} shape cannot be inferred")
             strides = lt.strides if (lt.layout == LayoutType.strided and lt.strides is not None
                                      and lt.shape == shape) else dense_strides(shape)
+            if is_self_overlapping(shape, strides):  # results would overwrite each other
+                raise InvalidArguments(
+                    f"partition {self.id}: output tensor {tid} has a self-overlapping layout "
+                    f"(shape {list(shape)}, strides {list(strides)}); outputs need one element per address")
             matched[tid] = LogicalTensor(tid, lt.dtype, shape, strides, LayoutType.strided, lt.property)
         return matched
 

@@ -15,7 +15,7 @@ from . import dtypes
 from .engine import Engine, Stream
 from .enums import PartitionPolicy, PropertyType
 from .errors import InvalidArguments, Unimplemented
-from .logical_tensor import LogicalTensor, dense_strides
+from .logical_tensor import LogicalTensor, dense_strides, is_self_overlapping
 from .memory import check_graph
 from .tensor import Tensor, make_scalar_tensor
 
@@ -60,7 +60,15 @@ def _tensor(lt: LogicalTensor, value, engine) -> Tensor:
     value = np.asarray(value)
     if value.dtype != dtypes.numpy_dtype(lt.dtype):
         value = dtypes.convert(value, lt.dtype)
-    return Tensor(lt, engine, value)
+    tensor = Tensor(lt, engine, value)
+    # a self-overlapping input layout (a broadcast view) holds only values that
+    # agree wherever elements share memory; anything else would be lost silently
+    if is_self_overlapping(tensor.lt.shape, tensor.lt.strides) and np.ascontiguousarray(tensor.numpy()).tobytes() != \
+            np.ascontiguousarray(value).tobytes():
+        raise InvalidArguments(
+            f"run_graph: input tensor {lt.id} has a self-overlapping layout (shape {list(lt.shape)}, "
+            f"strides {list(lt.strides)}); the given values differ where its elements share memory")
+    return tensor
 
 
 def run_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None,

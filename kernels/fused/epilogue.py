@@ -49,6 +49,7 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
     not round between steps).
     """
     steps = []
+    chain_values = {value_id}  # the epilogue holds only the latest: none can be an operand
     i = 0
     while i < len(chain):
         op = ops_by_id[chain[i]]
@@ -61,6 +62,7 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
             if nxt.kind == K.Multiply and ids == {value_id, op.outputs[0].id}:
                 steps.append(("silu", 1.0))
                 value_id = nxt.outputs[0].id
+                chain_values |= {op.outputs[0].id, value_id}
                 i += 2
                 continue
         if op.kind in BINARY:
@@ -69,6 +71,8 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
                 return f"post-op {op.kind.name} (op {op.id}) does not take the running value"
             pos = ids.index(value_id)
             other = ids[1 - pos]
+            if other in chain_values:
+                return f"post-op {op.kind.name} (op {op.id}) reads a value of the chain as its other operand"
             steps.append((BINARY[op.kind][pos], other))
         else:
             unary = _unary(op)
@@ -76,6 +80,7 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
                 return f"post-op {op.kind.name} (op {op.id}) has no epilogue form"
             steps.append(unary)
         value_id = op.outputs[0].id
+        chain_values.add(value_id)
         i += 1
     return steps, value_id
 

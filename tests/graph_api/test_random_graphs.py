@@ -1,0 +1,373 @@
+"""Property-based random graphs from the opset (issue 8, standing test).
+
+Valid graphs: chains the pattern library fuses (MatMul [+bias] + eltwise/binary
+post-ops, DynamicDequantize -> MatMul with int4/int8 weights, SoftMax or
+LayerNorm + post-ops, binary chains) and chains it does not (an intermediate
+that escapes, reductions, transposes, concatenation) with random shapes, data
+types and attributes.  Each runs under both partition policies and every
+fpmath mode and every graph output must equal the unfused numpy reference
+(``REFERENCE``, itself tested against float64 formulas in tests/kernels)
+within :func:`graph_api.check.compare`'s tolerance.
+
+Invalid graphs: a valid one with one defect (a K that does not match, a
+declared output shape or data type that clashes, a missing input or feed, an
+unknown or mistyped attribute, an axis out of range, 13 dims, two producers,
+a feed of the wrong shape) must raise a ``GraphError`` subclass somewhere in
+``add_op`` / ``finalize`` / ``get_partitions`` / compile / execute, and nothing
+else.
+
+Inputs are filled as benchdnn does (:mod:`graph_api.fill`), seeded by
+hypothesis.  Examples are derandomized (the same every run); the short
+version runs in the default suite, ``pytest -m long`` runs many more.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graph_api as ga
+from graph_api import DataType as dt
+from graph_api import OpKind as K
+from graph_api import fill
+from graph_api.check import compare
+from graph_api.errors import GraphError
+
+SHORT_VALID, SHORT_INVALID = 12, 40
+LONG_VALID = int(os.environ.get("GRAPH_API_RANDOM_GRAPHS", "300"))
+LONG_INVALID = 4 * LONG_VALID
+
+FLOATS = [dt.f32, dt.bf16, dt.f16]
+MODES = list(ga.FPMathMode)
+POLICIES = [ga.PartitionPolicy.fusion, ga.PartitionPolicy.debug]
+#: every tally the tests print at the end (examples, runs, outcomes)
+TALLY: Counter = Counter()
+
+
+# ====================================================================== graph specs
+@dataclass
+class Spec:
+    """A graph as data, so one drawn graph can be rebuilt for every fpmath mode
+    and corrupted for the invalid-graph tests."""
+
+    tensors: dict = field(default_factory=dict)  # id -> [dtype, shape, property]
+    ops: list = field(default_factory=list)  # [kind, input ids, output ids, attrs]
+    family: str = ""
+    apply_to_int: bool = False
+    seed: int = 0
+
+    def tensor(self, dtype, shape, prop=ga.PropertyType.variable) -> int:
+        tid = len(self.tensors)
+        self.tensors[tid] = [dtype, list(shape), prop]
+        return tid
+
+    def op(self, kind, inputs, out_dtype, out_shape, **attrs) -> int:
+        out = self.tensor(out_dtype, out_shape)
+        self.ops.append([kind, list(inputs), [out], dict(attrs)])
+        return out
+
+    def build(self, mode=ga.FPMathMode.strict) -> ga.Graph:
+        graph = ga.Graph(ga.EngineKind.cpu, mode, self.apply_to_int)
+        lts = {tid: ga.LogicalTensor(tid, d, s, property=p) for tid, (d, s, p) in self.tensors.items()}
+        for i, (kind, ins, outs, attrs) in enumerate(self.ops):
+            graph.add_op(ga.Op(i, kind, [lts[t] for t in ins], [lts[t] for t in outs], attrs=attrs))
+        graph.finalize()
+        return graph
+
+
+UNARY = {  # kind -> attrs strategy
+    K.Abs: st.just({}), K.Exp: st.just({}), K.HardSwish: st.just({}), K.Mish: st.just({}),
+    K.ReLU: st.just({}), K.Round: st.just({}), K.Sigmoid: st.just({}), K.Square: st.just({}),
+    K.Tanh: st.just({}), K.Log: st.just({}), K.Sqrt: st.just({}),
+    K.GELU: st.fixed_dictionaries({"mode": st.sampled_from(["gelu_erf", "gelu_tanh"])}),
+    K.Elu: st.fixed_dictionaries({"alpha": st.sampled_from([0.5, 1.0, 2.0])}),
+    K.LeakyReLU: st.fixed_dictionaries({"alpha": st.sampled_from([0.01, 0.2, -1.5])}),
+    K.HardSigmoid: st.fixed_dictionaries({"alpha": st.sampled_from([0.2, 1 / 6]),
+                                          "beta": st.sampled_from([0.5, 0.0])}),
+    K.SoftPlus: st.fixed_dictionaries({"beta": st.sampled_from([1.0, 2.0, -1.0])}),
+    K.Clamp: st.sampled_from([{"min": -1.0, "max": 1.0}, {"min": 0.0, "max": 6.0}, {"min": 0.5, "max": 0.5}]),
+}
+BINARY = [K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum]
+
+
+@st.composite
+def post_ops(draw, spec: Spec, x: int, dtype, shape, at_most=3) -> int:
+    """0..at_most unary or binary post-ops (the other operand full or broadcast)."""
+    for _ in range(draw(st.integers(0, at_most))):
+        if draw(st.booleans()):
+            kind = draw(st.sampled_from(sorted(UNARY, key=lambda k: k.name)))
+            x = spec.op(kind, [x], dtype, shape, **draw(UNARY[kind]))
+        else:
+            kind = draw(st.sampled_from(BINARY))
+            other_shape = draw(st.sampled_from([list(shape), [1] * (len(shape) - 1) + [shape[-1]],
+                                                list(shape[:-1]) + [1], [1]]))
+            other = spec.tensor(dtype, other_shape)
+            x = spec.op(kind, [x, other] if draw(st.booleans()) else [other, x], dtype, shape)
+    return x
+
+
+@st.composite
+def matmul_chain(draw, spec: Spec) -> None:
+    dtype = draw(st.sampled_from(FLOATS))
+    m, k, n = draw(st.integers(1, 9)), draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    batch = draw(st.sampled_from([[], [2], [2, 3]]))
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    x = spec.tensor(dtype, batch + ([k, m] if ta else [m, k]))
+    w_prop = draw(st.sampled_from([ga.PropertyType.variable, ga.PropertyType.constant]))
+    w = spec.tensor(dtype, ([n, k] if tb else [k, n]), w_prop)
+    inputs = [x, w]
+    bias = draw(st.sampled_from(["none", "input", "BiasAdd", "Add"]))
+    if bias == "input":
+        inputs.append(spec.tensor(dtype, [n]))
+    out_dtype = draw(st.sampled_from([dtype, dt.f32]))
+    y = spec.op(K.MatMul, inputs, out_dtype, batch + [m, n], transpose_a=ta, transpose_b=tb)
+    if bias in ("BiasAdd", "Add"):
+        y = spec.op(K[bias], [y, spec.tensor(out_dtype, [n])], out_dtype, batch + [m, n])
+    y = draw(post_ops(spec, y, out_dtype, batch + [m, n]))
+    if out_dtype == dt.f32 and draw(st.booleans()):
+        spec.op(K.TypeCast, [y], draw(st.sampled_from([dt.bf16, dt.f16])), batch + [m, n])
+
+
+@st.composite
+def wmatmul_chain(draw, spec: Spec) -> None:
+    """DynamicDequantize(W int4/int8, scales[, zps]) -> MatMul -> post-ops."""
+    act = draw(st.sampled_from(FLOATS))
+    wdt = draw(st.sampled_from([dt.s4, dt.u4, dt.s8, dt.u8]))
+    group = draw(st.sampled_from([2, 4, 8, 16]))
+    k = group * draw(st.integers(1, 4))
+    m, n = draw(st.integers(1, 6)), draw(st.integers(1, 36))
+    tb = draw(st.booleans())
+    qtype = draw(st.sampled_from(["per_group"] if wdt in (dt.s4, dt.u4) else
+                                 ["per_group", "per_channel", "per_tensor"]))
+    w_shape = [n, k] if tb else [k, n]
+    attrs = {"qtype": qtype}
+    if qtype == "per_group":
+        attrs["group_shape"] = [1, group] if tb else [group, 1]
+        s_shape = [n, k // group] if tb else [k // group, n]
+    elif qtype == "per_channel":
+        attrs["axis"] = 0 if tb else 1
+        s_shape = [n]
+    else:
+        s_shape = [1]
+    prop = draw(st.sampled_from([ga.PropertyType.variable, ga.PropertyType.constant]))
+    inputs = [spec.tensor(wdt, w_shape, prop), spec.tensor(act, s_shape, prop)]
+    if draw(st.booleans()):
+        inputs.append(spec.tensor(draw(st.sampled_from([wdt, dt.s32] if qtype != "per_tensor" else [wdt])),
+                                  s_shape, prop))
+    wf = spec.op(K.DynamicDequantize, inputs, act, w_shape, **attrs)
+    x = spec.tensor(act, [m, k])
+    y = spec.op(K.MatMul, [x, wf], act, [m, n], transpose_b=tb)
+    draw(post_ops(spec, y, act, [m, n], at_most=2))
+    spec.apply_to_int = draw(st.booleans())
+
+
+@st.composite
+def norm_chain(draw, spec: Spec) -> None:
+    """SoftMax or LayerNorm over the last dim, then post-ops."""
+    dtype = draw(st.sampled_from(FLOATS))
+    shape = draw(st.sampled_from([[3, 17], [2, 4, 9], [1, 64], [5, 1]]))
+    x = spec.tensor(dtype, shape)
+    if draw(st.booleans()):
+        axis = draw(st.sampled_from([-1, len(shape) - 1]))
+        y = spec.op(K.SoftMax, [x], dtype, shape, axis=axis,
+                    mode=draw(st.sampled_from(["none", "inf_as_zero"])))
+    else:
+        affine = draw(st.booleans())
+        ins = [x] + ([spec.tensor(dt.f32, [shape[-1]]), spec.tensor(dt.f32, [shape[-1]])] if affine else [])
+        y = spec.op(K.LayerNorm, ins, dtype, shape, begin_norm_axis=-1, use_affine=affine,
+                    keep_stats=False, epsilon=draw(st.sampled_from([1e-5, 1e-2])))
+    draw(post_ops(spec, y, dtype, shape))
+
+
+@st.composite
+def binary_chain(draw, spec: Spec) -> None:
+    dtype = draw(st.sampled_from(FLOATS))
+    shape = draw(st.sampled_from([[4, 7], [2, 3, 5], [16]]))
+    x = spec.op(draw(st.sampled_from(BINARY)), [spec.tensor(dtype, shape), spec.tensor(dtype, shape)],
+                dtype, shape)
+    draw(post_ops(spec, x, dtype, shape))
+
+
+@st.composite
+def unfused_chain(draw, spec: Spec) -> None:
+    """Ops no pattern takes whole: an escaping MatMul output, reductions,
+    transposes, concatenation, a lone Pow."""
+    dtype = draw(st.sampled_from(FLOATS))
+    m, k, n = draw(st.integers(1, 6)), draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    y = spec.op(K.MatMul, [spec.tensor(dtype, [m, k]), spec.tensor(dtype, [k, n])], dtype, [m, n])
+    relu = spec.op(K.ReLU, [y], dtype, [m, n])  # y also leaves through the Add below
+    both = spec.op(K.Add, [y, relu], dtype, [m, n])
+    kind = draw(st.sampled_from(["reduce", "transpose", "concat", "pow"]))
+    if kind == "reduce":
+        spec.op(draw(st.sampled_from([K.ReduceSum, K.ReduceMax, K.ReduceMean])), [both], dtype, [m, 1],
+                axes=[1], keep_dims=True)
+    elif kind == "transpose":
+        spec.op(K.StaticTranspose, [both], dtype, [n, m], order=[1, 0])
+    elif kind == "concat":
+        spec.op(K.Concat, [both, relu], dtype, [2 * m, n], axis=0)
+    else:
+        spec.op(K.Pow, [both], dtype, [m, n], beta=draw(st.sampled_from([2.0, 0.5, -1.0])))
+
+
+FAMILIES = {"matmul": matmul_chain, "wmatmul": wmatmul_chain, "norm": norm_chain,
+            "binary": binary_chain, "unfused": unfused_chain}
+
+
+@st.composite
+def specs(draw) -> Spec:
+    spec = Spec(family=draw(st.sampled_from(sorted(FAMILIES))), seed=draw(st.integers(0, 2**16)))
+    draw(FAMILIES[spec.family](spec))
+    return spec
+
+
+# ====================================================================== running
+def run_and_compare(spec: Spec) -> None:
+    """Every policy and fpmath mode against the composed reference."""
+    for mode in MODES:
+        graph = spec.build(mode)
+        feeds = fill.fill_inputs(graph, spec.seed)
+        expected = fill.reference_arrays(graph, feeds)
+        ops = list(graph.ops.values())
+        for policy in POLICIES:
+            run = ga.run_graph(graph, feeds, policy)
+            TALLY["runs"] += 1
+            TALLY["fused partitions"] += sum(len(r.partition.ops) > 1 for r in run.partitions)
+            for tid in graph.output_ids:
+                verdict = compare(expected[tid], run.outputs[tid], graph.tensors[tid].dtype, graph.fpmath, ops)
+                assert verdict.ok, (f"{spec.family} graph, fpmath {mode.name}, policy {policy.name}, "
+                                    f"output {tid}: {verdict.message}\n{graph}")
+
+
+CORRUPTIONS = ["k_mismatch", "out_shape", "out_dtype", "missing_input", "unknown_attr", "attr_type",
+               "axis_range", "rank13", "two_producers", "missing_feed", "feed_shape"]
+
+
+def corrupt(spec: Spec, how: str, data) -> tuple[Spec, str] | None:
+    """``spec`` with one defect, or None when ``how`` does not apply to it."""
+    kind0, ins0, outs0, attrs0 = spec.ops[0]
+    if how == "k_mismatch":
+        mm = next((o for o in spec.ops if o[0] == K.MatMul), None)
+        if mm is None or spec.ops.index(mm) > 0:  # none, or a dequantized weight
+            return None
+        w = spec.tensors[mm[1][1]]
+        if spec.tensors[mm[1][0]][1][-1 if not mm[3].get("transpose_a") else -2] != \
+                w[1][-1 if mm[3].get("transpose_b") else -2]:
+            return None
+        w[1][-1 if mm[3].get("transpose_b") else -2] += 1
+    elif how == "out_shape":
+        spec.tensors[spec.ops[-1][2][0]][1][-1] += 1
+    elif how == "out_dtype":
+        out = spec.tensors[spec.ops[-1][2][0]]
+        if spec.ops[-1][0] not in set(UNARY) | {K.Maximum, K.Minimum} or out[0] not in FLOATS:
+            return None  # only these tie dst's type to src's
+        out[0] = next(d for d in FLOATS if d != out[0])
+    elif how == "missing_input":
+        ins0.pop()
+        if kind0 in (K.LayerNorm,) and ins0:  # LayerNorm takes 1 or 3 inputs: 2 is wrong
+            return None
+    elif how == "unknown_attr":
+        attrs0["bogus_attribute"] = 1
+    elif how == "attr_type":
+        if not attrs0:
+            return None
+        key = data.draw(st.sampled_from(sorted(attrs0)))
+        attrs0[key] = data.draw(st.sampled_from([[1, 2], object(), {"a": 1}]))
+    elif how == "axis_range":
+        norm = next((o for o in spec.ops if o[0] in (K.SoftMax, K.LayerNorm, K.ReduceSum, K.Concat)), None)
+        if norm is None:
+            return None
+        rank = len(spec.tensors[norm[1][0]][1])
+        key = {K.SoftMax: "axis", K.LayerNorm: "begin_norm_axis", K.Concat: "axis"}.get(norm[0], "axes")
+        bad = data.draw(st.sampled_from([rank, rank + 3, -rank - 1, 2**40]))
+        norm[3][key] = [bad] if key == "axes" else bad
+    elif how == "rank13":
+        spec.tensors[ins0[0]][1] = [1] * 13
+    elif how == "two_producers":
+        if len(spec.ops) < 2:
+            return None
+        spec.ops[1][2] = list(outs0)
+    elif how in ("missing_feed", "feed_shape"):
+        pass  # applied to the feeds
+    return spec, how
+
+
+def run_invalid(spec: Spec, how: str) -> None:
+    graph = spec.build()
+    for policy in POLICIES:
+        graph.get_partitions(policy)
+    feeds = fill.fill_inputs(graph, spec.seed)
+    first = graph.input_ids[0]
+    if how == "missing_feed":
+        del feeds[first]
+    elif how == "feed_shape":
+        feeds[first] = feeds[first].reshape(-1)[:-1] if feeds[first].size > 1 else feeds[first].reshape(1, 1, 1, 1)
+    ga.run_graph(graph, feeds)
+
+
+# ====================================================================== tests
+def _valid(examples: int):
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(specs())
+    def check(spec):
+        TALLY["valid examples"] += 1
+        TALLY[f"family {spec.family}"] += 1
+        run_and_compare(spec)
+
+    return check
+
+
+def _invalid(examples: int):
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(specs(), st.sampled_from(CORRUPTIONS), st.data())
+    def check(spec, how, data):
+        corrupted = corrupt(spec, how, data)
+        if corrupted is None:
+            TALLY["invalid: not applicable"] += 1
+            return
+        TALLY["invalid examples"] += 1
+        try:
+            run_invalid(*corrupted)
+        except GraphError as err:
+            TALLY[f"invalid -> {type(err).__name__}"] += 1
+            return
+        raise AssertionError(f"a {how} graph ({spec.family}) ran without a typed error")
+
+    return check
+
+
+def _report(name: str):
+    print(f"\n{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(TALLY.items())))
+
+
+def test_random_valid_graphs_match_the_reference():
+    TALLY.clear()
+    _valid(SHORT_VALID)()
+    _report("random valid graphs")
+    assert TALLY["valid examples"] >= SHORT_VALID and TALLY["runs"] == TALLY["valid examples"] * 10
+
+
+def test_random_invalid_graphs_raise_typed_errors():
+    TALLY.clear()
+    _invalid(SHORT_INVALID)()
+    _report("random invalid graphs")
+    assert TALLY["invalid examples"] > SHORT_INVALID // 2
+
+
+@pytest.mark.long
+def test_random_valid_graphs_long():
+    TALLY.clear()
+    _valid(LONG_VALID)()
+    _report("random valid graphs (long)")
+
+
+@pytest.mark.long
+def test_random_invalid_graphs_long():
+    TALLY.clear()
+    _invalid(LONG_INVALID)()
+    _report("random invalid graphs (long)")
