@@ -182,6 +182,8 @@ def check_static_quant(op):
         raise _fail(op, "scales must not be empty")
     if op.attrs["qtype"] == "per_tensor" and len(scales) != 1:
         raise _fail(op, f"qtype=per_tensor takes exactly 1 scale, given {len(scales)}")
+    if op.attrs["qtype"] == "per_channel" and op.inputs[0].shape is not None:
+        shapes.normalize_axis(op, op.attrs["axis"], len(op.inputs[0].shape))
     if zps is None:
         return
     f8_side = [lt for lt in (op.inputs[0], op.outputs[0]) if lt.dtype in F8]

@@ -63,7 +63,9 @@ def power_of_two_scales(graph):
         if op.attrs.get("qtype") == "per_channel":
             quantized = op.inputs[0] if op.kind == OpKind.Dequantize else op.outputs[0]
             shape = graph.tensors[quantized.id].shape
-            channels = shape[op.attrs.get("axis", 1)] if shape else len(scales)
+            axis = op.attrs.get("axis", 1)
+            # an axis outside the shape is the schema's to report, not the rewrite's
+            channels = shape[axis] if shape and -len(shape) <= axis < len(shape) else len(scales)
             if channels > 0 and len(scales) != channels:
                 scales = list(np.resize(scales, channels))
                 zps = op.attrs.get("zps")

@@ -125,8 +125,10 @@ class Tensor:
         # ml_dtypes types (bf16, f8): stride a same-size unsigned view instead.
         raw = buffer.view(f"u{itemsize}") if buffer.dtype.kind == "V" or buffer.dtype.char not in \
             np.typecodes["All"] else buffer
+        # a dim of size 1 is never stepped along: its stride (any int64) is moot
         view = np.lib.stride_tricks.as_strided(
-            raw, shape=self.lt.shape, strides=tuple(s * itemsize for s in self.lt.strides))
+            raw, shape=self.lt.shape,
+            strides=tuple(s * itemsize if d > 1 else 0 for s, d in zip(self.lt.strides, self.lt.shape)))
         return view if raw is buffer else view.view(buffer.dtype)
 
     def _pack_into(self, buffer: np.ndarray, values) -> None:

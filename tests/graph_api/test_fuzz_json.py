@@ -5,8 +5,10 @@ Each mutant is a conformance file with one to three deterministic mutations
 dropped, duplicated, swapped, made cyclic), type (a value replaced by another
 JSON type, a 400-digit integer, NaN, infinity), size (dims of 0, 2^40, -5,
 INT64_MIN, too many dims, megabyte strings), nesting (thousands of levels) and
-strides (reversed, zero, negative, 2^60, wrong length, permuted), plus
-attribute values off by one, negated, far out of range or of the wrong type.
+strides (reversed, zero, negative, 2^60, wrong length, permuted), attribute
+values off by one, negated, far out of range or of the wrong type, plus benign
+changes that keep the graph valid (a permuted input layout, another fpmath
+mode, another property) so that more mutants run and are checked.
 
 The contract: ``load`` / partition / compile / execute raise only typed errors
 (``GraphError`` subclasses).  A mutant that loads and is small enough
@@ -183,7 +185,34 @@ def attr_change(rng, doc):
     return f"attr -> {str(entry)[:60]}"
 
 
-MUTATIONS = [structural, type_change, size_change, nesting, stride_change, attr_change]
+def benign(rng, doc):
+    """Changes that keep the graph valid, so the mutant runs and is checked: a
+    permuted (non-overlapping) input layout, another fpmath mode, a property."""
+    choice = rng.randrange(3)
+    tensors = [t for t in _tensors(doc) if isinstance(t.get("shape"), list) and t["shape"]
+               and all(isinstance(d, int) and d > 0 for d in t["shape"])]
+    if choice == 0 and tensors:
+        t = rng.choice(tensors)
+        order = list(range(len(t["shape"])))
+        rng.shuffle(order)  # order[0] is the outermost dim
+        stride, acc = [0] * len(order), 1
+        for axis in reversed(order):
+            stride[axis], acc = acc, acc * t["shape"][axis]
+        for other in _tensors(doc):  # every use of the id agrees
+            if other.get("id") == t.get("id"):
+                other["stride"] = list(stride)
+        return f"layout {t.get('id')} -> {stride}"
+    if choice == 1:
+        doc["fpmath_mode"] = rng.choice(["strict", "bf16", "f16", "tf32", "any"])
+        return f"fpmath -> {doc['fpmath_mode']}"
+    if tensors:
+        t = rng.choice(tensors)
+        t["property_type"] = rng.choice(["constant", "variable", "undef"])
+        return f"property {t.get('id')} -> {t['property_type']}"
+    return "nothing"
+
+
+MUTATIONS = [structural, type_change, size_change, nesting, stride_change, attr_change, benign, benign]
 
 
 def mutant(doc, name: str, index: int) -> tuple[str, list[str]]:
@@ -286,3 +315,92 @@ def test_fuzz_every_conformance_file_short(tmp_path):
 @pytest.mark.long
 def test_fuzz_every_conformance_file_long(tmp_path):
     fuzz(tmp_path, MUTANTS_LONG)
+
+
+# ====================================================================== regressions found here
+def _relu_graph(in_strides, out_strides, shape=(4, 3)):
+    g = ga.Graph()
+    g.add_op(ga.Op(0, ga.OpKind.ReLU, [ga.LogicalTensor(0, ga.DataType.f32, shape, in_strides)],
+                   [ga.LogicalTensor(1, ga.DataType.f32, shape, out_strides)]))
+    g.add_op(ga.Op(1, ga.OpKind.Exp, [ga.LogicalTensor(1, ga.DataType.f32, shape, out_strides)],
+                   [ga.LogicalTensor(2, ga.DataType.f32, shape)]))
+    g.finalize()
+    return g
+
+
+@pytest.mark.parametrize("strides", [(0, 1), (1, 1), (1, 2), (0, 0)])
+def test_a_self_overlapping_output_layout_is_refused_at_compile(strides):
+    """Strides whose elements share memory lost results silently (issue 8.3;
+    found as wrong --check by the fuzzer): outputs must have one element per address."""
+    g = _relu_graph(None, strides)
+    part = g.get_partitions(ga.PartitionPolicy.debug)[0]
+    with pytest.raises(ga.InvalidArguments, match="output tensor 1 has a self-overlapping layout"):
+        part.compile(part.get_input_ports(), part.get_output_ports(), ga.Engine())
+
+
+def test_a_self_overlapping_input_is_a_broadcast_view():
+    """An input layout with stride 0 holds one row: run_graph takes values that
+    agree where elements share memory and refuses values it would lose."""
+    import numpy as np
+
+    g = _relu_graph((0, 1), None)
+    row = np.array([-1.0, 0.5, 2.0], np.float32)
+    out = ga.run_graph(g, {0: np.broadcast_to(row, (4, 3))}).outputs[2]
+    want = np.broadcast_to(np.exp(np.maximum(row.astype(np.float64), 0)), (4, 3))
+    np.testing.assert_allclose(out, want, rtol=2**-22)  # exp in f32: within 2 ulps
+    with pytest.raises(ga.InvalidArguments, match="self-overlapping layout"):
+        ga.run_graph(g, {0: np.arange(12, dtype=np.float32).reshape(4, 3)})
+
+
+def test_is_self_overlapping():
+    from graph_api.logical_tensor import is_self_overlapping
+
+    assert not is_self_overlapping((4, 3), (3, 1)) and not is_self_overlapping((4, 3), (1, 4))
+    assert not is_self_overlapping((1, 3), (0, 1)) and not is_self_overlapping((2, 3), (-3, 1))
+    assert is_self_overlapping((4, 3), (0, 1)) and is_self_overlapping((16, 13), (1, 13))
+    assert is_self_overlapping((32, 28), (28, 784)) and not is_self_overlapping((28, 28), (28, 784))
+
+
+def test_the_filler_takes_a_zero_point_beyond_the_type():
+    """A u8 Dequantize with zps [2^40] (legal, if odd) made the filler raise
+    OverflowError; now its inputs sit at the nearest end of the type."""
+    import numpy as np
+
+    g = ga.Graph()
+    g.add_op(ga.Op(0, ga.OpKind.Dequantize, [ga.LogicalTensor(0, ga.DataType.u8, [8])],
+                   [ga.LogicalTensor(1, ga.DataType.f32, [8])],
+                   attrs={"qtype": "per_tensor", "scales": [0.5], "zps": [2**40]}))
+    g.finalize()
+    from graph_api import fill
+
+    values = fill.fill_inputs(g)[0]
+    assert values.dtype == np.uint8 and values.max() == 255
+
+
+def test_a_huge_stride_on_a_size_one_dim_is_moot():
+    """An output stride of 2^62 on a dim of size 1 overflowed numpy's view
+    (OverflowError at execute); such a stride is never stepped along."""
+    import numpy as np
+
+    g = _relu_graph(None, (2**62, 1), shape=(1, 3))
+    out = ga.run_graph(g, {0: np.array([[-1, 0, 1]], np.float32)}, ga.PartitionPolicy.debug).outputs
+    np.testing.assert_array_equal(out[1], [[0, 0, 1]])
+
+
+def test_a_huge_stride_on_a_real_dim_is_over_the_memory_budget():
+    g = _relu_graph(None, (2**60, 1))
+    part = g.get_partitions(ga.PartitionPolicy.debug)[0]
+    with pytest.raises(ga.OutOfMemory, match="partition 0"):
+        part.compile(part.get_input_ports(), part.get_output_ports(), ga.Engine())
+
+
+@pytest.mark.parametrize("axis", [2, 5, -3, -99])
+def test_a_per_channel_axis_outside_the_shape_is_refused_at_add_op(axis):
+    """Found by the fuzzer as an IndexError in the CLI's scale rewrite and at
+    execute; -3 on rank 2 used to wrap silently (issue 8.6)."""
+    g = ga.Graph()
+    op = ga.Op(0, ga.OpKind.Dequantize, [ga.LogicalTensor(0, ga.DataType.u8, [2, 3])],
+               [ga.LogicalTensor(1, ga.DataType.f32, [2, 3])],
+               attrs={"qtype": "per_channel", "scales": [0.5] * 3, "zps": [0] * 3, "axis": axis})
+    with pytest.raises(ga.InvalidShape, match=f"axis={axis} is out of range for a rank-2 input"):
+        g.add_op(op)

@@ -26,6 +26,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -371,3 +372,38 @@ def test_random_invalid_graphs_long():
     TALLY.clear()
     _invalid(LONG_INVALID)()
     _report("random invalid graphs (long)")
+
+
+# ====================================================================== regressions found here
+@pytest.mark.parametrize("tail", ["mul_self", "add_self", "add_relu"])
+@pytest.mark.parametrize("weights", ["f32", "s4"])
+def test_a_post_op_reading_the_matmul_output_twice(tail, weights):
+    """Multiply(y, y), Add(y, y), Add(y, ReLU(y)) after a fused MatMul raised
+    KeyError in the fused plan (issue 8.4); now the partition's answer is the
+    float64 formula's."""
+    spec, m, k, n = Spec(seed=3), 3, 32, 8
+    if weights == "s4":
+        w = spec.op(K.DynamicDequantize, [spec.tensor(dt.s4, [k, n], ga.PropertyType.constant),
+                                          spec.tensor(dt.f32, [1, n], ga.PropertyType.constant)],
+                    dt.f32, [k, n], qtype="per_group", group_shape=[k, 1])
+    else:
+        w = spec.tensor(dt.f32, [k, n])
+    x = spec.tensor(dt.f32, [m, k])
+    y = spec.op(K.MatMul, [x, w], dt.f32, [m, n])
+    if tail == "add_relu":
+        spec.op(K.Add, [y, spec.op(K.ReLU, [y], dt.f32, [m, n])], dt.f32, [m, n])
+    else:
+        spec.op(K.Multiply if tail == "mul_self" else K.Add, [y, y], dt.f32, [m, n])
+    graph = spec.build()
+    assert len(graph.get_partitions()) == 1
+    feeds = fill.fill_inputs(graph, 1)
+    if weights == "s4":  # per-group scales with one group over K: a scale per column
+        wf = feeds[0].astype(np.float64) * feeds[1].astype(np.float64)
+    else:
+        wf = feeds[w].astype(np.float64)
+    y64 = feeds[x].astype(np.float64) @ wf
+    want = {"mul_self": y64 * y64, "add_self": 2 * y64, "add_relu": y64 + np.maximum(y64, 0)}[tail]
+    got = ga.run_graph(graph, feeds).outputs[graph.output_ids[0]]
+    # the filler's integer activations and power-of-two weights make y exact in f32;
+    # one f32 rounding of the tail remains
+    np.testing.assert_allclose(got, want, rtol=2**-23, atol=0)
