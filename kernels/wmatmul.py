@@ -646,6 +646,8 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
     zp = None if zps is None else np.asarray(zps).astype(np.float32)
     if zp is not None:
         zp = (zp.T if spec.transposed else zp).reshape(ng, N)
+        if bits4 and signed:  # s4 is stored as q + 8 below: (q - zp) = (q + 8) - (zp + 8)
+            zp = zp + np.float32(8)
     Np = -(-N // 128) * 128
     nblk = Np // 128
     if bits4:
@@ -653,7 +655,7 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
         u = np.pad(u, ((0, 0), (0, Np - N))).astype(np.uint8)
         byte = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)  # [K, Np/2]
         wb = np.ascontiguousarray(byte.reshape(K, nblk, CB).transpose(1, 0, 2))
-        zmode = 2 if signed else (1 if zp is not None else 0)
+        zmode = 1 if zp is not None else (2 if signed else 0)
     else:
         dt = np.int8 if signed else np.uint8
         qq = np.pad(q, ((0, 0), (0, Np - N))).astype(dt)
@@ -690,6 +692,8 @@ def _natural_blocked(w, spec: WeightSpec, scales, zps):
     scv = np.lib.stride_tricks.as_strided(sc, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
     if zps is not None:
         zp = np.ascontiguousarray(np.asarray(zps).astype(np.float32).reshape(K // G, N))
+        if spec.kind == S4:  # the kernel reads s4 nibbles XOR 8 = q + 8 (xm below)
+            zp = zp + np.float32(8)
         zfv = np.lib.stride_tricks.as_strided(zp, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
         zmode = 1
     else:
@@ -772,6 +776,8 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         xe = np.ascontiguousarray(xf[:, 0::2])
         xo = np.ascontiguousarray(xf[:, 1::2])
         zmode = 1 if has_zp else (2 if spec.kind == S4 else 0)
+        if has_zp and spec.kind == S4:  # the kernel reads s4 nibbles XOR 8 = q + 8
+            zp = zp + np.float32(8)
         _gemv_nk4(xe, xo, xs, _flat(w, True), K, N, G, np.uint8(0x88 if spec.kind == S4 else 0),
                   sc, zp, zmode, raw)
         finish(raw[None], out, okind, ep)

@@ -266,10 +266,8 @@ def corrupt(spec: Spec, how: str, data) -> tuple[Spec, str] | None:
         if spec.ops[-1][0] not in set(UNARY) | {K.Maximum, K.Minimum} or out[0] not in FLOATS:
             return None  # only these tie dst's type to src's
         out[0] = next(d for d in FLOATS if d != out[0])
-    elif how == "missing_input":
-        ins0.pop()
-        if kind0 in (K.LayerNorm,) and ins0:  # LayerNorm takes 1 or 3 inputs: 2 is wrong
-            return None
+    elif how == "missing_input":  # below every op's minimum (optional inputs come last)
+        del ins0[2 if kind0 == K.LayerNorm and len(ins0) == 3 else 1 if len(ins0) > 1 else 0:]
     elif how == "unknown_attr":
         attrs0["bogus_attribute"] = 1
     elif how == "attr_type":
@@ -407,3 +405,32 @@ def test_a_post_op_reading_the_matmul_output_twice(tail, weights):
     # the filler's integer activations and power-of-two weights make y exact in f32;
     # one f32 rounding of the tail remains
     np.testing.assert_allclose(got, want, rtol=2**-23, atol=0)
+
+
+@pytest.mark.parametrize("m", [3, 40])  # decode (GEMV) and prefill kernels
+@pytest.mark.parametrize("n", [16, 32])  # 32: the natural-layout int4 path of variable weights
+@pytest.mark.parametrize("prop", [ga.PropertyType.constant, ga.PropertyType.variable])
+@pytest.mark.parametrize("wdt", [dt.s4, dt.u4, dt.s8])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_zero_points_of_compressed_weights_are_applied(wdt, prop, n, transposed, m):
+    """s4 weights with zero points: the fused kernel ignored them (issue 8.1);
+    all-zero weights with zero point 3 gave 0 where the answer is -3 * scale * sum(x)."""
+    k, group = 64, 32
+    spec = Spec(seed=2)
+    w_shape, s_shape = ([n, k], [n, k // group]) if transposed else ([k, n], [k // group, n])
+    ins = [spec.tensor(wdt, w_shape, prop), spec.tensor(dt.f32, s_shape, prop), spec.tensor(wdt, s_shape, prop)]
+    wf = spec.op(K.DynamicDequantize, ins, dt.f32, w_shape, qtype="per_group",
+                 group_shape=[1, group] if transposed else [group, 1])
+    x = spec.tensor(dt.f32, [m, k])
+    spec.op(K.MatMul, [x, wf], dt.f32, [m, n], transpose_b=transposed)
+    graph = spec.build()
+    feeds = fill.fill_inputs(graph, 4)
+    feeds[2] = np.full(s_shape, 3 if wdt != dt.u4 else 11, feeds[2].dtype)
+    feeds[0] = np.zeros(w_shape, feeds[0].dtype) if wdt == dt.s4 else feeds[0]
+    run = ga.run_graph(graph, feeds)
+    assert run.partitions[0].compiled.plan.name == "numba_wmatmul"
+    rep = lambda a: np.repeat(a.astype(np.float64), group, axis=1 if transposed else 0)  # noqa: E731
+    wf64 = (feeds[0].astype(np.float64) - rep(feeds[2])) * rep(feeds[1])
+    want = feeds[x].astype(np.float64) @ (wf64.T if transposed else wf64)
+    # integer activations and power-of-two scales: every product and sum is exact in f32
+    np.testing.assert_array_equal(run.outputs[graph.output_ids[0]], want.astype(np.float32))
