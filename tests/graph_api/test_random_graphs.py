@@ -10,7 +10,8 @@ fpmath mode and every graph output must equal the unfused numpy reference
 within :func:`graph_api.check.compare`'s tolerance.
 
 Invalid graphs: a valid one with one defect (a K that does not match, a
-declared output shape or data type that clashes, a missing input or feed, an
+declared output shape or data type that clashes, inputs whose types must agree
+but do not, a missing input or feed, an
 unknown or mistyped attribute, an axis out of range, 13 dims, two producers,
 a feed of the wrong shape) must raise a ``GraphError`` subclass somewhere in
 ``add_op`` / ``finalize`` / ``get_partitions`` / compile / execute, and nothing
@@ -245,8 +246,9 @@ def run_and_compare(spec: Spec) -> None:
                                     f"output {tid}: {verdict.message}\n{graph}")
 
 
-CORRUPTIONS = ["k_mismatch", "out_shape", "out_dtype", "missing_input", "unknown_attr", "attr_type",
-               "axis_range", "rank13", "two_producers", "missing_feed", "feed_shape"]
+CORRUPTIONS = ["k_mismatch", "out_shape", "out_dtype", "in_dtype", "missing_input", "unknown_attr", "attr_type",
+               "axis_range", "rank13", "two_producers", "missing_feed", "feed_shape",
+               "execute_shape", "execute_dtype"]
 
 
 def corrupt(spec: Spec, how: str, data) -> tuple[Spec, str] | None:
@@ -268,6 +270,12 @@ def corrupt(spec: Spec, how: str, data) -> tuple[Spec, str] | None:
         if spec.ops[-1][0] not in set(UNARY) | {K.Maximum, K.Minimum} or out[0] not in FLOATS:
             return None  # only these tie dst's type to src's
         out[0] = next(d for d in FLOATS if d != out[0])
+    elif how == "in_dtype":  # src and weights of a MatMul, or Maximum's inputs, share one type
+        op = next((o for o in spec.ops if o[0] in (K.MatMul, K.Maximum, K.Minimum)), None)
+        if op is None or spec.ops.index(op) > 0:
+            return None
+        second = spec.tensors[op[1][1]]
+        second[0] = next(d for d in FLOATS if d != second[0])
     elif how == "missing_input":  # below every op's minimum (optional inputs come last)
         del ins0[2 if kind0 == K.LayerNorm and len(ins0) == 3 else 1 if len(ins0) > 1 else 0:]
     elif how == "unknown_attr":
@@ -291,8 +299,8 @@ def corrupt(spec: Spec, how: str, data) -> tuple[Spec, str] | None:
         if len(spec.ops) < 2:
             return None
         spec.ops[1][2] = list(outs0)
-    elif how in ("missing_feed", "feed_shape"):
-        pass  # applied to the feeds
+    elif how in ("missing_feed", "feed_shape", "execute_shape", "execute_dtype"):
+        pass  # applied to the feeds or the execute call
     return spec, how
 
 
@@ -302,7 +310,16 @@ def run_invalid(spec: Spec, how: str) -> None:
         graph.get_partitions(policy)
     feeds = fill.fill_inputs(graph, spec.seed)
     first = graph.input_ids[0]
-    if how == "missing_feed":
+    if how in ("execute_shape", "execute_dtype"):  # compile right, execute with a wrong output tensor
+        part = graph.get_partitions()[-1]
+        cp = part.compile(part.get_input_ports(), part.get_output_ports(), ga.Engine())
+        engine = ga.Engine()
+        ins = [ga.Tensor(cp.query_logical_tensor(t), engine) for t in part.input_ids]
+        good = cp.query_logical_tensor(part.output_ids[0])
+        wrong = (ga.LogicalTensor(good.id, good.dtype, list(good.shape) + [2]) if how == "execute_shape" else
+                 ga.LogicalTensor(good.id, dt.s32 if good.dtype != dt.s32 else dt.f32, good.shape))
+        cp.execute(ga.Stream(engine), ins, [ga.Tensor(wrong, engine)])
+    elif how == "missing_feed":
         del feeds[first]
     elif how == "feed_shape":
         feeds[first] = feeds[first].reshape(-1)[:-1] if feeds[first].size > 1 else feeds[first].reshape(1, 1, 1, 1)
