@@ -11,6 +11,7 @@ compile them for concrete shapes and execute them on tensors::
         cp = p.compile(inputs, outputs, ga.Engine())
         cp.execute(ga.Stream(engine), in_tensors, out_tensors)
 """
+from .config import get_memory_budget, set_memory_budget
 from .dtypes import DataType
 from .engine import Engine, Stream
 from .enums import EngineKind, FPMathMode, LayoutType, OpKind, PartitionPolicy, PropertyType
@@ -34,4 +35,5 @@ __all__ = [
     "InvalidGraphOp", "InvalidShape", "LayoutType", "LogicalTensor", "Op", "OpKind",
     "OutOfMemory", "Partition", "PartitionPolicy", "PropertyType", "Status", "Stream", "Tensor",
     "Unimplemented", "load", "make_scalar_tensor", "run_graph", "save",
+    "get_memory_budget", "set_memory_budget",
 ]

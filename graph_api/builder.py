@@ -14,7 +14,8 @@ table, and keeps constant arrays beside the graph::
 The op methods are generated from ``OP_SCHEMAS`` (not written by hand): the
 method for ``OpKind.DynamicDequantize`` is ``dynamic_dequantize``, its
 positional parameters are the input ports, its keyword-only parameters the
-attributes with the schema's defaults, so ``help(b.matmul)`` shows them.  An
+attributes with the schema's defaults, so ``help(b.matmul)`` shows them
+(a port name that is not an identifier, ``src/dst``, becomes ``src_dst``).  An
 input port that shares its name with an attribute (``axes`` of the Reduce ops,
 ``sizes`` of Interpolate) takes the parameter name ``<port>_input``.
 
@@ -207,7 +208,8 @@ def _input_params(schema) -> list[inspect.Parameter]:
     attr_names = set(schema.attr_by_name)
     params = []
     for port in schema.inputs:
-        name = port.name + "_input" if port.name in attr_names else port.name
+        name = re.sub(r"\W", "_", port.name)  # 'src/dst' of the backward ops -> src_dst
+        name = name + "_input" if name in attr_names else name
         if port.variadic:
             params.append(inspect.Parameter(name, inspect.Parameter.VAR_POSITIONAL))
         else:

@@ -15,7 +15,8 @@ partitions, compiles and executes it and prints one row per partition.  With
 is 1 on a mismatch.  ``run --batch`` runs a benchdnn graph batch file
 (:mod:`graph_api.batch`) and prints benchdnn's summary line; exit code 1 when a
 case failed.  Errors are one line, ``graph-api: error: <message>``,
-exit code 2.  Also ``python -m graph_api``.
+exit code 2 — among them a graph that needs more memory than the budget
+(:mod:`graph_api.memory`), refused before any input is allocated.  Also ``python -m graph_api``.
 
 The functions :func:`prepare` and :func:`execute` are what ``run`` does; the
 conformance tests call them directly.
@@ -36,6 +37,7 @@ from .enums import FPMathMode, OpKind, PartitionPolicy
 from .errors import GraphError, InvalidArguments
 from .fpmath import FPMath
 from .json_io import load
+from .memory import check_graph
 from .runner import GraphRun, run_graph
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -124,9 +126,10 @@ def execute(prepared: Prepared, policy=PartitionPolicy.fusion, repeat: int = 1,
     """Fill, partition, compile and execute; with ``check`` compare every graph
     output with the unfused reference (:func:`graph_api.fill.reference_arrays`)."""
     graph = prepared.graph
+    partitions = graph.get_partitions(policy)
+    check_graph(graph, runnable(partitions))  # before the filler allocates the inputs
     roles = fill.input_roles(graph)
     feeds = fill.fill_inputs(graph, seed, roles)
-    partitions = graph.get_partitions(policy)
     run = run_graph(graph, feeds, partitions=runnable(partitions), repeat=repeat)
     report = Report(prepared, partitions, run, roles)
     if check:
@@ -426,6 +429,10 @@ def main(argv=None) -> int:
         return args.handler(args)
     except (GraphError, OSError) as err:
         print(f"graph-api: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except MemoryError:  # an allocation the budget did not foresee (scratch, another process)
+        print("graph-api: error: [out_of_memory] the system refused an allocation; "
+              "lower the batch (--mb) or the memory budget (GRAPH_API_MEMORY_BUDGET)", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -4,12 +4,30 @@
 ops, kernel, fpmath, times), like ONEDNN_VERBOSE.  ``GRAPH_API_CHECK=1`` runs
 every fused partition also through the unfused reference plan and raises on a
 mismatch.  Both can be changed at run time through :data:`settings`.
+
+``GRAPH_API_MEMORY_BUDGET`` caps the bytes a partition (at compile) or a whole
+graph (``run_graph``, the command line) may need for its tensors; see
+:mod:`graph_api.memory`.  The value is a byte count with an optional binary
+suffix (``K M G T``: powers of 1024), e.g. ``8G`` or ``1500000000``, or
+``unlimited``.  Unset, the budget is :data:`DEFAULT_BUDGET_FRACTION` of the
+memory this process may use (physical memory, or the cgroup limit when lower).
+At run time: :func:`set_memory_budget` / :func:`get_memory_budget`.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
+
+from .errors import InvalidArguments
+
+MEMORY_BUDGET_ENV = "GRAPH_API_MEMORY_BUDGET"
+#: three quarters of the memory we may use: the rest is for the interpreter,
+#: numpy/Numba temporaries and whatever else the host process holds
+DEFAULT_BUDGET_FRACTION = 0.75
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def _flag(name: str) -> bool:
@@ -20,6 +38,10 @@ def _flag(name: str) -> bool:
 class Settings:
     verbose: bool = _flag("GRAPH_API_VERBOSE")
     check: bool = _flag("GRAPH_API_CHECK")
+    #: GRAPH_API_MEMORY_BUDGET as read at import ("" = the default fraction)
+    memory_budget_text: str = os.environ.get(MEMORY_BUDGET_ENV, "")
+    #: bytes given to set_memory_budget; None = use memory_budget_text
+    memory_budget_bytes: int | None = None
 
 
 settings = Settings()
@@ -29,3 +51,56 @@ def log(message: str) -> None:
     """Write one verbose line (only when verbose is on)."""
     if settings.verbose:
         print(f"graph_api_verbose,{message}", file=sys.stderr, flush=True)
+
+
+# ====================================================================== memory budget
+def usable_memory() -> int | None:
+    """Bytes this process may use: physical memory, or a lower cgroup limit; None if unknown."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    for path in _CGROUP_LIMITS:
+        try:
+            text = open(path, encoding="ascii").read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (total is None or int(text) < total):
+            total = int(text)
+    return total if total and total > 0 else None
+
+
+def parse_budget(text: str, where: str = MEMORY_BUDGET_ENV) -> int | None:
+    """``'8G'`` -> 8 * 2**30; ``'unlimited'`` -> None.  Anything else is InvalidArguments."""
+    cleaned = text.strip().upper().removesuffix("B").removesuffix("I")
+    if cleaned == "UNLIMITED":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)", cleaned)
+    if match is None or float(match.group(1)) * _SUFFIX[match.group(2)] < 1:
+        raise InvalidArguments(
+            f"{where}={text!r}: expected a positive byte count such as 1500000000, 512M or 8G "
+            f"(K, M, G, T are powers of 1024), or 'unlimited'")
+    return int(float(match.group(1)) * _SUFFIX[match.group(2)])
+
+
+def get_memory_budget() -> int | None:
+    """The memory budget in bytes (None: unlimited).
+
+    Raises:
+        InvalidArguments: ``GRAPH_API_MEMORY_BUDGET`` is set to something that
+            is not a byte count.
+    """
+    if settings.memory_budget_bytes is not None:
+        return settings.memory_budget_bytes
+    if settings.memory_budget_text.strip():
+        return parse_budget(settings.memory_budget_text)
+    usable = usable_memory()
+    return None if usable is None else int(usable * DEFAULT_BUDGET_FRACTION)
+
+
+def set_memory_budget(nbytes: int | None) -> None:
+    """Cap the bytes a partition or graph may need; ``None`` restores the default
+    (``GRAPH_API_MEMORY_BUDGET`` or the fraction of memory)."""
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1):
+        raise InvalidArguments(f"set_memory_budget: expected a positive int of bytes or None, got {nbytes!r}")
+    settings.memory_budget_bytes = nbytes

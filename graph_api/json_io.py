@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +57,7 @@ from .schema import ATTR_KINDS
 
 #: oneDNN's DNNL_GRAPH_UNKNOWN_DIM as written in JSON
 INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 #: the oneDNN library version this runtime mirrors, written into new files
 WRITER_VERSION = "3.14.0"
 #: string attrs that post-partitioning dumps add to every op; not op attributes
@@ -94,16 +97,18 @@ class _Reader:
     # ------------------------------------------------------------ scalars
     def need(self, obj: dict, key: str, kinds, where: str, cls=InvalidGraph):
         if key not in obj:
-            raise self.fail(cls, where, f"key {key!r} is missing")
+            raise self.fail(cls, where, f"key {_show(key)} is missing")
         value = obj[key]
+        if isinstance(value, int) and not isinstance(value, bool) and not _is_int(value):
+            raise self.fail(cls, f"{where}.{key}" if where else key, f"{_show(value)} does not fit a 64-bit integer")
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _tuple(kinds)):
             raise self.fail(cls, f"{where}.{key}" if where else key,
-                            f"expected {_kind_names(kinds)}, got {value!r}")
+                            f"expected {_kind_names(kinds)}, got {_show(value)}")
         return value
 
     def int_list(self, value, where: str, cls) -> list[int]:
-        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-            raise self.fail(cls, where, f"expected a list of integers, got {value!r}")
+        if not isinstance(value, list) or not all(_is_int(v) for v in value):
+            raise self.fail(cls, where, f"expected a list of 64-bit integers, got {_show(value)}")
         return value
 
     # ------------------------------------------------------------ document
@@ -115,11 +120,11 @@ class _Reader:
         version = self.need(doc, "version", str, "")
         engine = self.need(doc, "engine_kind", str, "")
         if engine not in EngineKind.__members__:
-            raise self.fail(InvalidGraph, "engine_kind", f"unknown engine kind {engine!r}; expected cpu, gpu or any")
+            raise self.fail(InvalidGraph, "engine_kind", f"unknown engine kind {_show(engine)}; expected cpu, gpu or any")
         mode = self.need(doc, "fpmath_mode", str, "")
         if mode not in FPMathMode.__members__:
             choices = ", ".join(FPMathMode.__members__)
-            raise self.fail(InvalidGraph, "fpmath_mode", f"unknown fpmath mode {mode!r}; expected one of: {choices}")
+            raise self.fail(InvalidGraph, "fpmath_mode", f"unknown fpmath mode {_show(mode)}; expected one of: {choices}")
         apply_to_int = self.apply_to_int(doc)
         ops_doc = self.need(doc, "graph", list, "")
         ports = {key: (self.int_list(doc[key], key, InvalidGraph) if key in doc else None)
@@ -154,13 +159,13 @@ class _Reader:
             return value
         if value in ("true", "false"):
             return value == "true"
-        raise self.fail(InvalidGraph, "fpmath_mode_apply_to_int", f"expected \"true\" or \"false\", got {value!r}")
+        raise self.fail(InvalidGraph, "fpmath_mode_apply_to_int", f"expected \"true\" or \"false\", got {_show(value)}")
 
     # ------------------------------------------------------------ ops
     def op(self, doc, index: int, meta: JsonMeta) -> Op:
         where = f"graph[{index}]"
         if not isinstance(doc, dict):
-            raise self.fail(InvalidGraphOp, where, f"an op must be a JSON object, got {doc!r}")
+            raise self.fail(InvalidGraphOp, where, f"an op must be a JSON object, got {_show(doc)}")
         op_id = self.need(doc, "id", int, where, InvalidGraphOp)
         if op_id < 0:
             raise self.fail(InvalidGraphOp, f"{where}.id", f"op id must be non-negative, got {op_id}")
@@ -169,7 +174,7 @@ class _Reader:
         kind_name = self.need(doc, "kind", str, where, InvalidGraphOp)
         kind_name = KIND_ALIASES.get(kind_name, kind_name)
         if kind_name not in OpKind.__members__:
-            raise self.fail(InvalidGraphOp, f"{where} ({name!r}).kind", f"unknown op kind {kind_name!r}")
+            raise self.fail(InvalidGraphOp, f"{where} ({_show(name)}).kind", f"unknown op kind {_show(kind_name)}")
         kind = OpKind[kind_name]
         where = f'op {op_id} ({kind_name}{" " + json.dumps(name) if name else ""})'
         inputs = [self.tensor(t, f"{where}.inputs[{i}]")
@@ -178,7 +183,7 @@ class _Reader:
                    for i, t in enumerate(self.need(doc, "outputs", list, where, InvalidGraphOp))]
         attrs_doc = doc.get("attrs", {})  # some hand-made files have no "attrs"
         if not isinstance(attrs_doc, dict):
-            raise self.fail(InvalidGraphOp, f"{where}.attrs", f"expected an object, got {attrs_doc!r}")
+            raise self.fail(InvalidGraphOp, f"{where}.attrs", f"expected an object, got {_show(attrs_doc)}")
         attrs, dump = {}, {}
         for key, entry in attrs_doc.items():
             value = self.attr(kind, key, entry, f"{where}.attrs.{key}")
@@ -189,31 +194,31 @@ class _Reader:
 
     def attr(self, kind: OpKind, key: str, entry, where: str):
         if not isinstance(entry, dict) or "type" not in entry or "value" not in entry:
-            raise self.fail(InvalidGraphOp, where, f'expected {{"type": ..., "value": ...}}, got {entry!r}')
+            raise self.fail(InvalidGraphOp, where, f'expected {{"type": ..., "value": ...}}, got {_show(entry)}')
         declared, value = entry["type"], entry["value"]
         if declared not in ATTR_KINDS:
             raise self.fail(InvalidGraphOp, f"{where}.type",
-                            f"unknown attribute type {declared!r}; expected one of: {', '.join(ATTR_KINDS)}")
+                            f"unknown attribute type {_show(declared)}; expected one of: {', '.join(ATTR_KINDS)}")
         if key in DUMP_ONLY_ATTRS:
             return _decode_value(declared, value) if _fits(declared, value) else value
         expected = _schema_kind(kind, key)
         if expected is None:
             known = ", ".join(_schema_attr_names(kind)) or "none"
-            raise self.fail(InvalidGraphOp, where, f"unknown attribute {key!r}; {kind.name} takes: {known}")
+            raise self.fail(InvalidGraphOp, where, f"unknown attribute {_show(key)}; {kind.name} takes: {known}")
         if declared not in expected.split("|"):
             raise self.fail(InvalidGraphOp, f"{where}.type",
-                            f"wrong attribute type {declared!r}; {kind.name}.{key} is {expected}")
+                            f"wrong attribute type {_show(declared)}; {kind.name}.{key} is {expected}")
         if not _fits(declared, value):
-            raise self.fail(InvalidGraphOp, f"{where}.value", f"{value!r} is not a {declared} value")
+            raise self.fail(InvalidGraphOp, f"{where}.value", f"{_show(value)} is not a {declared} value")
         return _decode_value(declared, value)
 
     # ------------------------------------------------------------ tensors
     def tensor(self, doc, where: str) -> LogicalTensor:
         if not isinstance(doc, dict):
-            raise self.fail(InvalidGraphOp, where, f"a tensor must be a JSON object, got {doc!r}")
+            raise self.fail(InvalidGraphOp, where, f"a tensor must be a JSON object, got {_show(doc)}")
         for key in TENSOR_KEYS:
             if key not in doc:
-                raise self.fail(InvalidGraphOp, where, f"key {key!r} is missing")
+                raise self.fail(InvalidGraphOp, where, f"key {_show(key)} is missing")
         tid = self.need(doc, "id", int, where, InvalidGraphOp)
         shape = self.int_list(doc["shape"], f"{where}.shape", InvalidGraphOp)
         stride = self.int_list(doc["stride"], f"{where}.stride", InvalidGraphOp)
@@ -222,6 +227,16 @@ class _Reader:
                                  doc["layout_type"], doc["property_type"])
         except GraphError as err:
             raise self.fail(type(err), f"{where} (tensor {tid})", err.message) from None
+
+
+#: how messages show a value from the file: bounded in depth and length, so a
+#: hostile document (nested thousands deep, megabytes long) gives a short message
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring, _SHOW.maxother = 3, 8, 4, 60, 60
+
+
+def _show(value) -> str:
+    return _SHOW.repr(value)
 
 
 def _tuple(kinds) -> tuple:
@@ -265,11 +280,15 @@ def _schema_attr_names(kind: OpKind) -> list[str]:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """A JSON integer that fits oneDNN's int64."""
+    return isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A JSON number that converts to a float (an integer of 400 digits does not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return isinstance(v, float) or abs(v) < 2**1024
 
 
 def _fits(declared: str, value) -> bool:
@@ -383,6 +402,9 @@ def _parse_text(text: str, source: str):
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise InvalidGraph(f"{source}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:  # the parser recurses once per nesting level
+        raise InvalidGraph(f"{source}: not a oneDNN graph: JSON nested deeper than the parser's limit "
+                           f"(about {sys.getrecursionlimit()} levels; a graph file needs 5)") from None
 
 
 def from_json(path_or_text, finalize: bool = True, source: str | None = None):

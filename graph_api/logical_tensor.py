@@ -229,3 +229,4 @@ class LogicalTensor:
         if self.encoding is not None:
             extra += f" encoding={self.encoding}"
         return f"%{self.id}:{self.dtype.name}[{shape}]{extra}"
+

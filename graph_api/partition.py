@@ -14,6 +14,7 @@ from .errors import (ExecutionError, InvalidArguments, InvalidDataType, InvalidS
 from .fpmath import FPMath
 from .infer import merge_shapes, propagate
 from .logical_tensor import LogicalTensor, dense_strides
+from .memory import check_partition
 from .tensor import Tensor, self_overlapping
 
 #: op kinds with no kernel: oneDNN returns them as unsupported partitions
@@ -147,6 +148,7 @@ class Partition:
         for op in self.ops:
             for check in OP_SCHEMAS[op.kind].compile_checks:
                 check(op, [lts[lt.id].shape for lt in op.inputs])
+        check_partition(f"partition {self.id} ({self.get_kind()})", lts, self.input_ids, self.output_ids)
         request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids),
                                  list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
         plan = select_plan(request)

@@ -16,7 +16,8 @@ from .engine import Engine, Stream
 from .enums import PartitionPolicy, PropertyType
 from .errors import InvalidArguments, Unimplemented
 from .logical_tensor import LogicalTensor, dense_strides
-from .tensor import Tensor, make_scalar_tensor
+from .memory import check_graph
+from .tensor import Tensor, make_scalar_tensor, self_overlapping
 
 
 @dataclass
@@ -45,6 +46,12 @@ def _input_lt(port: LogicalTensor, value) -> LogicalTensor:
     return LogicalTensor(port.id, port.dtype, shape, strides, property=port.property)
 
 
+def _shape_of(port: LogicalTensor, value) -> tuple:
+    if isinstance(value, Tensor):
+        return tuple(value.get_logical_tensor().shape)
+    return port.shape if port.property == PropertyType.host_scalar else tuple(np.shape(value))
+
+
 def _tensor(lt: LogicalTensor, value, engine) -> Tensor:
     if isinstance(value, Tensor):
         return value
@@ -53,7 +60,15 @@ def _tensor(lt: LogicalTensor, value, engine) -> Tensor:
     value = np.asarray(value)
     if value.dtype != dtypes.numpy_dtype(lt.dtype):
         value = dtypes.convert(value, lt.dtype)
-    return Tensor(lt, engine, value)
+    tensor = Tensor(lt, engine, value)
+    # a self-overlapping input layout (a broadcast view) holds only values that
+    # agree wherever elements share memory; anything else would be lost silently
+    if self_overlapping(tensor.lt.shape, tensor.lt.strides) and np.ascontiguousarray(tensor.numpy()).tobytes() != \
+            np.ascontiguousarray(value).tobytes():
+        raise InvalidArguments(
+            f"run_graph: input tensor {lt.id} has a self-overlapping layout (shape {list(lt.shape)}, "
+            f"strides {list(lt.strides)}); the given values differ where its elements share memory")
+    return tensor
 
 
 def run_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None,
@@ -62,6 +77,10 @@ def run_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None
 
     Feeding ``Tensor`` objects avoids re-packing int4 data on every call and
     lets constant-weight kernels reuse what they prepared for that memory.
+
+    Raises:
+        OutOfMemory: the graph needs more than the memory budget
+            (:mod:`graph_api.memory`), before any partition compiles.
 
     Returns every tensor that crosses a partition boundary or leaves the graph,
     as logical numpy arrays keyed by id, plus per-partition timings.
@@ -78,6 +97,7 @@ def run_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None
             raise InvalidArguments(f"run_graph: no value for graph input tensor {tid} ({graph.tensors[tid]!r})")
         value = feeds[tid]
         values[tid] = value if isinstance(value, Tensor) else np.asarray(value)
+    check_graph(graph, partitions, {tid: _shape_of(graph.tensors[tid], v) for tid, v in values.items()})
     runs = []
     for part in partitions:
         if not part.is_supported():

@@ -294,6 +294,10 @@ def build(request: CompileRequest):
         covered.add(out_cast.id)
         value_id = out_cast.outputs[0].id
     out_shape = lts[value_id].shape
+    inner = {lt.id for op_id in covered for lt in ops[op_id].outputs} - {value_id}
+    escaping = [op.id for op in request.ops if op.id not in covered and any(lt.id in inner for lt in op.inputs)]
+    if escaping:  # the core keeps only its final value
+        return f"op {escaping[0]} after the fused core reads one of the core's intermediates"
 
     def core(inputs, arrays):
         x = inputs[linear.x_id].numpy()

@@ -1,0 +1,406 @@
+"""JSON fuzzing of every conformance file (issue 8, standing test).
+
+Each mutant is a conformance file with one to three deterministic mutations
+(seeded by file name and mutant index): structural (keys, ops and tensors
+dropped, duplicated, swapped, made cyclic), type (a value replaced by another
+JSON type, a 400-digit integer, NaN, infinity), size (dims of 0, 2^40, -5,
+INT64_MIN, too many dims, megabyte strings), nesting (thousands of levels) and
+strides (reversed, zero, negative, 2^60, wrong length, permuted), attribute
+values off by one, negated, far out of range or of the wrong type, plus benign
+changes that keep the graph valid (a permuted input layout, another fpmath
+mode, another property) so that more mutants run and are checked.
+
+The contract: ``load`` / partition / compile / execute raise only typed errors
+(``GraphError`` subclasses).  A mutant that loads and is small enough
+(``ELEMENT_BUDGET``) runs as ``graph-api run --check`` does and every output
+must match the unfused reference.  The short version (``MUTANTS_SHORT`` per
+file) runs in the default suite; ``pytest -m long`` runs ``MUTANTS_LONG`` per
+file (``GRAPH_API_FUZZ_MUTANTS`` overrides).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import traceback
+from collections import Counter
+
+import pytest
+
+import graph_api as ga
+from graph_api.cli import execute, prepare, runnable
+from graph_api.errors import GraphError
+from graph_api.json_io import INT64_MIN
+
+from ..conformance_files import FILES, rel
+
+MUTANTS_SHORT = 2
+MUTANTS_LONG = int(os.environ.get("GRAPH_API_FUZZ_MUTANTS", "40"))
+#: mutants whose tensors hold more elements than this are loaded and
+#: partitioned but not run: the reference run stays in milliseconds
+ELEMENT_BUDGET = 60_000
+#: stands for a value nested 3,000 deep; replaced in the JSON text (json.dumps
+#: itself cannot write that many levels)
+DEEP = "\x00deep\x00"
+
+ODD_VALUES = [None, True, False, 0, 1, -1, 2, 1.5, -0.0, "", "x", "f32", [], {}, [1, 2], {"a": 1},
+              2**63, -2**63 - 1, 10**400, math.nan, math.inf, -math.inf, f"{DEEP}3000", "\ud800"]
+ODD_DIMS = [0, 1, 2, 3, 7, 2**31, 2**40, 2**62, -1, -5, INT64_MIN]
+
+
+# ====================================================================== mutations
+def _slots(node, out):
+    """Every (container, key) of the document, depth first."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        out.append((node, key))
+        _slots(value, out)
+    return out
+
+
+def _ops(doc):
+    graph = doc.get("graph") if isinstance(doc, dict) else None
+    return [op for op in graph if isinstance(op, dict)] if isinstance(graph, list) else []
+
+
+def _tensors(doc):
+    return [t for op in _ops(doc) for side in ("inputs", "outputs")
+            if isinstance(op.get(side), list) for t in op[side] if isinstance(t, dict)]
+
+
+def structural(rng, doc):
+    ops = _ops(doc)
+    choice = rng.randrange(7)
+    if choice == 0 or not ops:  # drop a key or list element anywhere
+        slots = _slots(doc, [])
+        parent, key = rng.choice(slots)
+        del parent[key]
+        return f"drop {key!r}"
+    if choice == 1:
+        ops.append(copy.deepcopy(rng.choice(ops)))
+        return "duplicate an op"
+    if choice == 2:
+        doc["graph"].remove(rng.choice(ops))
+        return "drop an op"
+    if choice == 3:  # feed an op its own (or a later op's) output: a cycle or a self-loop
+        op = rng.choice(ops)
+        if op.get("inputs") and isinstance(op["inputs"], list):
+            later = rng.choice(ops[ops.index(op):])
+            if later.get("outputs"):
+                op["inputs"][0] = copy.deepcopy(later["outputs"][0])
+        return "cycle"
+    if choice == 4:  # two ops write one tensor, or ids collide
+        a, b = rng.choice(ops), rng.choice(ops)
+        if rng.random() < 0.5:
+            a["id"] = b.get("id")
+            return "op id collision"
+        if a.get("outputs") and b.get("outputs"):
+            a["outputs"][0]["id"] = b["outputs"][0].get("id")
+        return "two producers"
+    if choice == 5:  # swap inputs and outputs
+        op = rng.choice(ops)
+        op["inputs"], op["outputs"] = op.get("outputs"), op.get("inputs")
+        return "swap inputs/outputs"
+    op = rng.choice(ops)
+    op["kind"] = rng.choice(list(ga.OpKind.__members__) + ["NotAnOp", ""])
+    return f"kind -> {op['kind']}"
+
+
+def type_change(rng, doc):
+    parent, key = rng.choice(_slots(doc, []))
+    parent[key] = copy.deepcopy(rng.choice(ODD_VALUES))
+    return f"{key!r} -> {parent[key]!r}"[:80]
+
+
+def size_change(rng, doc):
+    tensors = _tensors(doc)
+    choice = rng.randrange(5)
+    if choice == 4 or not tensors:
+        ops = _ops(doc)
+        if ops:
+            rng.choice(ops)["name"] = "n" * 1_000_000
+        return "megabyte name"
+    t = rng.choice(tensors)
+    shape = t.get("shape")
+    if not isinstance(shape, list):
+        return "no shape"
+    if choice == 0 and shape:
+        shape[rng.randrange(len(shape))] = rng.choice(ODD_DIMS)
+    elif choice == 1:
+        shape.append(rng.choice(ODD_DIMS))
+    elif choice == 2 and shape:
+        shape.pop()
+    else:
+        t["shape"] = [2] * rng.choice([13, 64, 100_000])
+    return f"shape -> {str(t['shape'])[:60]}"
+
+
+def nesting(rng, doc):
+    parent, key = rng.choice(_slots(doc, []))
+    depth = rng.choice([40, 900, 3000])
+    parent[key] = f"{DEEP}{depth}"
+    return f"nest {depth} at {key!r}"
+
+
+def stride_change(rng, doc):
+    tensors = [t for t in _tensors(doc) if isinstance(t.get("stride"), list)]
+    if not tensors:
+        return "no strides"
+    t = rng.choice(tensors)
+    stride = t["stride"]
+    choice = rng.randrange(6)
+    if choice == 0:
+        stride.reverse()
+    elif choice == 1:
+        t["stride"] = [0] * len(stride)
+    elif choice == 2 and stride:
+        stride[rng.randrange(len(stride))] = rng.choice([-1, -7, 2**60, 2**62, INT64_MIN, 0])
+    elif choice == 3:
+        stride.append(1)
+    elif choice == 4:
+        rng.shuffle(stride)
+    else:
+        t["layout_type"] = rng.choice(["any", "opaque", "undef", "strided", "blocked", 3])
+    return f"stride -> {str(t['stride'])[:60]} {t.get('layout_type')}"
+
+
+def attr_change(rng, doc):
+    entries = [e for op in _ops(doc) if isinstance(op.get("attrs"), dict)
+               for e in op["attrs"].values() if isinstance(e, dict) and "value" in e]
+    if not entries:
+        return "no attrs"
+    entry = rng.choice(entries)
+    value = entry["value"]
+    if isinstance(value, list) and value and rng.random() < 0.6:
+        i = rng.randrange(len(value))
+        value[i] = rng.choice([0, -1, -value[i] if isinstance(value[i], (int, float)) else 0, 99, 2**40])
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and rng.random() < 0.7:
+        entry["value"] = rng.choice([value + 1, value - 1, -value, 99, -99, 2**40, 0, math.nan, math.inf])
+    elif rng.random() < 0.5:
+        entry["value"] = copy.deepcopy(rng.choice(ODD_VALUES))
+    else:
+        entry["type"] = rng.choice(["bool", "s64", "f32", "s64[]", "f32[]", "string", "int", 1])
+    return f"attr -> {str(entry)[:60]}"
+
+
+def benign(rng, doc):
+    """Changes that keep the graph valid, so the mutant runs and is checked: a
+    permuted (non-overlapping) input layout, another fpmath mode, a property."""
+    choice = rng.randrange(3)
+    tensors = [t for t in _tensors(doc) if isinstance(t.get("shape"), list) and t["shape"]
+               and all(isinstance(d, int) and d > 0 for d in t["shape"])]
+    if choice == 0 and tensors:
+        t = rng.choice(tensors)
+        order = list(range(len(t["shape"])))
+        rng.shuffle(order)  # order[0] is the outermost dim
+        stride, acc = [0] * len(order), 1
+        for axis in reversed(order):
+            stride[axis], acc = acc, acc * t["shape"][axis]
+        for other in _tensors(doc):  # every use of the id agrees
+            if other.get("id") == t.get("id"):
+                other["stride"] = list(stride)
+        return f"layout {t.get('id')} -> {stride}"
+    if choice == 1:
+        doc["fpmath_mode"] = rng.choice(["strict", "bf16", "f16", "tf32", "any"])
+        return f"fpmath -> {doc['fpmath_mode']}"
+    if tensors:
+        t = rng.choice(tensors)
+        t["property_type"] = rng.choice(["constant", "variable", "undef"])
+        return f"property {t.get('id')} -> {t['property_type']}"
+    return "nothing"
+
+
+MUTATIONS = [structural, type_change, size_change, nesting, stride_change, attr_change, benign, benign]
+
+
+def mutant(doc, name: str, index: int) -> tuple[str, list[str]]:
+    """The JSON text of mutant ``index`` of file ``name`` and what was done."""
+    rng = random.Random(f"{name}:{index}")
+    doc = copy.deepcopy(doc)
+    done = [rng.choice(MUTATIONS)(rng, doc) for _ in range(rng.choice([1, 1, 2, 3]))]
+    text = json.dumps(doc)
+    for depth in (40, 900, 3000):
+        text = text.replace(json.dumps(f"{DEEP}{depth}"), "[" * depth + "]" * depth)
+    return text, done
+
+
+# ====================================================================== running
+def total_elements(graph) -> int | None:
+    """Elements of every tensor, or None when a shape is not known."""
+    total = 0
+    for lt in graph.tensors.values():
+        if not lt.is_shape_known():
+            return None
+        total += math.prod(lt.shape)
+    return total
+
+
+def run_mutant(path) -> str:
+    """Outcome: 'load error', 'run error', 'too big', 'checked'; raises on a broken contract."""
+    try:
+        prepared = prepare(path, max_elements=ELEMENT_BUDGET)
+        for policy in (ga.PartitionPolicy.fusion, ga.PartitionPolicy.debug):
+            prepared.graph.get_partitions(policy)
+    except GraphError:
+        return "load error"
+    total = total_elements(prepared.graph)
+    if total is None or total > ELEMENT_BUDGET:
+        return "too big"
+    if not all(p.is_supported() for p in runnable(prepared.graph.get_partitions())):
+        return "unsupported"
+    try:
+        report = execute(prepared, check=True)
+    except GraphError:
+        return "run error"
+    bad = [f"output {c.tid}: {c.verdict.message}" for c in report.checks if not c.verdict.ok]
+    if bad:
+        raise AssertionError("wrong --check: " + "; ".join(bad))
+    return "checked"
+
+
+def fuzz(tmp_path, mutants_per_file: int) -> Counter:
+    outcomes, failures = Counter(), []
+    for path in FILES:
+        name = rel(path)
+        doc = json.loads(path.read_text())
+        for index in range(mutants_per_file):
+            text, done = mutant(doc, name, index)
+            target = tmp_path / f"mutant-{index}.json"
+            target.write_text(text)
+            try:
+                outcomes[run_mutant(target)] += 1
+            except Exception as err:  # noqa: BLE001 - the contract under test
+                outcomes["FAILED"] += 1
+                where = traceback.extract_tb(err.__traceback__)[-1]
+                failures.append(f"{name} mutant {index} {done}: {type(err).__name__}: {str(err)[:300]} "
+                                f"(at {where.filename.split('/')[-1]}:{where.lineno})")
+    print(f"\nJSON fuzzing: {len(FILES)} files, {sum(outcomes.values())} mutants: {dict(outcomes)}")
+    assert not failures, f"{len(failures)} mutants broke the contract:\n" + "\n".join(failures)
+    return outcomes
+
+
+# ====================================================================== tests
+def test_mutants_are_deterministic():
+    doc = json.loads(FILES[0].read_text())
+    assert mutant(doc, "a", 3) == mutant(doc, "a", 3)
+    assert mutant(doc, "a", 3) != mutant(doc, "a", 4)
+
+
+@pytest.mark.parametrize("text", [
+    '{"version": ' + "[" * 3000 + "]" * 3000 + "}",
+    '{"a": ' * 3000 + "1" + "}" * 3000,
+])
+def test_json_nested_3000_deep_is_a_typed_error_naming_the_file(tmp_path, text):
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    with pytest.raises(ga.InvalidGraph, match="deep.json: .*nested deeper"):
+        ga.load(path)
+
+
+def test_huge_integers_are_typed_errors(tmp_path):
+    doc = json.loads(FILES[0].read_text())
+    doc["graph"][0]["inputs"][0]["shape"][0] = 10**400
+    with pytest.raises(ga.InvalidGraphOp, match="64-bit"):
+        ga.Graph.from_json(json.dumps(doc))
+
+
+def test_fuzz_every_conformance_file_short(tmp_path):
+    outcomes = fuzz(tmp_path, MUTANTS_SHORT)
+    assert sum(outcomes.values()) == MUTANTS_SHORT * len(FILES)
+    assert outcomes["checked"] > 0 and outcomes["load error"] > 0  # both sides of the contract exercised
+
+
+@pytest.mark.long
+def test_fuzz_every_conformance_file_long(tmp_path):
+    fuzz(tmp_path, MUTANTS_LONG)
+
+
+# ====================================================================== regressions found here
+def _relu_graph(in_strides, out_strides, shape=(4, 3)):
+    g = ga.Graph()
+    g.add_op(ga.Op(0, ga.OpKind.ReLU, [ga.LogicalTensor(0, ga.DataType.f32, shape, in_strides)],
+                   [ga.LogicalTensor(1, ga.DataType.f32, shape, out_strides)]))
+    g.add_op(ga.Op(1, ga.OpKind.Exp, [ga.LogicalTensor(1, ga.DataType.f32, shape, out_strides)],
+                   [ga.LogicalTensor(2, ga.DataType.f32, shape)]))
+    g.finalize()
+    return g
+
+
+@pytest.mark.parametrize("strides", [(0, 1), (1, 1), (1, 2), (0, 0)])
+def test_a_self_overlapping_output_layout_is_refused_at_compile(strides):
+    """Strides whose elements share memory lost results silently (issue 8.3;
+    found as wrong --check by the fuzzer): outputs must have one element per address."""
+    g = _relu_graph(None, strides)
+    part = g.get_partitions(ga.PartitionPolicy.debug)[0]
+    with pytest.raises(ga.InvalidArguments, match="output tensor 1 has a self-overlapping layout"):
+        part.compile(part.get_input_ports(), part.get_output_ports(), ga.Engine())
+
+
+def test_a_self_overlapping_input_is_a_broadcast_view():
+    """An input layout with stride 0 holds one row: run_graph takes values that
+    agree where elements share memory and refuses values it would lose."""
+    import numpy as np
+
+    g = _relu_graph((0, 1), None)
+    row = np.array([-1.0, 0.5, 2.0], np.float32)
+    out = ga.run_graph(g, {0: np.broadcast_to(row, (4, 3))}).outputs[2]
+    want = np.broadcast_to(np.exp(np.maximum(row.astype(np.float64), 0)), (4, 3))
+    np.testing.assert_allclose(out, want, rtol=2**-22)  # exp in f32: within 2 ulps
+    with pytest.raises(ga.InvalidArguments, match="self-overlapping layout"):
+        ga.run_graph(g, {0: np.arange(12, dtype=np.float32).reshape(4, 3)})
+
+
+def test_is_self_overlapping():
+    from graph_api.tensor import self_overlapping as is_self_overlapping
+
+    assert not is_self_overlapping((4, 3), (3, 1)) and not is_self_overlapping((4, 3), (1, 4))
+    assert not is_self_overlapping((1, 3), (0, 1)) and not is_self_overlapping((2, 3), (-3, 1))
+    assert is_self_overlapping((4, 3), (0, 1)) and is_self_overlapping((16, 13), (1, 13))
+    assert is_self_overlapping((32, 28), (28, 784)) and not is_self_overlapping((28, 28), (28, 784))
+
+
+def test_the_filler_takes_a_zero_point_beyond_the_type():
+    """A u8 Dequantize with zps [2^40] (legal, if odd) made the filler raise
+    OverflowError; now its inputs sit at the nearest end of the type."""
+    import numpy as np
+
+    g = ga.Graph()
+    g.add_op(ga.Op(0, ga.OpKind.Dequantize, [ga.LogicalTensor(0, ga.DataType.u8, [8])],
+                   [ga.LogicalTensor(1, ga.DataType.f32, [8])],
+                   attrs={"qtype": "per_tensor", "scales": [0.5], "zps": [2**40]}))
+    g.finalize()
+    from graph_api import fill
+
+    values = fill.fill_inputs(g)[0]
+    assert values.dtype == np.uint8 and values.max() == 255
+
+
+def test_a_huge_stride_on_a_size_one_dim_is_moot():
+    """An output stride of 2^62 on a dim of size 1 overflowed numpy's view
+    (OverflowError at execute); such a stride is never stepped along."""
+    import numpy as np
+
+    g = _relu_graph(None, (2**62, 1), shape=(1, 3))
+    out = ga.run_graph(g, {0: np.array([[-1, 0, 1]], np.float32)}, ga.PartitionPolicy.debug).outputs
+    np.testing.assert_array_equal(out[1], [[0, 0, 1]])
+
+
+def test_a_huge_stride_on_a_real_dim_is_over_the_memory_budget():
+    g = _relu_graph(None, (2**60, 1))
+    part = g.get_partitions(ga.PartitionPolicy.debug)[0]
+    with pytest.raises(ga.OutOfMemory, match="partition 0"):
+        part.compile(part.get_input_ports(), part.get_output_ports(), ga.Engine())
+
+
+@pytest.mark.parametrize("axis", [2, 5, -3, -99])
+def test_a_per_channel_axis_outside_the_shape_is_refused_at_add_op(axis):
+    """Found by the fuzzer as an IndexError in the CLI's scale rewrite and at
+    execute; -3 on rank 2 used to wrap silently (issue 8.6)."""
+    g = ga.Graph()
+    op = ga.Op(0, ga.OpKind.Dequantize, [ga.LogicalTensor(0, ga.DataType.u8, [2, 3])],
+               [ga.LogicalTensor(1, ga.DataType.f32, [2, 3])],
+               attrs={"qtype": "per_channel", "scales": [0.5] * 3, "zps": [0] * 3, "axis": axis})
+    with pytest.raises(ga.InvalidShape, match=f"axis={axis} is out of range for a rank-2 input"):
+        g.add_op(op)
