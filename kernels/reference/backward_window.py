@@ -76,7 +76,7 @@ def conv_forward_core(x, w, groups, strides, dilations, begin, out_sp):
     acc = np.zeros((n, groups, ocg, _size(out_sp)))
     for k in _taps(kernel):
         view = window(xp, [kk * d for kk, d in zip(k, dilations)], strides, out_sp)
-        acc += wg[(Ellipsis,) + k] @ view.reshape((n, groups, icg, -1))  # BLAS per (n, g)
+        acc += wg[(Ellipsis,) + k] @ view.reshape((n, groups, icg, _size(out_sp)))  # BLAS per (n, g)
     return acc.reshape((n, o) + tuple(out_sp))
 
 
@@ -88,7 +88,7 @@ def conv_data_core(dy, w, groups, strides, dilations, begin, src_shape):
     buf, inside = _padded_buffer((n, groups, icg), in_sp, begin,
                                  _extent(out_sp, strides, kernel, dilations))
     wg = w.reshape((groups, ocg, icg) + tuple(kernel))
-    dyg = dy.reshape((n, groups, ocg, -1))
+    dyg = dy.reshape((n, groups, ocg, _size(out_sp)))  # explicit sizes: -1 fails on empty arrays
     for k in _taps(kernel):
         part = np.swapaxes(wg[(Ellipsis,) + k], -1, -2) @ dyg
         _scatter(buf, part.reshape((n, groups, icg) + tuple(out_sp)),
@@ -103,11 +103,11 @@ def conv_weights_core(x, dy, groups, strides, dilations, begin, kernel):
     icg, ocg = c // groups, o // groups
     extent = _extent(out_sp, strides, kernel, dilations)
     xp = pad_spatial(x, begin, _end_pads(x.shape[2:], begin, extent))
-    dyg = dy.reshape((n, groups, ocg, -1))
+    dyg = dy.reshape((n, groups, ocg, _size(out_sp)))
     dw = np.zeros((groups, ocg, icg) + tuple(kernel))
     for k in _taps(kernel):
         view = window(xp, [kk * d for kk, d in zip(k, dilations)], strides, out_sp)
-        view = view.reshape((n, groups, icg, -1))
+        view = view.reshape((n, groups, icg, _size(out_sp)))
         dw[(Ellipsis,) + k] = (dyg @ np.swapaxes(view, -1, -2)).sum(axis=0)
     return dw.reshape((o, icg) + tuple(kernel))
 

@@ -46,8 +46,12 @@ def test_every_op_kind_has_a_method_with_the_schema_attrs(kind):
         assert port.name in method.__doc__
 
 
+#: kinds without an op case (their builder method is still checked against the schema above)
+NO_CASE = {ga.OpKind.InterpolateBackward: "tested as the adjoint of Interpolate (tests/kernels/test_backward_window.py)"}
+
+
 def test_every_op_kind_that_runs_has_a_case_here():
-    kinds = set(OP_SCHEMAS) - {ga.OpKind.End, ga.OpKind.Wildcard}
+    kinds = set(OP_SCHEMAS) - {ga.OpKind.End, ga.OpKind.Wildcard} - set(NO_CASE)
     assert kinds <= set(FIRST_CASE), sorted(k.name for k in kinds - set(FIRST_CASE))
 
 
