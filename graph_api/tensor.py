@@ -215,12 +215,29 @@ class Tensor:
     # ------------------------------------------------------------ views
     def _view_of(self, buffer: np.ndarray) -> np.ndarray:
         """The logical array over a flat buffer, whatever the buffer's own stride."""
-        return _restride(buffer, self.lt.shape, [s * _step(buffer) for s in self.lt.strides])
+        # a dim of size 1 is never stepped along: its stride (any int64) is moot
+        return _restride(buffer, self.lt.shape,
+                         [s * _step(buffer) if d > 1 else 0 for s, d in zip(self.lt.strides, self.lt.shape)])
 
     def _store(self, buffer: np.ndarray, values) -> None:
-        """Write logical ``values`` into a flat buffer laid out by the strides."""
+        """Write logical ``values`` into a flat buffer laid out by the strides.
+
+        A self-overlapping layout (a broadcast view) keeps one value per
+        address: values that differ where elements share memory would be lost,
+        so they are refused."""
+        overlapping = self_overlapping(self.lt.shape, self.lt.strides)
+        if overlapping and self.packed:
+            raise InvalidArguments(f"tensor {self.lt!r}: a self-overlapping layout of packed 4-bit data "
+                                   f"is not supported")
         if not self.packed:
-            self._view_of(buffer)[...] = values
+            view = self._view_of(buffer)
+            view[...] = values
+            if overlapping:
+                want = np.ascontiguousarray(np.broadcast_to(np.asarray(values, view.dtype), view.shape))
+                if np.ascontiguousarray(view).tobytes() != want.tobytes():
+                    raise InvalidArguments(
+                        f"tensor {self.lt!r}: a self-overlapping layout (shape {list(self.lt.shape)}, strides "
+                        f"{list(self.lt.strides)}): the given values differ where its elements share memory")
             return
         nibbles = np.asarray(values).astype(np.int16) & 0xF
         if self.lt.is_dense():
