@@ -258,3 +258,55 @@ def through_unit_reshape(results: tuple, src_shape, dst_shape) -> tuple | None:
 def canonical(op, maps: Maps) -> Maps | None:
     """``maps`` if they differ from the op kind's default, else None."""
     return None if maps == default(op.kind.name, maps.batched) else maps
+
+
+def folded_maps(op, folds: dict, shape_of) -> Maps | None:
+    """The maps of ``op`` reading the sources of its folded producers directly.
+
+    ``folds`` maps an input port (0 = A, 1 = B) to the StaticTranspose or
+    unit-dim StaticReshape feeding it; ``shape_of(lt)`` gives known shapes.
+    None when a fold is not expressible (a transpose moving the batch dim, a
+    reshape that is not broadcast-only, a numpy batch broadcast of the MatMul)
+    or would change C's shape.
+    """
+    shapes = [shape_of(lt) for lt in op.inputs[:2]]
+    if any(s is None for s in shapes) or not folds:
+        return None
+    maps = effective(op, [len(s) for s in shapes])
+    if maps is None:
+        return None
+    results, sources = [maps.a, maps.b], list(shapes)
+    for port, fold in folds.items():
+        src, dst = shape_of(fold.inputs[0]), shape_of(fold.outputs[0])
+        if fold.kind.name == "StaticTranspose":
+            results[port] = through_transpose(results[port], fold.attrs["order"])
+        else:
+            results[port] = through_unit_reshape(results[port], src, dst)
+        if results[port] is None:
+            return None
+        sources[port] = src
+    candidate = Maps(results[0], results[1], maps.c, maps.batched)
+    try:
+        check_rules(op, candidate)
+        after = output_shape(op, candidate, *sources)
+    except InvalidGraphOp:
+        return None
+    return candidate if after == tuple(shape_of(op.outputs[0]) or ()) else None
+
+
+def folded_matmul(op, folds: dict, shape_of):
+    """A copy of ``op`` reading the folds' sources, its maps in canonical form
+    (dropped when default, transpose flags cleared); None when not foldable."""
+    maps = folded_maps(op, folds, shape_of)
+    if maps is None:
+        return None
+    new = op.copy()
+    for port, fold in folds.items():
+        new.inputs[port] = fold.inputs[0]
+    for flag in ("transpose_a", "transpose_b"):
+        if flag in new.attrs:
+            new.attrs[flag] = False
+    new.attrs.pop("indexing_maps", None)
+    if canonical(op, maps) is not None:
+        new.attrs["indexing_maps"] = maps.strings()
+    return new

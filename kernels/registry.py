@@ -51,8 +51,27 @@ def dtype_key(request: CompileRequest) -> str:
     return ",".join(request.lts[t].dtype.name for t in request.input_ids)
 
 
+def _dot_extensions(request):
+    """The dot plan for a MatMul with an algorithm or maps (graph_api.dot_algorithm,
+    indexing_maps), or None when the request has neither.  Such a request never
+    reaches the fast kernels below, which do not honour them: when the dot plan
+    refuses, the composed reference (which does) runs."""
+    from . import dot_plan
+
+    if not dot_plan.needs_dot_plan(request):
+        return None
+    plan = dot_plan.build(request)
+    if isinstance(plan, str):
+        log(f"refused,{request.pattern},dot plan,{plan}")
+        return ComposedPlan(request)
+    return plan
+
+
 def select_plan(request: CompileRequest):
     """The fast plan registered for this request, else the composed reference plan."""
+    dot = _dot_extensions(request)
+    if dot is not None:
+        return dot
     if request.pattern is not None:
         dkey = dtype_key(request)
         mode = request.fpmath.mode.name
