@@ -40,7 +40,7 @@ RULES = {
     "domain_size": "3 loop dims (m, n, k) or 4 (batch, m, n, k); BatchReduceMatMul has 4",
     "batch_first": "the batch dim stays the batch dim (first; transposes only move matmul dims)",
     "matrix": "an operand map has one or two of the matmul dims m, n, k",
-    "read": "every loop dim is read from A or B",
+    "read": "every loop dim appears in a map (a dim only C has is sized by C's shape)",
     "brgemm_c": "BatchReduceMatMul's C has no batch dim (no batch broadcast of C)",
     "flags": "maps replace transpose_a/transpose_b (both must be false)",
     "rank": "operand rank matches its map",
@@ -70,9 +70,6 @@ class Maps:
     def strings(self) -> list[str]:
         return [format_map(self.domain, m) for m in self.operands()]
 
-    def einsum(self) -> str:
-        """The numpy einsum subscripts ``'mk,kn->mn'`` of the three maps."""
-        return f"{''.join(self.a)},{''.join(self.b)}->{''.join(self.c)}"
 
 
 def make(a, b, c, batched: bool) -> Maps:
@@ -151,9 +148,9 @@ def check_rules(op, maps: Maps) -> None:
         least = 0 if which == "C" else 1  # C may sum every matmul dim; A and B read one
         if not least <= len(matmul_dims) <= 2:
             raise _broken(op, "matrix", f"{which}'s map {format_map(maps.domain, results)}")
-    unread = [SPELLING[d] for d in maps.domain if d not in maps.a + maps.b]
+    unread = [SPELLING[d] for d in maps.domain if d not in maps.a + maps.b + maps.c]
     if unread:
-        raise _broken(op, "read", f"loop dim(s) {unread} appear in neither A's nor B's map")
+        raise _broken(op, "read", f"loop dim(s) {unread} appear in no map")
     if op.kind.name == "BatchReduceMatMul" and BATCH in maps.c:
         raise _broken(op, "brgemm_c", f"C's map {format_map(maps.domain, maps.c)}")
 
@@ -180,33 +177,59 @@ def effective(op, ranks) -> Maps | None:
 
 
 # ------------------------------------------------------------------ shapes
-def loop_sizes(op, maps: Maps, a_shape, b_shape) -> dict:
-    """Loop dim -> size from A and B; ``InvalidGraphOp`` (rank, sizes) on a clash.
-    Unknown dims (-1) take the other operand's size."""
-    sizes: dict = {}
-    for shape, results, which in ((a_shape, maps.a, "A"), (b_shape, maps.b, "B")):
+def loop_sizes(op, maps: Maps, a_shape, b_shape, c_shape=None) -> dict:
+    """Loop dim -> size from A, B and (declared) C; ``InvalidGraphOp`` (rank,
+    sizes) on a clash.  Unknown dims (-1) take another operand's size."""
+    sizes: dict = {d: -1 for d in maps.domain}
+    for shape, results, which in ((a_shape, maps.a, "A"), (b_shape, maps.b, "B"),
+                                  (c_shape, maps.c, "C")):
         if shape is None:
             continue
         if len(shape) != len(results):
             raise _broken(op, "rank", f"{which} has shape {list(shape)} (rank {len(shape)}), "
                                       f"its map {format_map(maps.domain, results)} has {len(results)} results")
         for dim, size in zip(results, shape):
-            seen = sizes.get(dim, -1)
+            seen = sizes[dim]
             if size != -1 and seen != -1 and size != seen:
                 raise _broken(op, "sizes", f"{SPELLING[dim]} is {seen} in one operand and {size} in "
-                                           f"{which} (shapes {list(a_shape or [])} x {list(b_shape or [])})")
+                                           f"{which} (A {_show(a_shape)}, B {_show(b_shape)}, C {_show(c_shape)})")
             if size != -1:
                 sizes[dim] = size
-            sizes.setdefault(dim, -1)
     return sizes
 
 
-def output_shape(op, maps: Maps, a_shape, b_shape):
-    """C's shape, or None when an input rank is unknown."""
-    sizes = loop_sizes(op, maps, a_shape, b_shape)
+def _show(shape) -> str:
+    return "?" if shape is None else str(list(shape))
+
+
+def output_shape(op, maps: Maps, a_shape, b_shape, c_shape=None):
+    """C's shape (dims only C has come from its declared shape), or None when an
+    input rank is unknown."""
+    sizes = loop_sizes(op, maps, a_shape, b_shape, c_shape)
     if a_shape is None or b_shape is None:
         return None
     return tuple(sizes[d] for d in maps.c)
+
+
+def c_only(maps: Maps) -> tuple:
+    """C's loop dims that neither A nor B reads (C is broadcast along them)."""
+    return tuple(d for d in maps.c if d not in maps.a + maps.b)
+
+
+def summed_spec(maps: Maps) -> str:
+    """einsum subscripts of the contraction without C's broadcast-only dims."""
+    kept = "".join(d for d in maps.c if d not in c_only(maps))
+    return f"{''.join(maps.a)},{''.join(maps.b)}->{kept}"
+
+
+def broadcast_c(result, maps: Maps, c_shape):
+    """``result`` (C's dims minus :func:`c_only`) broadcast to C's shape (a view)."""
+    import numpy as np
+
+    missing = tuple(i for i, d in enumerate(maps.c) if d in c_only(maps))
+    if not missing:
+        return result
+    return np.broadcast_to(np.expand_dims(result, missing), tuple(c_shape))
 
 
 def check_attr(op, value):
@@ -217,7 +240,7 @@ def check_attr(op, value):
         raise _broken(op, "flags", "transpose_a/transpose_b are set as well as indexing_maps")
     shapes = [lt.shape for lt in op.inputs[:2]]
     if len(shapes) == 2:
-        loop_sizes(op, maps, *shapes)
+        loop_sizes(op, maps, *shapes, op.outputs[0].shape if op.outputs else None)
     if maps == default(op.kind.name, maps.batched):
         return None
     return maps.strings()
@@ -288,7 +311,7 @@ def folded_maps(op, folds: dict, shape_of) -> Maps | None:
     candidate = Maps(results[0], results[1], maps.c, maps.batched)
     try:
         check_rules(op, candidate)
-        after = output_shape(op, candidate, *sources)
+        after = output_shape(op, candidate, *sources, shape_of(op.outputs[0]))
     except InvalidGraphOp:
         return None
     return candidate if after == tuple(shape_of(op.outputs[0]) or ()) else None

@@ -151,6 +151,9 @@ def check_dot_attrs(op):
             del op.attrs["indexing_maps"]
         else:
             op.attrs["indexing_maps"] = maps
+    if op.kind == K.BatchReduceMatMul and "indexing_maps" not in op.attrs:
+        indexing_maps.loop_sizes(op, indexing_maps.default(op.kind.name, True), op.inputs[0].shape,
+                                 op.inputs[1].shape, op.outputs[0].shape if op.outputs else None)
 
 
 def check_softmax_dtype(op):

@@ -209,7 +209,8 @@ def _matmul_with_maps(op, in_shapes):
     from . import indexing_maps
 
     maps = indexing_maps.maps_of(op) or indexing_maps.default(op.kind.name, True)
-    out = indexing_maps.output_shape(op, maps, in_shapes[0], in_shapes[1])
+    declared = op.outputs[0].shape if op.outputs else None
+    out = indexing_maps.output_shape(op, maps, in_shapes[0], in_shapes[1], declared)
     if out is not None and len(in_shapes) > 2:
         check_one_way(op, out, in_shapes[2], "bias")
     return [out]

@@ -57,10 +57,11 @@ def _view(x, own: tuple, order: list) -> np.ndarray:
 
 
 def contract(a, b, maps: Maps) -> np.ndarray:
-    """``C[c] = sum A[a] * B[b]`` over the loop dims not in C, in f32 via np.matmul."""
+    """``C[c] = sum A[a] * B[b]`` over the loop dims not in C, in f32 via np.matmul;
+    C's dims that neither operand reads are left out (``indexing_maps.broadcast_c``)."""
     a, a_dims = _pre_sum(a, maps.a, maps.b, maps.c)
     b, b_dims = _pre_sum(b, maps.b, maps.a, maps.c)
-    out = maps.c
+    out = tuple(d for d in maps.c if d in a_dims + b_dims)
     summed = [d for d in a_dims if d in b_dims and d not in out]  # contracted by both
     rows = [d for d in out if d in a_dims and d not in b_dims]
     cols = [d for d in out if d in b_dims and d not in a_dims]

@@ -83,6 +83,7 @@ def build(request: CompileRequest):
         a, b = operand(inputs, 0), operand(inputs, 1)
         if maps is not None:
             acc = matmul_with_algorithm(a, b, algorithm, lambda x, y: contract(x, y, maps))
+            acc = indexing_maps.broadcast_c(acc, maps, out_lt.shape)
         else:
             acc = matmul_with_algorithm(*_flagged(a, b, dot), algorithm)
             acc = _drop_unit(acc, a.ndim, b.ndim)

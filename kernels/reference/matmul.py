@@ -29,7 +29,7 @@ Extensions (``graph_api.dot_algorithm``, ``graph_api.indexing_maps``):
   once to the f32 accumulator — an ideal f32 accumulation of exact products;
 * ``indexing_maps`` (and BatchReduceMatMul, whose default maps sum over the
   batch) contract by the maps' einsum in float64: dims of the loop domain
-  missing from C's map are summed.
+  missing from C's map are summed; C is broadcast along dims only it has.
 """
 from __future__ import annotations
 
@@ -113,9 +113,10 @@ def matmul_with_maps(op, inputs, out_lts, ctx):
     """
     maps = indexing_maps.maps_of(op) or indexing_maps.default(op.kind.name, True)
     a, b, algorithm = _operands(op, inputs, ctx)
-    subscripts = maps.einsum()
+    subscripts = indexing_maps.summed_spec(maps)
     acc = accumulate(a, b, op.attrs.get("accumulation_mode", "strict"), algorithm,
                      lambda x, y: np.einsum(subscripts, x, y))
+    acc = indexing_maps.broadcast_c(acc, maps, out_lts[0].shape)
     return _with_bias(acc, inputs, out_lts[0])
 
 
