@@ -454,3 +454,19 @@ def small(first, post=("relu",), tail=(), dtype=dt.f32, leak=None, shape=(4, 8))
             g.op(K.Quantize, y, dtype=dt.u8, name="quantize",
                  attrs={"qtype": "per_tensor", "axis": 1, "scales": [0.25], "zps": [3]})
     return g.done()
+
+
+def folded_transpose(batch_reduce=False, reshape_a=False, post=("relu",)):
+    """[StaticReshape (unit dim)](A) @ StaticTranspose(B) -> post-ops: transposes and
+    unit reshapes fold into the MatMul's indexing maps (extension, seed 001)."""
+    g = G()
+    if reshape_a:
+        a = g.op(K.StaticReshape, g.input((6, 8)), attrs={"shape": [1, 6, 8], "special_zero": False},
+                 name="a_fold")
+    else:
+        a = g.input((2, 6, 8))
+    b = g.op(K.StaticTranspose, g.input((2, 5, 8)), attrs={"order": [0, 2, 1]}, name="b_fold")
+    y = g.op(K.BatchReduceMatMul if batch_reduce else K.MatMul, a, b, name="matmul")
+    for p in post:
+        y = _post_op(g, p, y)
+    return g.done()
