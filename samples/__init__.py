@@ -9,6 +9,7 @@ import importlib
 SAMPLES = [
     "01_first_graph",
     "02_int4_decoder_layer",
+    "10_dot_algorithms_and_maps",
 ]
 
 
