@@ -18,6 +18,7 @@ from graph_api import OpKind as K
 from graph_api import dot_algorithm
 from graph_api.errors import InvalidGraphOp, Unimplemented
 from graph_api.rewrite import rebuild
+from kernels.reference import REFERENCE, RefContext
 from tests.patterns import graphs
 
 U = 2.0**-24  # f32 unit roundoff
@@ -183,8 +184,6 @@ def test_reference_kernel_agrees_with_the_fast_plan():
         graph = matmul_graph({"algorithm": name})
         fast = ga.run_graph(graph, {0: a, 1: b}).outputs[2]
         op = graph.ops[0]
-        from kernels.reference import REFERENCE, RefContext
-
         ref = REFERENCE[K.MatMul](op, [a, b], [graph.tensors[2]], RefContext())[0]
         terms = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
         # the two differ only by f32 summation order over KD terms (reference: one rounding)
