@@ -324,3 +324,17 @@ def test_a_batch_reduce_with_a_folded_transpose():
     a, b = rng.standard_normal((2, 5, 3)).astype(np.float32), rng.standard_normal((2, 5, 4)).astype(np.float32)
     want = sum(a[i].T.astype(np.float64) @ b[i] for i in range(2))
     run_and_check(g, {0: a, 1: b}, 2, want)
+
+
+def test_maps_with_a_bias_and_an_algorithm():
+    """C = A @ B^T (maps) + bias under bf16_6x: within f32 accuracy of the float64 result."""
+    g = ga.Graph()
+    ins = [ga.LogicalTensor(0, dt.f32, (3, 64)), ga.LogicalTensor(1, dt.f32, (4, 64)),
+           ga.LogicalTensor(3, dt.f32, (4,))]
+    g.add_op(ga.Op(0, K.MatMul, ins, [ga.LogicalTensor(2, dt.f32, None)],
+                   attrs={"indexing_maps": replaced(D3, b=m3("d1", "d2")), "algorithm": "bf16_6x"}))
+    g.finalize()
+    rng = np.random.default_rng(9)
+    a, b, bias = (rng.standard_normal(lt.shape).astype(np.float32) for lt in ins)
+    run = run_and_check(g, {0: a, 1: b, 3: bias}, 2, a.astype(np.float64) @ b.T + bias)
+    assert run.partitions[0].compiled.plan.name == "dot_bf16_6x_maps"
