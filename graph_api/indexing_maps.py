@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import InvalidGraphOp, op_label
 
 BATCH, M, N, K = "b", "m", "n", "k"
@@ -224,8 +226,6 @@ def summed_spec(maps: Maps) -> str:
 
 def broadcast_c(result, maps: Maps, c_shape):
     """``result`` (C's dims minus :func:`c_only`) broadcast to C's shape (a view)."""
-    import numpy as np
-
     missing = tuple(i for i, d in enumerate(maps.c) if d in c_only(maps))
     if not missing:
         return result
