@@ -20,6 +20,8 @@ SquaredDifference StaticReshape StaticTranspose Subtract Tanh TanhBackward
 TypeCast Wildcard HardSigmoid HardSigmoidBackward Select Pow GroupNorm
 GenIndex GreaterEqual RMSNorm Dropout
 """.split()
+# Extension kinds (not in oneDNN), numbered after oneDNN's: linalg's batch_reduce_matmul.
+_OP_KINDS += ["BatchReduceMatMul"]
 
 #: ``dnnl_graph_op_kind_t``: value = position in oneDNN's enum.
 OpKind = enum.IntEnum("OpKind", [(name, i) for i, name in enumerate(_OP_KINDS)])

@@ -24,7 +24,9 @@ Quirks handled:
   INT64_MIN in the file and -1 here.  Intermediate tensors of benchdnn files
   often carry a known shape with unknown strides and layout ``undef``.
 * Attribute ``type`` is one of ``bool s64 f32 s64[] f32[] string``; bools are
-  written 0/1, f32 values as floats.  The declared type must be the kind the
+  written 0/1, f32 values as floats.  Extension types (this runtime only):
+  ``string[]`` (MatMul ``indexing_maps``) and ``dict`` (a MatMul ``algorithm``
+  given by its fields, e.g. ``{"type": "dict", "value": {"lhs_type": "bf16", ...}}``).  The declared type must be the kind the
   op schema expects (an ``s64`` ``transpose_a`` is rejected).
 * ``partition_id`` and ``backend`` (added by post-partitioning dumps) are not
   op attributes; they are kept aside and written back.
@@ -302,6 +304,11 @@ def _fits(declared: str, value) -> bool:
         return isinstance(value, str) and value != ""
     if declared == "s64[]":
         return isinstance(value, list) and all(_is_int(v) for v in value)
+    if declared == "string[]":  # extension: MatMul indexing_maps
+        return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+    if declared == "dict":  # extension: a MatMul algorithm given by its fields
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, (bool, int, str)) for k, v in value.items())
     return isinstance(value, list) and all(_is_number(v) for v in value)  # f32[]
 
 
@@ -314,6 +321,8 @@ def _decode_value(declared: str, value):
         return [float(v) for v in value]
     if declared == "s64[]":
         return [int(v) for v in value]
+    if declared in ("string[]", "dict"):
+        return list(value) if declared == "string[]" else dict(value)
     return value
 
 

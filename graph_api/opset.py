@@ -144,6 +144,31 @@ def check_matmul_dtype(op):
                         f"dst must be {src.name} or f32")
 
 
+# Extensions (seeds 000 and 001): MatMul precision algorithm and indexing maps.
+DOT_ATTRS = [Attr("algorithm", "string|dict"), Attr("indexing_maps", "string[]")]
+
+
+def check_dot_attrs(op):
+    """``algorithm`` (dot_algorithm) and ``indexing_maps`` (indexing_maps): checked,
+    written in canonical form; default maps are dropped."""
+    from . import dot_algorithm, indexing_maps
+
+    if "algorithm" in op.attrs:
+        op.attrs["algorithm"] = dot_algorithm.check_algorithm(op, op.attrs["algorithm"])
+        if op.attrs.get("accumulation_mode") in ("f16", "s32"):
+            raise _fail(op, f"accumulation_mode {op.attrs['accumulation_mode']} conflicts with "
+                            f"the algorithm, which fixes the accumulator")
+    if "indexing_maps" in op.attrs:
+        maps = indexing_maps.check_attr(op, op.attrs["indexing_maps"])
+        if maps is None:
+            del op.attrs["indexing_maps"]
+        else:
+            op.attrs["indexing_maps"] = maps
+    if op.kind == K.BatchReduceMatMul and "indexing_maps" not in op.attrs:
+        indexing_maps.loop_sizes(op, indexing_maps.default(op.kind.name, True), op.inputs[0].shape,
+                                 op.inputs[1].shape, op.outputs[0].shape if op.outputs else None)
+
+
 def check_softmax_dtype(op):
     """SoftMax: when src and dst differ one of them is f32 (no bf16 <-> f16)."""
     src, dst = op.inputs[0].dtype, op.outputs[0].dtype
@@ -555,8 +580,16 @@ _MATMUL_SOFTMAX_NORMS = [
         shapes.matmul,
         [Attr("transpose_a", "bool", False), Attr("transpose_b", "bool", False),
          Attr("accumulation_mode", "string", "strict",
-              ("strict", "relaxed", "any", "f32", "s32", "f16"))],
-        [check_matmul_dtype], doc="[..., M, K] x [..., K, N] (+ bias) -> [..., M, N]"),
+              ("strict", "relaxed", "any", "f32", "s32", "f16"))] + DOT_ATTRS,
+        [check_matmul_dtype, check_dot_attrs],
+        doc="[..., M, K] x [..., K, N] (+ bias) -> [..., M, N]; extensions: algorithm, "
+            "indexing_maps"),
+    # Extension (linalg batch_reduce_matmul, seed 001): the batch is summed into one tile.
+    row(K.BatchReduceMatMul, ["src:T", "weights:T", "bias:T?"], ["dst:T1"],
+        {"T": FLOATS, "T1": FLOATS}, shapes.batch_reduce_matmul,
+        [Attr("accumulation_mode", "string", "strict", ("strict", "relaxed", "any", "f32"))]
+        + DOT_ATTRS, [check_matmul_dtype, check_dot_attrs],
+        doc="sum_b [B, M, K] x [B, K, N] (+ bias) -> [M, N]; algorithm, indexing_maps"),
     row(K.SoftMax, ["src:T1"], ["dst:T2", "stats:T3?"], {"T1": FLOATS, "T2": FLOATS, "T3": F32},
         shapes.softmax,
         [Attr("axis", "s64", 1), Attr("mode", "string", "none", ("none", "inf_as_zero"))],

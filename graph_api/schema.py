@@ -18,7 +18,9 @@ from .errors import InvalidGraphOp, op_label
 REQUIRED = object()  # attribute must be given
 NO_DEFAULT = object()  # attribute is optional and has no default
 
-ATTR_KINDS = ("bool", "s64", "f32", "s64[]", "f32[]", "string")
+ATTR_KINDS = ("bool", "s64", "f32", "s64[]", "f32[]", "string", "string[]", "dict")
+# Extension kinds (not in oneDNN): "string[]" (MatMul indexing_maps) and "dict" (a
+# MatMul algorithm given by its fields, a flat dict of str -> bool/int/str).
 # An Attr.kind may also list alternatives, "s64|s64[]": the first kind the value fits wins.
 
 #: a type variable accepting every data type (Wildcard, End)
@@ -125,6 +127,15 @@ def _normalize_attr(op, spec: Attr, value):
         if not isinstance(value, str):
             raise bad()
         return value
+    if kind == "string[]":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+            raise bad()
+        return [str(v) for v in value]
+    if kind == "dict":
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, (bool, int, str)) for k, v in value.items()):
+            raise bad()
+        return dict(value)
     if kind in ("s64[]", "f32[]"):
         if not isinstance(value, (list, tuple)):
             raise bad()

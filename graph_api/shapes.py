@@ -178,6 +178,8 @@ def matmul(op, in_shapes):
     is removed from the result (1-D x 1-D gives shape ``()``).  The optional
     bias must broadcast one-way into dst.
     """
+    if "indexing_maps" in op.attrs:
+        return _matmul_with_maps(op, in_shapes)
     src, wei = in_shapes[0], in_shapes[1]
     if src is None or wei is None:
         return [None]
@@ -200,6 +202,23 @@ def matmul(op, in_shapes):
     if len(in_shapes) > 2:
         check_one_way(op, out, in_shapes[2], "bias")
     return [out]
+
+
+def _matmul_with_maps(op, in_shapes):
+    """MatMul/BatchReduceMatMul through their indexing maps (graph_api.indexing_maps)."""
+    from . import indexing_maps
+
+    maps = indexing_maps.maps_of(op) or indexing_maps.default(op.kind.name, True)
+    declared = op.outputs[0].shape if op.outputs else None
+    out = indexing_maps.output_shape(op, maps, in_shapes[0], in_shapes[1], declared)
+    if out is not None and len(in_shapes) > 2:
+        check_one_way(op, out, in_shapes[2], "bias")
+    return [out]
+
+
+def batch_reduce_matmul(op, in_shapes):
+    """BatchReduceMatMul: ``[B, M, K] x [B, K, N] -> [M, N]`` (or through its maps)."""
+    return _matmul_with_maps(op, in_shapes)
 
 
 # ------------------------------------------------------------ layout ops

@@ -33,6 +33,16 @@ def _sdpa(request):
     return sdpa_plan.build(request)
 
 
+def _dot_plan(request):
+    from . import dot_plan
+
+    return dot_plan.build(request)
+
+
+#: the key of the dot plan (MatMul algorithm / indexing maps): asked before any pattern key
+DOT_KEY = ("<dot algorithm or indexing maps>", "*", "*")
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -43,6 +53,7 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("sdpa", "*", "*"): _sdpa,
     ("sdpa_compressed", "*", "*"): _sdpa,
     ("sdpa_gqa", "*", "*"): _sdpa,
+    DOT_KEY: _dot_plan,
 }
 
 
@@ -51,8 +62,28 @@ def dtype_key(request: CompileRequest) -> str:
     return ",".join(request.lts[t].dtype.name for t in request.input_ids)
 
 
+def _dot_extensions(request):
+    """The dot plan for a MatMul with an algorithm or maps (graph_api.dot_algorithm,
+    indexing_maps), or None when the request has neither.  Such a request never
+    reaches the pattern kernels below, which do not honour them: when the dot plan
+    refuses (or is not registered), the composed reference (which does) runs."""
+    from .dot_plan import needs_dot_plan
+
+    if not needs_dot_plan(request):
+        return None
+    builder = KERNELS.get(DOT_KEY)
+    plan = builder(request) if builder is not None else "no dot plan registered"
+    if isinstance(plan, str):
+        log(f"refused,{request.pattern},dot plan,{plan}")
+        return ComposedPlan(request)
+    return plan
+
+
 def select_plan(request: CompileRequest):
     """The fast plan registered for this request, else the composed reference plan."""
+    dot = _dot_extensions(request)
+    if dot is not None:
+        return dot
     if request.pattern is not None:
         dkey = dtype_key(request)
         mode = request.fpmath.mode.name

@@ -17,6 +17,7 @@ SAMPLES = [
     "07_fpmath_modes",
     "08_benchdnn_json",
     "09_why_not_fused",
+    "10_dot_algorithms_and_maps",
     "13_llm_decode",
     "14_minilm_encoder",
 ]

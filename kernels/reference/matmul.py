@@ -20,12 +20,22 @@ uses, and within 1 f32 ulp otherwise) and rounded once to the accumulator:
 
 The bias (f32 of the bias type) is then added in f32 and the result rounded
 to the dst type.
+
+Extensions (``graph_api.dot_algorithm``, ``graph_api.indexing_maps``):
+
+* ``algorithm`` replaces the fpmath rounding for this op (the algorithm wins):
+  each operand is split into its parts (``dot_algorithm.split``) and the sum
+  of the listed part x part products is evaluated in float64, then rounded
+  once to the f32 accumulator — an ideal f32 accumulation of exact products;
+* ``indexing_maps`` (and BatchReduceMatMul, whose default maps sum over the
+  batch) contract by the maps' einsum in float64: dims of the loop domain
+  missing from C's map are summed; C is broadcast along dims only it has.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from graph_api import dtypes
+from graph_api import dot_algorithm, dtypes, indexing_maps
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind
 
@@ -46,28 +56,68 @@ def _as_2d_operands(a, b, transpose_a, transpose_b):
     return a, b, drop_m, drop_n
 
 
-def accumulate(a, b, mode: str = "strict") -> np.ndarray:
-    """``a @ b`` summed in f64 and rounded to the accumulator type, as f32."""
-    acc = np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+def accumulate(a, b, mode: str = "strict", algorithm=None, contract=None) -> np.ndarray:
+    """``a @ b`` (or ``contract(a, b)``) summed in f64 and rounded to the accumulator, as f32.
+
+    With an ``algorithm`` the operands are its parts and the sum runs over the
+    algorithm's part pairs (still one f64 sum, one rounding).
+    """
+    contract = contract or np.matmul
+    if algorithm is None:
+        total = contract(a.astype(np.float64), b.astype(np.float64))
+    else:
+        lhs = dot_algorithm.split(a, algorithm.lhs_type, algorithm.lhs_component_count)
+        rhs = dot_algorithm.split(b, algorithm.rhs_type, algorithm.rhs_component_count)
+        total = sum(contract(lhs[i].astype(np.float64), rhs[j].astype(np.float64))
+                    for i, j in algorithm.pairs())
+    acc = np.asarray(total).astype(np.float32)
     if mode == "f16":
         acc = dtypes.round_through(acc, DataType.f16)
     return acc
 
 
+def _operands(op, inputs, ctx):
+    """A and B as f32: rounded by the algorithm's types later when there is one
+    (the algorithm wins over fpmath), else by the fpmath mode now."""
+    algorithm = dot_algorithm.algorithm_of(op)
+    if algorithm is not None:
+        return f32(inputs[0]), f32(inputs[1]), algorithm
+    return round_mm_input(inputs[0], 0, ctx), round_mm_input(inputs[1], 1, ctx), None
+
+
+def _with_bias(acc, inputs, out_lt):
+    if len(inputs) > 2:
+        acc = acc + f32(inputs[2])
+    return [finish(np.broadcast_to(acc, out_lt.shape), out_lt)]
+
+
 def matmul(op, inputs, out_lts, ctx):
     """dst = A @ B (+ bias); see the module docstring for the rounding steps."""
-    a = round_mm_input(inputs[0], 0, ctx)
-    b = round_mm_input(inputs[1], 1, ctx)
+    if "indexing_maps" in op.attrs:
+        return matmul_with_maps(op, inputs, out_lts, ctx)
+    a, b, algorithm = _operands(op, inputs, ctx)
     a, b, drop_m, drop_n = _as_2d_operands(
         a, b, op.attrs.get("transpose_a", False), op.attrs.get("transpose_b", False))
-    acc = accumulate(a, b, op.attrs.get("accumulation_mode", "strict"))
+    acc = accumulate(a, b, op.attrs.get("accumulation_mode", "strict"), algorithm)
     if drop_m:
         acc = acc[..., 0, :]
     if drop_n:
         acc = acc[..., 0]
-    if len(inputs) > 2:
-        acc = acc + f32(inputs[2])
-    return [finish(np.broadcast_to(acc, out_lts[0].shape), out_lts[0])]
+    return _with_bias(acc, inputs, out_lts[0])
 
 
-MATMUL = {OpKind.MatMul: matmul}
+def matmul_with_maps(op, inputs, out_lts, ctx):
+    """dst[C map] = sum over the other loop dims of A[A map] * B[B map] (+ bias).
+
+    Also BatchReduceMatMul: its default maps ``(b,m,k) x (b,k,n) -> (m,n)``.
+    """
+    maps = indexing_maps.maps_of(op) or indexing_maps.default(op.kind.name, True)
+    a, b, algorithm = _operands(op, inputs, ctx)
+    subscripts = indexing_maps.summed_spec(maps)
+    acc = accumulate(a, b, op.attrs.get("accumulation_mode", "strict"), algorithm,
+                     lambda x, y: np.einsum(subscripts, x, y))
+    acc = indexing_maps.broadcast_c(acc, maps, out_lts[0].shape)
+    return _with_bias(acc, inputs, out_lts[0])
+
+
+MATMUL = {OpKind.MatMul: matmul, OpKind.BatchReduceMatMul: matmul_with_maps}

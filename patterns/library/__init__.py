@@ -18,6 +18,7 @@ prio   pattern                 oneDNN passes
 10.3   matmul_compressed       (extension: weight-compressed MatMul)
 10.0   x8_reorder              x8_reorder(_sum)
  9.1   matmul_transpose        fp_matmul_transpose_reorder, ..._reshape_transpose_reshape
+ 9.0   matmul_indexing_maps    (extension: transposes folded into MatMul maps, seed 001)
  8.9   matmul_dropout          fp_matmul_dropout
  8.8   matmul_post_ops         fp_matmul_post_ops
  8.8   batchnorm_bwd_relu_bwd  fp_bnorm_bwd_relu_bwd
@@ -32,6 +33,7 @@ Ops no pattern takes are single-op partitions (oneDNN's priority-8 passes).
 from __future__ import annotations
 
 from .cnn_backward import BATCHNORM_BWD_RELU_BWD
+from .dot_maps import MATMUL_INDEXING_MAPS
 from .matmul import (BINARY_MATMUL_BINARY, MATMUL_COMPRESSED, MATMUL_DROPOUT, MATMUL_POST_OPS,
                      MATMUL_QUANTIZED, MATMUL_TRANSPOSE)
 from .misc import (BINARY_POST_OPS, ELTWISE_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY,
@@ -51,6 +53,7 @@ PATTERNS = [
     MATMUL_COMPRESSED,
     X8_REORDER,
     MATMUL_TRANSPOSE,
+    MATMUL_INDEXING_MAPS,
     MATMUL_DROPOUT,
     MATMUL_POST_OPS, BATCHNORM_BWD_RELU_BWD,
     REDUCTION_POST_OPS,

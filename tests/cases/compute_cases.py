@@ -81,7 +81,21 @@ def matmul_cases():
     cases.append(OpCase("MatMul_f32_acc_f16", K.MatMul, (In((4, 16)), In((16, 3))), (Out((4, 3)),),
                         matmul_expected(round_acc=f16_rne), {"accumulation_mode": "f16"},
                         seed=2300))
+    for dt in ("f32", "bf16"):  # extension: the batch summed into one tile
+        cases.append(OpCase(f"BatchReduceMatMul_{dt}", K.BatchReduceMatMul,
+                            (In((3, 4, 5), dt), In((3, 5, 2), dt)), (Out((4, 2), dt),),
+                            batch_reduce_expected, seed=2400 + len(cases)))
     return cases
+
+
+def batch_reduce_expected(inputs, attrs):
+    """out[m, n] = sum over b and k of A[b, m, k] B[b, k, n], one exact sum."""
+    a, b = as_f64(inputs[0]), as_f64(inputs[1])
+    out = np.zeros((a.shape[1], b.shape[2]))
+    for m, n in product_range(a.shape[1], b.shape[2]):
+        out[m, n] = math.fsum(a[i, m, k] * b[i, k, n]
+                              for i in range(a.shape[0]) for k in range(a.shape[2]))
+    return [out]
 
 
 # -------------------------------------------------------------- conv layouts

@@ -120,6 +120,8 @@ VALID = {
     "ReduceSum": (["f32:2x3", "s32:1"], ["f32:?"], {}, {"axes": [], "keep_dims": False}),
     "MatMul": (["bf16:2x3x4", "bf16:4x5", "bf16:5"], ["f32:2x3x5"], {},
                {"transpose_a": False, "transpose_b": False, "accumulation_mode": "strict"}),
+    "BatchReduceMatMul": (["f32:3x4x5", "f32:3x5x2"], ["f32:4x2"], {},
+                          {"accumulation_mode": "strict"}),
     "SoftMax": (["f32:2x3"], ["bf16:2x3", "f32:2x1"], {}, {"axis": 1, "mode": "none"}),
     "LogSoftmax": (["f32:2x3"], ["f32:2x3"], {}, {"axis": -1}),
     "LayerNorm": (["f32:2x3", "f32:3", "f32:3"], ["f32:2x3", "f32:2", "f32:2"], {},

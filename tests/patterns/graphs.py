@@ -465,4 +465,17 @@ def bn_bwd_relu_bwd(data_format="NCX", gamma=True, use_dst=False):
     stats = [g.input((c,)), g.input((c,))] + ([g.input((c,))] if gamma else [])
     g.op(K.BatchNormTrainingBackward, y, g.input(shape), *stats, outputs=3 if gamma else 1,
          attrs={"epsilon": 1e-3, "data_format": data_format}, name="bn_bwd")
+def folded_transpose(batch_reduce=False, reshape_a=False, post=("relu",)):
+    """[StaticReshape (unit dim)](A) @ StaticTranspose(B) -> post-ops: transposes and
+    unit reshapes fold into the MatMul's indexing maps (extension, seed 001)."""
+    g = G()
+    if reshape_a:
+        a = g.op(K.StaticReshape, g.input((6, 8)), attrs={"shape": [1, 6, 8], "special_zero": False},
+                 name="a_fold")
+    else:
+        a = g.input((2, 6, 8))
+    b = g.op(K.StaticTranspose, g.input((2, 5, 8)), attrs={"order": [0, 2, 1]}, name="b_fold")
+    y = g.op(K.BatchReduceMatMul if batch_reduce else K.MatMul, a, b, name="matmul")
+    for p in post:
+        y = _post_op(g, p, y)
     return g.done()

@@ -80,6 +80,10 @@ CANONICAL = [
      lambda: gr.quantized_matmul(bf16=True, residual=True, smooth=True)),
     ("int8-mm-quantized-f32-weights", "matmul_quantized",
      lambda: gr.quantized_matmul(wei_quant=True, quant_out=False, bias=False)),
+    ("mm-folded-transpose-relu", "matmul_indexing_maps", lambda: gr.folded_transpose()),
+    ("mm-folded-reshape-transpose", "matmul_indexing_maps",
+     lambda: gr.folded_transpose(reshape_a=True, post=("add",))),
+    ("brmm-folded-transpose", "matmul_indexing_maps", lambda: gr.folded_transpose(batch_reduce=True)),
     ("bmb-f32", "binary_matmul_binary", lambda: gr.bmb()),
     ("bmb-bf16", "binary_matmul_binary", lambda: gr.bmb(bf16=True, n_pre=10, n_post=10)),
     # ---- small fusions ----
