@@ -465,6 +465,9 @@ def bn_bwd_relu_bwd(data_format="NCX", gamma=True, use_dst=False):
     stats = [g.input((c,)), g.input((c,))] + ([g.input((c,))] if gamma else [])
     g.op(K.BatchNormTrainingBackward, y, g.input(shape), *stats, outputs=3 if gamma else 1,
          attrs={"epsilon": 1e-3, "data_format": data_format}, name="bn_bwd")
+    return g.done()
+
+
 def folded_transpose(batch_reduce=False, reshape_a=False, post=("relu",)):
     """[StaticReshape (unit dim)](A) @ StaticTranspose(B) -> post-ops: transposes and
     unit reshapes fold into the MatMul's indexing maps (extension, seed 001)."""
