@@ -3,7 +3,9 @@
 ``GRAPH_API_VERBOSE=1`` prints one line per partition compile/execute (pattern,
 ops, kernel, fpmath, times), like ONEDNN_VERBOSE.  ``GRAPH_API_CHECK=1`` runs
 every fused partition also through the unfused reference plan and raises on a
-mismatch.  Both can be changed at run time through :data:`settings`.
+mismatch.  ``GRAPH_API_COMPOSITE_REFERENCE=1`` makes every Composite op run its
+reference decomposition (inlined at ``get_partitions``), never a fast kernel.
+All can be changed at run time through :data:`settings`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ def _flag(name: str) -> bool:
 class Settings:
     verbose: bool = _flag("GRAPH_API_VERBOSE")
     check: bool = _flag("GRAPH_API_CHECK")
+    #: inline every Composite op's decomposition, never its fast kernel (graph_api.composite)
+    composite_reference: bool = _flag("GRAPH_API_COMPOSITE_REFERENCE")
 
 
 settings = Settings()

@@ -43,6 +43,10 @@ class Partition:
                 if (prod is None or prod[0] not in op_set) and lt.id not in seen:
                     seen.add(lt.id)
                     self.input_ids.append(lt.id)
+        # constants of inlined Composite decompositions: values the partition carries
+        bound = getattr(graph, "bound_constants", {})
+        self.bound_ids = [t for t in self.input_ids if t in bound]
+        self.input_ids = [t for t in self.input_ids if t not in bound]
         self.output_ids = []
         for op in self.ops:
             for lt in op.outputs:
@@ -119,6 +123,7 @@ class Partition:
         if engine is not None and (not isinstance(engine, Engine) or engine.kind != self.engine_kind):
             raise InvalidArguments(f"partition {self.id}: compile needs a cpu Engine, got {engine!r}")
         in_lts = self._match_inputs(inputs)
+        in_lts.update({t: self.graph.tensors[t] for t in self.bound_ids})
         key = (tuple(lt.key() for lt in in_lts.values()),
                tuple(lt.key() for lt in outputs), self.fpmath)
         cached = self._cache.get(key)
@@ -143,7 +148,7 @@ class Partition:
                 if final.strides is None or final.layout != LayoutType.strided:
                     final = final.with_shape(final.shape, dense_strides(final.shape), LayoutType.strided)
                 lts[lt.id] = final
-        request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids),
+        request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids) + self.bound_ids,
                                  list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
         plan = select_plan(request)
         compiled = CompiledPartition(self, request, plan)
@@ -247,6 +252,11 @@ class CompiledPartition:
             return [(a.id, b.id)]
         return []
 
+    def _bound_tensors(self) -> dict[int, Tensor]:
+        """The constants this partition carries (inlined Composite decompositions)."""
+        values = getattr(self.partition.graph, "bound_constants", {})
+        return {t: Tensor(self.lts[t], None, values[t]) for t in self.partition.bound_ids}
+
     def _match(self, tensors, ids, what) -> dict[int, Tensor]:
         by_id = {}
         for t in tensors:
@@ -280,7 +290,8 @@ class CompiledPartition:
         """Run the plan: inputs/outputs are Tensors matched to ports by id."""
         if stream is not None and not isinstance(stream, Stream):
             raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
-        ins = self._match(inputs, self.request.input_ids, "input")
+        ins = self._match(inputs, self.partition.input_ids, "input")
+        ins.update(self._bound_tensors())
         outs = self._match(outputs, self.request.output_ids, "output")
         start = time.perf_counter()
         self.plan.execute(ins, outs)

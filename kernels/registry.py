@@ -33,6 +33,12 @@ def _sdpa(request):
     return sdpa_plan.build(request)
 
 
+def _composite(request):
+    from . import composite
+
+    return composite.build(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -43,6 +49,7 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("sdpa", "*", "*"): _sdpa,
     ("sdpa_compressed", "*", "*"): _sdpa,
     ("sdpa_gqa", "*", "*"): _sdpa,
+    ("composite", "*", "*"): _composite,  # extension: Composite ops with a fast kernel
 }
 
 

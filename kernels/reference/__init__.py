@@ -7,6 +7,7 @@ per-topic tables below; each kernel's docstring states its formula.
 from __future__ import annotations
 
 from .binary import BINARY
+from .composite import COMPOSITE
 from .context import RefContext
 from .conv import CONV
 from .dropout import DROPOUT
@@ -22,11 +23,11 @@ from .softmax import SOFTMAX
 
 #: the per-topic tables, in the order they are merged (no kind appears twice)
 TABLES = (ELTWISE, BINARY, MATMUL, CONV, POOL, NORM, SOFTMAX, REDUCE, QUANT, MISC,
-          RESAMPLE, DROPOUT)
+          RESAMPLE, DROPOUT, COMPOSITE)
 
 REFERENCE: dict = {
     **ELTWISE, **BINARY, **MATMUL, **CONV, **POOL, **NORM, **SOFTMAX, **REDUCE, **QUANT,
-    **MISC, **RESAMPLE, **DROPOUT,
+    **MISC, **RESAMPLE, **DROPOUT, **COMPOSITE,
 }
 
 __all__ = ["REFERENCE", "RefContext", "TABLES"]
