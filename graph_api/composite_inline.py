@@ -110,7 +110,7 @@ class _Expander:
             decision.op_ids = [op.id]
             return [op.id]
         outer = [tensors.get(lt.id, lt) for lt in op.inputs + op.outputs]
-        known = dec.infer(op, [lt.shape for lt in outer[:len(op.inputs)]], op.attrs)
+        known = dec.infer(op, [lt.shape for lt in outer[:len(op.inputs)]])
         mapping = {port.id: lt for port, lt in zip(dec.inputs + dec.outputs, outer)}
         for tid, const in dec.constants.items():
             fresh = next(self.tensor_ids)

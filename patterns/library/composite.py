@@ -19,7 +19,7 @@ COMPOSITE = Pattern("composite", 30.0, [
                     _has_fast_kernel)]),
 ], min_ops=1, doc="""One Composite op whose name/version has a fast kernel (kernels.composite).
 
-    [Composite name=..., version=...]     one op; kernel: KERNELS['composite']
+    inputs ─ composite (Composite name=..., version=...) ─ outputs     one op, KERNELS['composite']
 
 Composites without a suitable fast kernel never reach the partitioner: get_partitions
-inlines their decompositions first (graph_api.composite_inline).  Role: composite.""")
+inlines their decompositions first (graph_api.composite_inline).  Roles: composite.""")

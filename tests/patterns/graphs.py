@@ -454,3 +454,11 @@ def small(first, post=("relu",), tail=(), dtype=dt.f32, leak=None, shape=(4, 8))
             g.op(K.Quantize, y, dtype=dt.u8, name="quantize",
                  attrs={"qtype": "per_tensor", "axis": 1, "scales": [0.25], "zps": [3]})
     return g.done()
+
+
+def composite(name="rms_norm"):
+    """One Composite op (extension) calling a shipped decomposition: x [4, 16] (+ gamma [16])."""
+    g = G()
+    inputs = [g.input((4, 16))] + ([g.input((16,))] if name == "rms_norm" else [])
+    g.op(K.Composite, *inputs, attrs={"name": name}, name="composite")
+    return g.done()
