@@ -198,12 +198,11 @@ class Decomposition:
                                      f"composite does not declare (attrs: {sorted(self.attrs)})")
                 result[tid] = Constant(lt, attr=value)
                 continue
-            array = np.asarray(value, dtypes.numpy_dtype(lt.dtype))
             try:
-                array = np.broadcast_to(array, lt.shape).copy()
-            except ValueError:
-                raise self._fail(f"constant tensor {tid} value of shape {array.shape} does not "
-                                 f"fit {lt!r}") from None
+                array = np.broadcast_to(np.asarray(value, dtypes.numpy_dtype(lt.dtype)), lt.shape).copy()
+            except (ValueError, TypeError, OverflowError):
+                raise self._fail(f"constant tensor {tid}: value {value!r} is not an array that "
+                                 f"broadcasts to {lt!r}") from None
             result[tid] = Constant(lt, value=array)
         return result
 
@@ -506,9 +505,19 @@ def check_composite(op) -> None:
                 raise InvalidGraphOp(f"{op_label(op)}: {dec.label} needs attribute {name!r}")
             op.attrs[name] = list(default) if isinstance(default, (list, tuple)) else default
     for c in dec.constants.values():
-        if c.attr is not None and not _numeric(op.attrs[c.attr]):
-            raise InvalidGraphOp(f"{op_label(op)}: attribute {c.attr}={op.attrs[c.attr]!r} of {dec.label} "
-                                 f"must be a number or a list of numbers")
+        if c.attr is None:
+            continue
+        value = op.attrs[c.attr]
+        if not _numeric(value) or not _broadcasts(value, c.lt.shape):
+            raise InvalidGraphOp(f"{op_label(op)}: attribute {c.attr}={value!r} of {dec.label} must be "
+                                 f"a number (or list of numbers) broadcasting to {list(c.lt.shape)}")
+
+
+def _broadcasts(value, shape) -> bool:
+    try:
+        return np.broadcast_shapes(np.shape(value), shape) == tuple(shape)
+    except ValueError:
+        return False
 
 
 def _numeric(value) -> bool:

@@ -233,6 +233,8 @@ class _Reader:
                      for key, entry in self.need(d, "attrs", dict, at).items()}
             constants = {}
             for j, c in enumerate(self.need(d, "constants", list, at)):
+                if not isinstance(c, dict):
+                    raise self.fail(InvalidGraph, f"{at}.constants[{j}]", f"expected an object, got {c!r}")
                 cid = self.need(c, "id", int, f"{at}.constants[{j}]")
                 constants[cid] = c["attr"] if "attr" in c else self.need(c, "value", list, f"{at}.constants[{j}]")
             try:

@@ -288,3 +288,12 @@ def test_json_errors():
                                                "version": {"type": "s64", "value": 1}})
         with pytest.raises(ga.InvalidGraph, match="cycle"):
             ga.Graph.from_json(cyclic)
+
+
+def test_attribute_constant_must_fit_its_tensor():
+    C.define(scaled_abs())
+    with pytest.raises(ga.InvalidGraphOp, match=r"offset=\[1.0, 2.0\] .* broadcasting to \[1\]"):
+        ga.Graph().add_op(composite_op(0, [lt(0, [3])], [lt(1)], "t.scaled_abs", offset=[1.0, 2.0]))
+    with pytest.raises(ga.InvalidGraph, match="constant tensor 2: value"):
+        Decomposition("t.bad", [lt(1)], [lt(3)], [ga.Op(0, K.Add, [lt(1), lt(2, [2])], [lt(3)])],
+                      constants={2: [[1.0], [2.0, 3.0]]})
