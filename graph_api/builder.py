@@ -126,13 +126,13 @@ class GraphBuilder:
 
     # ------------------------------------------------------------ ops
     def make_op(self, kind: OpKind, inputs, attrs: dict, out_dtypes=None, num_outputs=None,
-                name: str | None = None):
+                op_name: str | None = None):
         """Add one op of any kind: what every generated method calls.  Returns a ``Value``
         (one output) or a tuple of them."""
         schema = OP_SCHEMAS[kind]
         in_lts = [v.lt if isinstance(v, Value) else _not_a_value(kind, v) for v in inputs]
         op_id = next(self._op_ids)
-        op = Op(op_id, kind, in_lts, [], name or f"{method_name(kind)}_{op_id}",
+        op = Op(op_id, kind, in_lts, [], op_name or f"{method_name(kind)}_{op_id}",
                 attrs={k: v for k, v in attrs.items() if v is not None})
         check_attrs(op, schema)  # writes the defaults shape inference reads
         count = _output_count(schema, num_outputs, op)
@@ -232,7 +232,7 @@ def _attr_params(schema) -> list[inspect.Parameter]:
 
 
 _COMMON = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
-           for name in ("out_dtype", "out_dtypes", "num_outputs", "name")]
+           for name in ("out_dtype", "out_dtypes", "num_outputs", "op_name")]
 
 
 def _doc(schema) -> str:
@@ -260,7 +260,7 @@ def _doc(schema) -> str:
     if schema.attrs:
         lines += ["    Attributes:"] + [attr_line(a) for a in schema.attrs]
     lines += ["", "    out_dtype / out_dtypes: output data type(s) when they cannot be inferred;",
-              "    num_outputs: to get optional outputs; name: the op's name."]
+              "    num_outputs: to get optional outputs; op_name: the op's name."]
     return "\n".join(lines)
 
 
@@ -291,7 +291,7 @@ def _make_method(kind: OpKind):
         out_dtypes = given["out_dtypes"]
         if given["out_dtype"] is not None:
             out_dtypes = [given["out_dtype"]]
-        return self.make_op(kind, values, attr_values, out_dtypes, given["num_outputs"], given["name"])
+        return self.make_op(kind, values, attr_values, out_dtypes, given["num_outputs"], given["op_name"])
 
     method.__name__ = method.__qualname__ = method_name(kind)
     method.__signature__ = signature

@@ -271,6 +271,7 @@ def _lt_label(lt) -> str:
 
 def to_dot(graph, partitions) -> str:
     """Graphviz text: ops as boxes inside one cluster per partition, tensors on edges."""
+    graph = partitions[0].graph if partitions else graph  # the copy with Composite ops inlined
     lines = ["digraph graph_api {", "  rankdir=TB;", '  node [shape=box, fontname="Helvetica", fontsize=10];',
              '  edge [fontname="Helvetica", fontsize=8];']
     for p in partitions:

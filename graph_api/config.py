@@ -12,6 +12,10 @@ suffix (``K M G T``: powers of 1024), e.g. ``8G`` or ``1500000000``, or
 ``unlimited``.  Unset, the budget is :data:`DEFAULT_BUDGET_FRACTION` of the
 memory this process may use (physical memory, or the cgroup limit when lower).
 At run time: :func:`set_memory_budget` / :func:`get_memory_budget`.
+
+``GRAPH_API_COMPOSITE_REFERENCE=1`` makes every Composite op run its reference
+decomposition (inlined at ``get_partitions``), never a fast kernel; it can be
+changed at run time through :data:`settings`.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ class Settings:
     memory_budget_text: str = os.environ.get(MEMORY_BUDGET_ENV, "")
     #: bytes given to set_memory_budget; None = use memory_budget_text
     memory_budget_bytes: int | None = None
+    #: inline every Composite op's decomposition, never its fast kernel (graph_api.composite)
+    composite_reference: bool = _flag("GRAPH_API_COMPOSITE_REFERENCE")
 
 
 settings = Settings()

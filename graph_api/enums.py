@@ -23,8 +23,12 @@ GenIndex GreaterEqual RMSNorm Dropout
 # Extension kinds (not in oneDNN), numbered after oneDNN's: linalg's batch_reduce_matmul.
 _OP_KINDS += ["BatchReduceMatMul"]
 
+#: Extension kinds (not oneDNN's), numbered from 1000 so they never take a oneDNN value.
+#: Composite: a named op carried with its reference decomposition (graph_api/composite.py).
+_EXTENSION_KINDS = [("Composite", 1000)]
+
 #: ``dnnl_graph_op_kind_t``: value = position in oneDNN's enum.
-OpKind = enum.IntEnum("OpKind", [(name, i) for i, name in enumerate(_OP_KINDS)])
+OpKind = enum.IntEnum("OpKind", [(name, i) for i, name in enumerate(_OP_KINDS)] + _EXTENSION_KINDS)
 OpKind.__doc__ = "Op kinds spelled and numbered as in oneDNN Graph."
 OpKind.__module__ = __name__
 

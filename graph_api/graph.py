@@ -166,18 +166,29 @@ class Graph:
 
         self._require_finalized("get_partitions")
         policy = parse_enum(PartitionPolicy, policy, "partition policy")
-        fusions = partition_graph(self, policy)
+        graph = self._with_composites_decided(policy)
+        fusions = partition_graph(graph, policy)
         owner = {op_id: i for i, f in enumerate(fusions) for op_id in f.op_ids}
-        assert len(owner) == len(self.ops), "a partitioner must cover every op exactly once"
+        assert len(owner) == len(graph.ops), "a partitioner must cover every op exactly once"
         condensed = nx.DiGraph()
         condensed.add_nodes_from(range(len(fusions)))
-        for u, v in self.nx.edges():
+        for u, v in graph.nx.edges():
             if owner[u] != owner[v]:
                 condensed.add_edge(owner[u], owner[v])
-        position = {op_id: i for i, op_id in enumerate(self._topo)}
+        position = {op_id: i for i, op_id in enumerate(graph._topo)}
         first = {i: min(position[o] for o in f.op_ids) for i, f in enumerate(fusions)}
         order = list(nx.lexicographical_topological_sort(condensed, key=first.get))
-        return [Partition(pid, self, fusions[i]) for pid, i in enumerate(order)]
+        return [Partition(pid, graph, fusions[i]) for pid, i in enumerate(order)]
+
+    def _with_composites_decided(self, policy) -> "Graph":
+        """Extension (Composite ops): this graph, or a copy in which each Composite op
+        is either kept (it has a fast kernel) or replaced by its decomposition's ops;
+        partitions then refer to that copy (``graph_api.composite_inline``)."""
+        if not any(op.kind.name == "Composite" for op in self.ops.values()):
+            return self
+        from .composite_inline import expand
+
+        return expand(self, policy).graph
 
     # ------------------------------------------------------------ JSON
     @staticmethod

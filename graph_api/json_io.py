@@ -38,6 +38,9 @@ Quirks handled:
   as oneDNN's ``finalize`` does.
 * A 1-D tensor with an unknown dim and a tensor of unknown rank are written
   identically by oneDNN (``[INT64_MIN]``); both read back as unknown rank.
+* Extension: ``"graph_api.decompositions"`` (after ``graph``) lists the
+  decompositions the file's ``Composite`` ops call, callees first; they are
+  defined in the composite library before the ops are read (docs/composite.md).
 
 Errors are typed (:mod:`graph_api.errors`) and name the file, the op id and the
 key: ``gqa.json: op 3 (MatMul "qk"): attrs.transpose_b: ...``.
@@ -70,6 +73,8 @@ DUMP_ONLY_ATTRS = ("partition_id", "backend")
 KIND_ALIASES = {"BiasAddBackprop": "BiasAddBackward"}
 
 TOP_KEYS = ("version", "engine_kind", "fpmath_mode", "graph")
+#: extension key: the decompositions of the graph's Composite ops (docs/composite.md)
+DECOMPOSITIONS_KEY = "graph_api.decompositions"
 OP_KEYS = ("id", "name", "kind", "inputs", "outputs")
 TENSOR_KEYS = ("id", "dtype", "shape", "stride", "layout_type", "property_type")
 
@@ -136,6 +141,8 @@ class _Reader:
         meta = JsonMeta(self.source, version, "fpmath_mode_apply_to_int" in doc,
                         ports["input_ports"], ports["output_ports"])
         graph.json_meta = meta
+        if DECOMPOSITIONS_KEY in doc:
+            self.decompositions(doc[DECOMPOSITIONS_KEY], meta)
         for index, op_doc in enumerate(ops_doc):
             op = self.op(op_doc, index, meta)
             if op.id in graph.ops:
@@ -213,6 +220,44 @@ class _Reader:
         if not _fits(declared, value):
             raise self.fail(InvalidGraphOp, f"{where}.value", f"{_show(value)} is not a {declared} value")
         return _decode_value(declared, value)
+
+    # ------------------------------------------------------------ extension: composites
+    def decompositions(self, docs, meta: JsonMeta) -> None:
+        """The ``graph_api.decompositions`` list, defined in the composite library
+        (an identical definition is a no-op; a conflicting one an error)."""
+        from .composite import LIBRARY, Decomposition, _ensure_shipped
+
+        where = DECOMPOSITIONS_KEY
+        if not isinstance(docs, list):
+            raise self.fail(InvalidGraph, where, f"expected a list, got {docs!r}")
+        decs = []
+        for i, d in enumerate(docs):
+            at = f"{where}[{i}]"
+            if not isinstance(d, dict):
+                raise self.fail(InvalidGraph, at, f"expected an object, got {d!r}")
+            name = self.need(d, "name", str, at)
+            version = self.need(d, "version", int, at)
+            at = f"{where}[{i}] ({name!r} v{version})"
+            ports = [[self.tensor(t, f"{at}.{key}[{j}]") for j, t in enumerate(self.need(d, key, list, at))]
+                     for key in ("inputs", "outputs")]
+            ops = [self.op(o, j, meta) for j, o in enumerate(self.need(d, "graph", list, at))]
+            attrs = {key: None if entry is None else self.attr(OpKind.Composite, key, entry, f"{at}.attrs.{key}")
+                     for key, entry in self.need(d, "attrs", dict, at).items()}
+            constants = {}
+            for j, c in enumerate(self.need(d, "constants", list, at)):
+                if not isinstance(c, dict):
+                    raise self.fail(InvalidGraph, f"{at}.constants[{j}]", f"expected an object, got {c!r}")
+                cid = self.need(c, "id", int, f"{at}.constants[{j}]")
+                constants[cid] = c["attr"] if "attr" in c else self.need(c, "value", list, f"{at}.constants[{j}]")
+            try:
+                decs.append(Decomposition(name, ports[0], ports[1], ops, version, constants, attrs))
+            except GraphError as err:
+                raise type(err)(f"{self.source}: {at}: {err.message}") from None
+        try:
+            _ensure_shipped()
+            LIBRARY.define_all(decs)
+        except GraphError as err:
+            raise type(err)(f"{self.source}: {where}: {err.message}") from None
 
     # ------------------------------------------------------------ tensors
     def tensor(self, doc, where: str) -> LogicalTensor:
@@ -402,7 +447,33 @@ def to_document(graph) -> dict:
     if meta.output_ports is not None or getattr(graph, "json_meta", None) is None:
         doc["output_ports"] = list(meta.output_ports) if meta.output_ports is not None else derived[1]
     doc["graph"] = [_write_op(op, meta.dump_attrs) for op in graph.ops.values()]
+    decompositions = _write_decompositions(graph)
+    if decompositions:
+        doc[DECOMPOSITIONS_KEY] = decompositions
     return doc
+
+
+def _write_decompositions(graph) -> list[dict]:
+    """Extension: every decomposition the graph's Composite ops need, callees first."""
+    from .composite import LIBRARY, NAME, VERSION, resolve
+
+    calls = [op for op in graph.ops.values() if op.kind == OpKind.Composite]
+    for op in calls:
+        resolve(op)  # an unknown composite fails here, naming the op
+    keys = list(dict.fromkeys((op.attrs[NAME], op.attrs.get(VERSION, 1)) for op in calls))
+    docs = []
+    for dec in LIBRARY.closure(keys):
+        attrs = {}
+        for key, value in dec.attrs.items():
+            declared = None if value is None else _attr_type(OpKind.Composite, key, value)
+            attrs[key] = None if value is None else {"type": declared, "value": _encode_value(declared, value)}
+        constants = [{"id": tid, "attr": c.attr} if c.attr is not None else {"id": tid, "value": c.value.tolist()}
+                     for tid, c in dec.constants.items()]
+        docs.append({"name": dec.name, "version": dec.version, "attrs": attrs,
+                     "inputs": [_write_tensor(lt) for lt in dec.inputs],
+                     "outputs": [_write_tensor(lt) for lt in dec.outputs],
+                     "constants": constants, "graph": [_write_op(op, {}) for op in dec.ops]})
+    return docs
 
 
 # ====================================================================== public API

@@ -13,7 +13,7 @@ they are made (int4 DynamicQuantize, the RFC ``groups`` form, Reduce* with a
 """
 from __future__ import annotations
 
-from . import shapes
+from . import composite, shapes
 from .dtypes import DataType as DT
 from .enums import OpKind
 from .errors import InvalidGraphOp, op_label
@@ -662,6 +662,16 @@ _GRAPH = [
         doc="a framework op oneDNN does not know; never supported, no shape inference"),
 ]
 
+# Extension: Composite is not a oneDNN op (StableHLO's composite, seed 002).  Its own
+# attributes are open (checked against its decomposition), its ports typed by it.
+_COMPOSITE = [
+    composite.CompositeSchema(
+        kind=K.Composite, inputs=_ports("src_i:any*?"), outputs=_ports("dst_i:any*"),
+        type_vars={"any": ANY_TYPE}, infer_shapes=composite.infer_shapes,
+        attrs=(_required("name", "string"), Attr("version", "s64", composite.DEFAULT_VERSION)),
+        constraints=(composite.check_composite,), max_inputs=64, max_outputs=64,
+        doc="a named op with a reference decomposition (extension; docs/composite.md)"),
+]
 
 # ------------------------------------------------- backward (training) ops
 # Rows follow oneDNN's op_def.hpp: "src/dst" ports read the forward dst when
@@ -790,7 +800,7 @@ _BACKWARD = [
 
 
 ROWS: tuple[OpSchema, ...] = tuple(_ELEMENTWISE + _LAYOUT + _MATMUL_SOFTMAX_NORMS + _CNN
-                                   + _QUANT + _GRAPH + _BACKWARD)
+                                   + _QUANT + _GRAPH + _BACKWARD + _COMPOSITE)
 
 #: The op table ``Graph.add_op`` verifies against.
 OP_SCHEMAS: dict[OpKind, OpSchema] = {schema.kind: schema for schema in ROWS}

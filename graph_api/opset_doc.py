@@ -38,6 +38,10 @@ def markdown() -> str:
         ins = ", ".join(p.name + ("?" if p.optional else "") + ("..." if p.variadic else "") for p in s.inputs)
         outs = ", ".join(p.name + ("?" if p.optional else "") + ("..." if p.variadic else "") for p in s.outputs)
         lines.append(f"| {kind.name} | {ins} | {outs} | {_types(s)} | {_attrs(s)} |")
+    extensions = [k for k in sorted(OP_SCHEMAS, key=lambda k: k.name) if "extension" in OP_SCHEMAS[k].doc]
+    if extensions:  # rows that are not oneDNN ops (their docs say so)
+        lines += ["", "Project extensions (not oneDNN op kinds):", ""]
+        lines += [f"* {k.name}: {OP_SCHEMAS[k].doc}" for k in extensions]
     return "\n".join(lines) + "\n"
 
 

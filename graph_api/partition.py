@@ -45,6 +45,10 @@ class Partition:
                 if (prod is None or prod[0] not in op_set) and lt.id not in seen:
                     seen.add(lt.id)
                     self.input_ids.append(lt.id)
+        # constants of inlined Composite decompositions: values the partition carries
+        bound = getattr(graph, "bound_constants", {})
+        self.bound_ids = [t for t in self.input_ids if t in bound]
+        self.input_ids = [t for t in self.input_ids if t not in bound]
         self.output_ids = []
         for op in self.ops:
             for lt in op.outputs:
@@ -121,6 +125,7 @@ class Partition:
         if engine is not None and (not isinstance(engine, Engine) or engine.kind != self.engine_kind):
             raise InvalidArguments(f"partition {self.id}: compile needs a cpu Engine, got {engine!r}")
         in_lts = self._match_inputs(inputs)
+        in_lts.update({t: self.graph.tensors[t] for t in self.bound_ids})
         key = (tuple(lt.key() for lt in in_lts.values()),
                tuple(lt.key() for lt in outputs), self.fpmath)
         cached = self._cache.get(key)
@@ -149,7 +154,7 @@ class Partition:
             for check in OP_SCHEMAS[op.kind].compile_checks:
                 check(op, [lts[lt.id].shape for lt in op.inputs])
         check_partition(f"partition {self.id} ({self.get_kind()})", lts, self.input_ids, self.output_ids)
-        request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids),
+        request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids) + self.bound_ids,
                                  list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
         plan = select_plan(request)
         compiled = CompiledPartition(self, request, plan)
@@ -259,6 +264,11 @@ class CompiledPartition:
             return [(a.id, b.id)]
         return []
 
+    def _bound_tensors(self) -> dict[int, Tensor]:
+        """The constants this partition carries (inlined Composite decompositions)."""
+        values = getattr(self.partition.graph, "bound_constants", {})
+        return {t: Tensor(self.lts[t], None, values[t]) for t in self.partition.bound_ids}
+
     def _match(self, tensors, ids, what) -> dict[int, Tensor]:
         if not isinstance(tensors, (list, tuple)):
             raise InvalidArguments(
@@ -356,7 +366,8 @@ class CompiledPartition:
         """
         if stream is not None and not isinstance(stream, Stream):
             raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
-        ins = self._match(inputs, self.request.input_ids, "input")
+        ins = self._match(inputs, self.partition.input_ids, "input")
+        ins.update(self._bound_tensors())
         outs = self._match(outputs, self.request.output_ids, "output")
         self._check_outputs(outs, ins)
         plan_ins, plan_outs = self._stage(ins, "input"), self._stage(outs, "output")

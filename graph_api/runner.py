@@ -102,8 +102,9 @@ def run_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None
     for part in partitions:
         if not part.is_supported():
             raise Unimplemented(f"run_graph: partition {part.id} is not supported: {part.unsupported_reason()}")
-        in_lts = [_input_lt(graph.tensors[t], values[t]) for t in part.input_ids]
-        out_lts = [graph.tensors[t] for t in part.output_ids]
+        # part.graph: the graph the partition was cut from (with Composite ops inlined)
+        in_lts = [_input_lt(part.graph.tensors[t], values[t]) for t in part.input_ids]
+        out_lts = [part.graph.tensors[t] for t in part.output_ids]
         start = time.perf_counter()
         compiled = part.compile(in_lts, out_lts, engine)
         compile_ms = (time.perf_counter() - start) * 1e3

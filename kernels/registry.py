@@ -43,6 +43,12 @@ def _dot_plan(request):
 DOT_KEY = ("<dot algorithm or indexing maps>", "*", "*")
 
 
+def _composite(request):
+    from . import composite
+
+    return composite.build(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -54,6 +60,7 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("sdpa_compressed", "*", "*"): _sdpa,
     ("sdpa_gqa", "*", "*"): _sdpa,
     DOT_KEY: _dot_plan,
+    ("composite", "*", "*"): _composite,  # extension: Composite ops with a fast kernel
 }
 
 

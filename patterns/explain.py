@@ -113,7 +113,27 @@ def explain_op(graph, op_id: int, attempts: _Attempts) -> Explanation:
 
 
 def explain(graph, patterns=None) -> Explanations:
-    """Explanations for every op of ``graph`` left in a single-op partition."""
+    """Explanations for every op of ``graph`` left in a single-op partition, and
+    for every Composite op what the backend did with it (see :func:`composites`)."""
+    from graph_api.composite_inline import expand
+
+    expansion = expand(graph)
+    result = _explain_ops(expansion.graph, patterns)
+    result.update(composites(expansion.decisions))
+    return result
+
+
+def composites(decisions) -> Explanations:
+    """Composite ops: kept as one partition (which fast kernel) or inlined (why),
+    keyed by the composite's op id (nested ones: the id it had once its caller
+    was inlined)."""
+    result = Explanations()
+    for decision in decisions:
+        result[decision.op_id] = Explanation(decision.op_id, "Composite", reason=str(decision))
+    return result
+
+
+def _explain_ops(graph, patterns=None) -> Explanations:
     if patterns is None:
         from .library import PATTERNS as patterns
     topo = graph.topological_op_ids()

@@ -18,6 +18,7 @@ SAMPLES = [
     "08_benchdnn_json",
     "09_why_not_fused",
     "10_dot_algorithms_and_maps",
+    "11_composite_ops",
     "13_llm_decode",
     "14_minilm_encoder",
 ]

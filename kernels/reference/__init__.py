@@ -9,6 +9,7 @@ from __future__ import annotations
 from .backward import BACKWARD
 from .backward_window import BACKWARD_WINDOW
 from .binary import BINARY
+from .composite import COMPOSITE
 from .context import RefContext
 from .conv import CONV
 from .dropout import DROPOUT
@@ -24,11 +25,11 @@ from .softmax import SOFTMAX
 
 #: the per-topic tables, in the order they are merged (no kind appears twice)
 TABLES = (ELTWISE, BINARY, MATMUL, CONV, POOL, NORM, SOFTMAX, REDUCE, QUANT, MISC,
-          RESAMPLE, DROPOUT, BACKWARD, BACKWARD_WINDOW)
+          RESAMPLE, DROPOUT, BACKWARD, BACKWARD_WINDOW, COMPOSITE)
 
 REFERENCE: dict = {
     **ELTWISE, **BINARY, **MATMUL, **CONV, **POOL, **NORM, **SOFTMAX, **REDUCE, **QUANT,
-    **MISC, **RESAMPLE, **DROPOUT, **BACKWARD, **BACKWARD_WINDOW,
+    **MISC, **RESAMPLE, **DROPOUT, **BACKWARD, **BACKWARD_WINDOW, **COMPOSITE,
 }
 
 __all__ = ["REFERENCE", "RefContext", "TABLES"]

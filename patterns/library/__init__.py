@@ -6,6 +6,7 @@ oneDNN spreads over several passes are one pattern here with optional nodes.
 =====  ======================  =============================================
 prio   pattern                 oneDNN passes
 =====  ======================  =============================================
+30.0   composite               (extension: a Composite op with a fast kernel)
 22.1   gated_mlp               quantized_gated_mlp(_v1), gated_mlp(_v1)
 22.0   sdpa_quantized          x8_sdpa, int8_bf16_sdp, int8_*_gpt_sdp
 22.0   sdpa_compressed         sdp_with_compressed_{k,v,kv}
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 from .cnn_backward import BATCHNORM_BWD_RELU_BWD
 from .dot_maps import MATMUL_INDEXING_MAPS
+from .composite import COMPOSITE
 from .matmul import (BINARY_MATMUL_BINARY, MATMUL_COMPRESSED, MATMUL_DROPOUT, MATMUL_POST_OPS,
                      MATMUL_QUANTIZED, MATMUL_TRANSPOSE)
 from .misc import (BINARY_POST_OPS, ELTWISE_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY,
@@ -44,6 +46,7 @@ from .sdpa import (MQA_JAX, SDPA, SDPA_BACKWARD, SDPA_COMPRESSED, SDPA_GQA, SDPA
 
 #: every pattern, highest priority first (ties keep the order written here)
 PATTERNS = [
+    COMPOSITE,
     GATED_MLP,
     SDPA_QUANTIZED, SDPA_COMPRESSED,
     SDPA_GQA,

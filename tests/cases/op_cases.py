@@ -10,6 +10,7 @@ the cases by topic in the sibling modules.
 from __future__ import annotations
 
 from .backward_cases import backward_cases
+from .composite_cases import composite_cases
 from .compute_cases import compute_cases
 from .elementwise_cases import elementwise_cases
 from .misc_cases import misc_cases
@@ -18,7 +19,7 @@ from .quant_cases import quant_cases
 from .records import EXACT, TOLERANCE, In, OpCase, Out, Tol
 
 OP_CASES: list[OpCase] = (elementwise_cases() + compute_cases() + norm_cases() + quant_cases()
-                          + misc_cases() + backward_cases())
+                          + misc_cases() + backward_cases() + composite_cases())
 
 assert len({c.name for c in OP_CASES}) == len(OP_CASES), "op case names must be unique"
 

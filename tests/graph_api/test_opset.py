@@ -157,6 +157,7 @@ VALID = {
                         {"qtype": "per_tensor", "axis": 1}),
     "End": (["f32:2x3"], [], {}, {}),
     "Wildcard": (["f32:2", "s8:3"], ["u4:7", "boolean:?"], {}, {}),
+    "Composite": (["f32:2x3"], ["f32:2x3"], {"name": "tanh"}, {"version": 1}),  # extension
 }
 
 # ---- backward (training) kinds: ports and defaults of oneDNN's op_def.hpp

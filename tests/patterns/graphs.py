@@ -482,3 +482,11 @@ def folded_transpose(batch_reduce=False, reshape_a=False, post=("relu",)):
     for p in post:
         y = _post_op(g, p, y)
     return g.done()
+
+
+def composite(name="rms_norm"):
+    """One Composite op (extension) calling a shipped decomposition: x [4, 16] (+ gamma [16])."""
+    g = G()
+    inputs = [g.input((4, 16))] + ([g.input((16,))] if name == "rms_norm" else [])
+    g.op(K.Composite, *inputs, attrs={"name": name}, name="composite")
+    return g.done()

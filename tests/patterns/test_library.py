@@ -57,6 +57,9 @@ CANONICAL = [
     ("sdpa-backward-f32", "sdpa_backward", lambda: gr.backward()),
     ("sdpa-backward-bf16-gqa-dropout-dmask", "sdpa_backward",
      lambda: gr.backward(dtype=dt.bf16, gqa_=True, dropout=True, dmask=True)),
+    # ---- Composite op with a fast kernel (extension) ----
+    ("composite-rms-norm", "composite", lambda: gr.composite()),
+    ("composite-tanh", "composite", lambda: gr.composite("tanh")),
     # ---- gated MLP ----
     ("mlp-swish-f32", "gated_mlp", lambda: gr.gated_mlp()),
     ("mlp-gelu-f16-cast", "gated_mlp", lambda: gr.gated_mlp(dtype=dt.f16, act="gelu")),
