@@ -125,12 +125,13 @@ def graph_need(graph, partitions, tensors: dict) -> Need:
         kept += part.output_ids
         inputs, outputs = set(part.input_ids), set(part.output_ids)
         inner = {lt.id for op in part.ops for lt in list(op.inputs) + list(op.outputs)}
+        # tensors the graph does not list (an inlined Composite's insides) count at compile
         largest_intermediates = max(largest_intermediates, sum(
-            array_bytes(tensors[t]) for t in inner - inputs - outputs))
-        need.constants += sum(prepared_bytes(tensors[t]) for t in part.input_ids)
+            array_bytes(tensors[t]) for t in inner - inputs - outputs if t in tensors))
+        need.constants += sum(prepared_bytes(tensors[t]) for t in part.input_ids if t in tensors)
     seen: set[int] = set()
     for tid in kept:
-        if tid not in seen:
+        if tid not in seen and tid in tensors:
             seen.add(tid)
             if tid in graph.input_ids:
                 need.inputs += stored_bytes(tensors[tid])
