@@ -33,6 +33,12 @@ def _sdpa(request):
     return sdpa_plan.build(request)
 
 
+def _conv(request):
+    from .fused import conv_plan
+
+    return conv_plan.build(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -43,6 +49,9 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("sdpa", "*", "*"): _sdpa,
     ("sdpa_compressed", "*", "*"): _sdpa,
     ("sdpa_gqa", "*", "*"): _sdpa,
+    ("conv_post_ops", "*", "*"): _conv,
+    ("conv_depthwise", "*", "*"): _conv,
+    ("conv_quantized", "*", "*"): _conv,
 }
 
 
