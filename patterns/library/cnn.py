@@ -273,12 +273,15 @@ def _concat_body(n: int) -> Body:
 
 
 def _same_quantization(b, g) -> bool:
-    """The Quantize has the scales and zps of every input's Dequantize."""
+    """Every Concat input is a Dequantize with the Quantize's scales and zps."""
     quant = g.ops[b["quant_out"]]
     want = (list(quant.attrs.get("scales") or []), list(quant.attrs.get("zps") or []))
-    deqs = [g.ops[i] for i in b["concat"] if g.ops[i].kind == K.Dequantize]
-    return all((list(d.attrs.get("scales") or []), list(d.attrs.get("zps") or [])) == want
-               for d in deqs)
+    concat = g.ops[g.producer[quant.inputs[0].id][0]]
+    for lt in concat.inputs:
+        deq = g.ops[g.producer[lt.id][0]]
+        if (list(deq.attrs.get("scales") or []), list(deq.attrs.get("zps") or [])) != want:
+            return False
+    return True
 
 
 CONCAT_QUANTIZED = Pattern("concat_quantized", 8.2, [
@@ -291,4 +294,5 @@ CONCAT_QUANTIZED = Pattern("concat_quantized", 8.2, [
     ...       ├ concat ─ quant_out          (1..8 inputs)
     dequantN ─┘
 
-Roles: concat (list: the Dequantize ops then the Concat), quant_out.""")
+Roles: quant_out (the Concat and its Dequantize ops are one alternation with
+no chain entering it, so the matcher binds them without a role list).""")
