@@ -378,8 +378,10 @@ def build(request: CompileRequest):
             flow.append((op, out_lts[0], ctx))
         else:
             pre.append((REFERENCE[op.kind], op, out_lts, ctx))
-    for op_id in skip | absorbed:
-        if any(lt.id in request.output_ids for lt in next(o for o in ops if o.id == op_id).outputs):
+    stage_outs = {s.out_id for s in stages.values()}
+    for op in ops:
+        if op.id in skip | absorbed and any(lt.id in request.output_ids and lt.id not in stage_outs
+                                             for lt in op.outputs):
             return "a folded op's output leaves the partition"
     outputs = {tid: lts[tid] for tid in request.output_ids}
     if not all(tid in flow_ids for tid in outputs):
