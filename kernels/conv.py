@@ -40,6 +40,7 @@ class Geometry:
     dilations: tuple
     pads_begin: tuple
     pads_end: tuple
+    deconv: bool = False  # ConvTranspose: in/out roles of the spatial formula swap
 
     @property
     def positions(self) -> int:
@@ -58,7 +59,7 @@ class Geometry:
 
     @property
     def depthwise(self) -> bool:
-        return self.groups == self.in_channels == self.out_channels
+        return self.groups == self.in_channels == self.out_channels and not self.deconv
 
 
 def pad_image(x: np.ndarray, geo: Geometry, value=0.0) -> np.ndarray:
@@ -128,3 +129,45 @@ def int_gemm(cols: np.ndarray, w2: np.ndarray, chunk: int) -> np.ndarray:
         part = np.matmul(w2[:, :, j0:j0 + chunk], cols[:, j0:j0 + chunk]).astype(np.float64)
         acc = part if acc is None else acc + part
     return acc.reshape(-1, acc.shape[-1])
+
+
+def deconv_weights(w_oix: np.ndarray, groups: int) -> np.ndarray:
+    """ConvTranspose weights canonical ``(OCg, IC, K...)`` as ``[G, OCg * prod(K), ICg]``."""
+    ocg, ic = w_oix.shape[:2]
+    nk = int(np.prod(w_oix.shape[2:]))
+    w = w_oix.reshape(ocg, groups, ic // groups, nk)
+    return np.ascontiguousarray(w.transpose(1, 0, 3, 2).reshape(groups, ocg * nk, ic // groups))
+
+
+def deconv_col2im(x_img: np.ndarray, wt: np.ndarray, geo: Geometry, exact_chunk_: int | None = None):
+    """ConvTranspose of one image ``x_img`` [IC, in spatial...] as ``[OC, P]``.
+
+    ``cols[g, (o, k), x] = sum_c wt[g, (o, k), c] * x[g*ICg + c, x]`` (BLAS), then each
+    tap's columns are added at ``y = x*s + k*d - pb`` (col2im).  With
+    ``exact_chunk_`` the operands are integers and everything is summed exactly
+    (chunked f32 products, f64 accumulation)."""
+    G = geo.groups
+    icg = geo.in_channels // G
+    ocg = geo.out_channels // G
+    nk = int(np.prod(geo.kernel))
+    xg = x_img.reshape(G, icg, -1)
+    if exact_chunk_ is None:
+        cols = np.matmul(wt, xg)
+        acc_dtype = np.float32
+    else:
+        cols = int_gemm(xg, wt, exact_chunk_).reshape(G, ocg * nk, -1)
+        acc_dtype = np.float64
+    cols = cols.reshape((G, ocg, nk) + tuple(geo.in_spatial))
+    full = [max((i - 1) * s + (k - 1) * d + 1, b + o) for i, s, k, d, b, o in
+            zip(geo.in_spatial, geo.strides, geo.kernel, geo.dilations, geo.pads_begin, geo.out_spatial)]
+    shift = [max(-b, 0) for b in geo.pads_begin]
+    buf = np.zeros((G, ocg) + tuple(f + sh for f, sh in zip(full, shift)), acc_dtype)
+    for t, k in enumerate(itertools.product(*(range(kk) for kk in geo.kernel))):
+        index = [slice(None), slice(None)]
+        for kk, d, s, i, sh in zip(k, geo.dilations, geo.strides, geo.in_spatial, shift):
+            start = kk * d + sh
+            index.append(slice(start, start + (i - 1) * s + 1, s))
+        buf[tuple(index)] += cols[:, :, t]
+    crop = [slice(None), slice(None)] + [slice(b + sh, b + sh + o) for b, sh, o in
+                                         zip(geo.pads_begin, shift, geo.out_spatial)]
+    return buf[tuple(crop)].reshape(geo.out_channels, geo.positions)

@@ -52,6 +52,7 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("conv_post_ops", "*", "*"): _conv,
     ("conv_depthwise", "*", "*"): _conv,
     ("conv_quantized", "*", "*"): _conv,
+    ("convtranspose_post_ops", "*", "*"): _conv,
 }
 
 

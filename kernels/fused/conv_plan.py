@@ -87,7 +87,9 @@ class ConvStage:
             bias = (0.0 if bias is None else bias) - mean
             bias = bias * a + beta
         geo = self.geo
-        if geo.depthwise and self.int8 is None:
+        if geo.deconv:
+            w2 = cv.deconv_weights(w, geo.groups)
+        elif geo.depthwise and self.int8 is None:
             w2 = w.reshape(geo.out_channels, -1)
         else:
             w2 = w.reshape(geo.groups, geo.out_channels // geo.groups, -1)
@@ -101,7 +103,13 @@ class ConvStage:
     def run(self, x_img, w2, bias, buf):
         """The ``[OC, P]`` f32 block of one image ``x_img`` [IC, spatial...]."""
         geo = self.geo
-        if self.int8 is not None:
+        if geo.deconv:
+            exact = None
+            if self.int8 is not None:
+                x_img, exact = x_img.astype(np.float32) - np.float32(self.int8["x_zp"]), self.int8["chunk"]
+            y = cv.deconv_col2im(self.round_x(x_img) if exact is None else x_img, w2, geo, exact)
+            y = y.astype(np.float32) if exact is None else (y * self.int8["scale"]).astype(np.float32)
+        elif self.int8 is not None:
             xs = x_img.astype(np.float32) - np.float32(self.int8["x_zp"])
             xp = cv.pad_image(xs, geo)
             acc = cv.int_gemm(cv.im2col(xp, geo, buf.get("cols")), w2, self.int8["chunk"])
@@ -121,6 +129,7 @@ class ConvStage:
 
 
 def _geometry(op, x_lt, w_lt, out_lt) -> cv.Geometry:
+    deconv = op.kind == K.ConvTranspose
     fmt = op.attrs["data_format"]
     x_shape = (x_lt.shape[0], x_lt.shape[-1]) + tuple(x_lt.shape[1:-1]) if fmt == "NXC" else x_lt.shape
     out_shape = (out_lt.shape[0], out_lt.shape[-1]) + tuple(out_lt.shape[1:-1]) if fmt == "NXC" \
@@ -130,12 +139,13 @@ def _geometry(op, x_lt, w_lt, out_lt) -> cv.Geometry:
     strides = spatial_list(op, "strides", nsp, 1)
     dilations = spatial_list(op, "dilations", nsp, 1)
     kernel = list(w_oix[2:])
-    begin, _ = pads(op, list(x_shape[2:]), strides, kernel, dilations)
+    begin, end = pads(op, list(x_shape[2:]), strides, kernel, dilations, deconv)
     out_sp = tuple(out_shape[2:])
-    end = [(o - 1) * s + (k - 1) * d + 1 - i - b
-           for o, s, k, d, i, b in zip(out_sp, strides, kernel, dilations, x_shape[2:], begin)]
+    if not deconv:  # the end padding that makes the last window fit exactly
+        end = [(o - 1) * s + (k - 1) * d + 1 - i - b
+               for o, s, k, d, i, b in zip(out_sp, strides, kernel, dilations, x_shape[2:], begin)]
     return cv.Geometry(x_shape[1], out_shape[1], int(op.attrs["groups"]), tuple(x_shape[2:]), out_sp,
-                       tuple(kernel), tuple(strides), tuple(dilations), tuple(begin), tuple(end))
+                       tuple(kernel), tuple(strides), tuple(dilations), tuple(begin), tuple(end), deconv)
 
 
 def _int8_params(request, conv, ops_by_out):
@@ -158,6 +168,8 @@ def _int8_params(request, conv, ops_by_out):
     oc = oc[1] if conv.attrs["data_format"] == "NCX" else oc[-1]
     w_scales = np.asarray(wd.attrs["scales"], np.float64)
     if wd.attrs["qtype"] == "per_channel":
+        if conv.kind == K.ConvTranspose:  # (OCg, IC, K) weights: scales per group slot
+            return None
         fmt, ndim = conv.attrs["weights_format"], len(lts[wd.inputs[0].id].shape)
         o_axis = 0 if fmt == "OIX" else ndim - 1
         if wd.attrs["axis"] % ndim != o_axis or w_scales.size != oc:
@@ -332,6 +344,7 @@ def _stage(request, conv, ops_by_out, after, int8=None) -> ConvStage | str:
             absorbed.append(nxt.id)
             nxt = after.get(out_id)
         if nxt is not None and nxt.kind == K.BatchNormInference and int8 is None and \
+                conv.kind == K.Convolution and \
                 nxt.attrs["data_format"] == conv.attrs["data_format"] and lts[nxt.outputs[0].id].dtype == F32:
             bn, out_id = nxt, nxt.outputs[0].id
             absorbed.append(nxt.id)
@@ -345,8 +358,6 @@ def build(request: CompileRequest):
     """The plan of a Convolution partition, or why the fast path does not apply."""
     lts, ops = request.lts, request.ops
     convs = [op for op in ops if op.kind in (K.Convolution, K.ConvTranspose)]
-    if any(op.kind == K.ConvTranspose for op in convs):
-        return "ConvTranspose runs on the composed reference plan"
     first = convs[0]
     fmt = first.attrs["data_format"]
     if any(c.attrs["data_format"] != fmt for c in convs):

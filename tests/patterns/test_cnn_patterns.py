@@ -62,7 +62,7 @@ CNN_CANONICAL = [
 ]
 
 #: the fused partitions a registered fast plan runs (the others run the reference plan)
-FAST = {"conv_post_ops", "conv_depthwise", "conv_quantized"}
+FAST = {"conv_post_ops", "conv_depthwise", "conv_quantized", "convtranspose_post_ops"}
 
 
 @pytest.mark.parametrize("pattern,factory", [pytest.param(p, f, id=i) for i, p, f in CNN_CANONICAL])
