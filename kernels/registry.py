@@ -39,6 +39,12 @@ def _conv(request):
     return conv_plan.build(request)
 
 
+def _blocked(request):
+    from .fused import blocked_plan
+
+    return blocked_plan.build(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -53,6 +59,13 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("conv_depthwise", "*", "*"): _conv,
     ("conv_quantized", "*", "*"): _conv,
     ("convtranspose_post_ops", "*", "*"): _conv,
+    ("pool_post_ops", "*", "*"): _blocked,
+    ("pool_quantized", "*", "*"): _blocked,
+    ("bn_relu", "*", "*"): _blocked,
+    ("bn_quantized", "*", "*"): _blocked,
+    ("groupnorm_post_ops", "*", "*"): _blocked,
+    ("interpolate_post_ops", "*", "*"): _blocked,
+    ("concat_quantized", "*", "*"): _blocked,
 }
 
 

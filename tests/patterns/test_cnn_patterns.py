@@ -94,6 +94,36 @@ def test_fused_run_with_the_registered_kernels_matches_the_debug_policy(factory)
     assert_same_as_debug(factory(), exact=False)
 
 
+#: patterns on the image-blocked plan: each op's reference kernel image by image
+BLOCKED = {"pool_post_ops", "pool_quantized", "bn_relu", "bn_quantized", "groupnorm_post_ops",
+           "interpolate_post_ops", "concat_quantized"}
+
+
+@pytest.mark.parametrize("factory", [pytest.param(f, id=i) for i, p, f in CNN_CANONICAL if p in BLOCKED])
+def test_image_blocked_plans_are_bit_identical_to_the_debug_policy(factory):
+    import graph_api as ga
+    from graph_api.fill import fill_inputs
+
+    graph = factory()
+    run = ga.run_graph(graph, fill_inputs(graph, 0))
+    plan = run.partitions[0].compiled.plan.name
+    # batch statistics (BatchNormForwardTraining) and layout changes that move the
+    # batch dim (a flattening reshape, a reversing transpose) mix images: reference plan
+    mixes = {K.BatchNormForwardTraining, K.StaticReshape, K.StaticTranspose}
+    assert plan == ("reference" if any(op.kind in mixes for op in graph.ops.values())
+                    else "image_blocked")
+    assert_same_as_debug(graph, exact=True)
+
+
+def test_a_transpose_that_moves_the_batch_keeps_the_int8_pool_on_the_reference_plan():
+    import graph_api as ga
+    from graph_api.fill import fill_inputs
+
+    graph = cg.pool_quantized(layout="transpose")
+    run = ga.run_graph(graph, fill_inputs(graph, 0))
+    assert run.partitions[0].compiled.plan.name == "reference"
+
+
 # ------------------------------------------------------------------ broken conditions
 #: (id, factory, pattern that must not take the whole graph, role, explanation phrase)
 BROKEN = [
