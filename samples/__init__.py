@@ -9,6 +9,7 @@ import importlib
 SAMPLES = [
     "01_first_graph",
     "02_int4_decoder_layer",
+    "12_cnn_block",
 ]
 
 
