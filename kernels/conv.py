@@ -93,7 +93,7 @@ def im2col(xp: np.ndarray, geo: Geometry, buf: np.ndarray | None = None) -> np.n
     shape = (G, icg, nk) + tuple(geo.out_spatial)
     if buf is None or buf.size != int(np.prod(shape)) or buf.dtype != xp.dtype:
         buf = np.empty(shape, xp.dtype)
-    cols = buf.reshape(shape)
+    cols = buf.reshape(shape)  # a view: buf is contiguous (a previous result of this function)
     for t, (_, index) in enumerate(taps(geo)):
         cols[:, :, t] = xp[index].reshape((G, icg) + tuple(geo.out_spatial))
     return cols.reshape(G, icg * nk, geo.positions)

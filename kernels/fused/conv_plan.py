@@ -100,6 +100,13 @@ class ConvStage:
             self.cache[key] = out
         return out
 
+    def _columns(self, xp, buf: dict):
+        """im2col into this stage's buffer, reused from image to image."""
+        cols = cv.im2col(xp, self.geo, buf.get(id(self)))
+        if not self.geo.pointwise:  # pointwise columns are a view of the image itself
+            buf[id(self)] = cols
+        return cols
+
     def run(self, x_img, w2, bias, buf):
         """The ``[OC, P]`` f32 block of one image ``x_img`` [IC, spatial...]."""
         geo = self.geo
@@ -111,18 +118,14 @@ class ConvStage:
             y = y.astype(np.float32) if exact is None else (y * self.int8["scale"]).astype(np.float32)
         elif self.int8 is not None:
             xs = x_img.astype(np.float32) - np.float32(self.int8["x_zp"])
-            xp = cv.pad_image(xs, geo)
-            acc = cv.int_gemm(cv.im2col(xp, geo, buf.get("cols")), w2, self.int8["chunk"])
-            y = (acc * self.int8["scale"]).astype(np.float32)
+            y = cv.int_gemm(self._columns(cv.pad_image(xs, geo), buf), w2, self.int8["chunk"])
+            y = (y * self.int8["scale"]).astype(np.float32)
         else:
             xp = cv.pad_image(self.round_x(x_img), geo)
             if geo.depthwise:
                 y = cv.conv_depthwise(xp, w2, geo)
             else:
-                cols = cv.im2col(xp, geo, buf.get("cols"))
-                if cols.base is not None and not geo.pointwise:
-                    buf["cols"] = cols.base
-                y = cv.conv_gemm(cols, w2)
+                y = cv.conv_gemm(self._columns(xp, buf), w2)
         if bias is not None:
             y += bias
         return y
