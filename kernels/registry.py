@@ -45,6 +45,12 @@ def _blocked(request):
     return blocked_plan.build(request)
 
 
+def _shuffle(request):
+    from .fused import blocked_plan
+
+    return blocked_plan.build_shuffle(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -66,6 +72,7 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("groupnorm_post_ops", "*", "*"): _blocked,
     ("interpolate_post_ops", "*", "*"): _blocked,
     ("concat_quantized", "*", "*"): _blocked,
+    ("shuffle", "*", "*"): _shuffle,
 }
 
 

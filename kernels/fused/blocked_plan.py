@@ -105,3 +105,38 @@ def build(request: CompileRequest):
     if any(lts[t].shape[0] != batch for t in request.output_ids) and batch > 1:
         return "an output is not batch-shaped"
     return BlockedPlan(request, batch, sliced)
+
+
+class ShufflePlan:
+    """reshape -> transpose -> reshape as one strided copy (the reshapes are views)."""
+
+    name = "shuffle_copy"
+
+    def __init__(self, request: CompileRequest, mid_shape, order, out_id):
+        self.request = request
+        self.mid_shape = tuple(mid_shape)
+        self.order = tuple(order)
+        self.out_id = out_id
+
+    def run_arrays(self, arrays: dict) -> dict:
+        x = arrays[self.request.input_ids[0]]
+        out_shape = self.request.lts[self.out_id].shape
+        y = np.ascontiguousarray(np.transpose(np.reshape(x, self.mid_shape), self.order))
+        return {**arrays, self.out_id: y.reshape(out_shape)}
+
+    def execute(self, inputs: dict, outputs: dict) -> None:
+        arrays = self.run_arrays({tid: t.numpy() for tid, t in inputs.items()})
+        for tid, tensor in outputs.items():
+            tensor.write(arrays[tid])
+
+
+def build_shuffle(request: CompileRequest):
+    """The plan of a ``shuffle`` partition (shapes from the compiled logical tensors)."""
+    b, lts = request.bindings, request.lts
+    ops = {op.id: op for op in request.ops}
+    reshape, transpose, back = ops[b["reshape"]], ops[b["transpose"]], ops[b["back_reshape"]]
+    mid = lts[reshape.outputs[0].id].shape
+    order = [a % len(mid) for a in transpose.attrs["order"]]
+    if len(request.input_ids) != 1 or sorted(order) != list(range(len(mid))):
+        return "not a single-input reshape-transpose-reshape"
+    return ShufflePlan(request, mid, order, back.outputs[0].id)

@@ -115,6 +115,16 @@ def test_image_blocked_plans_are_bit_identical_to_the_debug_policy(factory):
     assert_same_as_debug(graph, exact=True)
 
 
+def test_shuffle_is_one_strided_copy_identical_to_the_debug_policy():
+    import graph_api as ga
+    from graph_api.fill import fill_inputs
+
+    graph = cg.shuffle()
+    run = ga.run_graph(graph, fill_inputs(graph, 0))
+    assert run.partitions[0].compiled.plan.name == "shuffle_copy"
+    assert_same_as_debug(graph, exact=True)
+
+
 def test_a_transpose_that_moves_the_batch_keeps_the_int8_pool_on_the_reference_plan():
     import graph_api as ga
     from graph_api.fill import fill_inputs
