@@ -138,13 +138,24 @@ Roles: conv, bias, post_ops (list), dw_conv, dw_bias, dw_post_ops (list).""")
 
 
 # ---------------------------------------------------------------- quantized conv
+def _f8_without_scales(b, g) -> bool:
+    """oneDNN's f8 Convolution takes its f8 inputs unscaled (check_f8_conv_with_no_scale_and_zp)."""
+    for role in ("src_dequant", "wei_dequant"):
+        op = g.ops[b[role]]
+        if g.tensors[op.inputs[0].id].dtype in FP8 and (
+                any(sc != 1.0 for sc in op.attrs["scales"]) or any(op.attrs.get("zps") or [])):
+            return False
+    return True
+
+
 def _quantized_conv() -> Pattern:
     q8 = INT8 + FP8
     nodes = [
         Node("src_dequant", K.Dequantize, when=[in_dtype(0, *q8)]),
         Node("src_cast", _CAST, [In("src_dequant", 0)], optional=True),
         Node("wei_quant", K.Quantize, optional=True, via=None, when=[input_is_external_const(0)]),
-        Node("wei_dequant", K.Dequantize, [In("wei_quant", 0)], via=None, when=[in_dtype(0, *q8)]),
+        Node("wei_dequant", K.Dequantize, [In("wei_quant", 0)], via=None,
+             when=[in_dtype(0, DataType.s8, *FP8)]),
         Node("wei_cast", _CAST, [In("wei_dequant", 0)], optional=True),
         Node("conv", _CONVS, [In("src_cast", 0), In("wei_cast", 1)]),
         Node("bias_cast", _CAST, optional=True, via=None, when=[out_dtype(0, DataType.bf16)]),
@@ -157,9 +168,11 @@ def _quantized_conv() -> Pattern:
         _bias_only_without_bias_input(),
         Check("bias_cast only together with bias",
               lambda b, g: b.get("bias_cast") is None or b.get("bias") is not None),
+        Check("f8 src/weight Dequantize has scales 1 and no zero points", _f8_without_scales),
     ], doc="""
 int8 / f8 Convolution and ConvTranspose (x8x8x8_conv_add_post_ops_cpu,
-x8x8x_conv_post_ops, x8s8x_tc_conv_(add_)post_ops, int8_convtranspose_post_ops_fusion_cpu).
+x8x8x_conv_post_ops, x8s8x_tc_conv_(add_)post_ops, int8_convtranspose_post_ops_fusion_cpu):
+s8/u8 data with s8 weights, or f8 data and weights with scales 1.
 
     src8 ─ src_dequant ─ [src_cast]? ──────────────────────────────┐
     [wei_quant (const)]? ─ wei_dequant ─ [wei_cast]? ─ conv (Convolution|ConvTranspose)

@@ -110,7 +110,7 @@ def _qattrs(scales=(0.5,), zps=(0,), qtype="per_tensor", axis=1, f8=False):
 
 def quantized_conv(kind=K.Convolution, src_dt=dt.u8, src_zp=3, per_channel=True, bias=True,
                    residual=False, post=("relu",), quant_out=True, bf16=False, fmt="NCX", k=3,
-                   groups=1, leak=None, wei_quant=False, fpmath="strict"):
+                   groups=1, leak=None, wei_quant=False, fpmath="strict", f8_scaled=False):
     """Dequantize(src8), Dequantize(s8 weights) [TypeCast bf16] -> Convolution|ConvTranspose
     [+bias] [+Add(Dequantize(other8))] + post-ops [TypeCast f32] [-> Quantize]."""
     g = G(fpmath)
@@ -118,8 +118,10 @@ def quantized_conv(kind=K.Convolution, src_dt=dt.u8, src_zp=3, per_channel=True,
     wdt = src_dt if f8 else dt.s8
     cdt = dt.bf16 if bf16 else dt.f32
     x8 = g.input(_shape(fmt, C, HW), src_dt)
+    # oneDNN fuses f8 convolutions only with unscaled f8 inputs
+    x_scale = 1.0 if f8 and not f8_scaled else 0.25
     x = g.op(K.Dequantize, x8, dtype=dt.f32, name="src_dequant",
-             attrs=_qattrs((0.25,), (0 if f8 else src_zp,), f8=f8))
+             attrs=_qattrs((x_scale,), (0 if f8 else src_zp,), f8=f8))
     _leak(g, leak, "src_dequant", x)
     if bf16:
         x = g.op(K.TypeCast, x, dtype=dt.bf16, name="src_cast")
@@ -134,6 +136,8 @@ def quantized_conv(kind=K.Convolution, src_dt=dt.u8, src_zp=3, per_channel=True,
         w = g.op(K.Dequantize, w, dtype=dt.f32, name="wei_dequant", attrs=_qattrs((0.5,)))
     else:
         scales = [0.5 * (1 + i % 3) for i in range(C)] if per_channel else [0.75]
+        if f8 and not f8_scaled:
+            scales = [1.0] * len(scales)
         w = g.op(K.Dequantize, g.tensor(wshape, wdt, CONST), dtype=dt.f32, name="wei_dequant",
                  attrs=_qattrs(scales, [0] * len(scales), "per_channel" if per_channel else "per_tensor",
                                o_axis, f8=f8))

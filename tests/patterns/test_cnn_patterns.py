@@ -140,6 +140,8 @@ BROKEN = [
     ("conv-output-used-outside", lambda: cg.conv(leak="conv"), "conv_post_ops", "conv", "outside the match"),
     ("depthwise-5x5", lambda: cg.conv_depthwise(dw_k=5), "conv_depthwise", "dw_conv", None),
     ("depthwise-not-depthwise", lambda: cg.conv_depthwise(dw_groups=2), "conv_depthwise", "dw_conv", None),
+    ("f8-conv-with-scales", lambda: cg.quantized_conv(src_dt=dt.f8_e4m3, per_channel=False, f8_scaled=True),
+     "conv_quantized", "conv", None),
     ("int8-src-used-outside", lambda: cg.quantized_conv(leak="src_dequant"), "conv_quantized",
      "src_dequant", "outside the match"),
     ("avgpool-ceil-counting-padding", lambda: cg.pool(K.AvgPool, ceil=True), "pool_post_ops", "pool",
