@@ -204,6 +204,9 @@ def _run_block_op(op, in_blocks, out_lt, ctx):
         zps = np.asarray(op.attrs.get("zps") or [0], np.float32).reshape(-1, 1)
         with np.errstate(all="ignore"):
             return dtypes.convert(dtypes.to_f32(in_blocks[0]) / scales + zps, out_lt.dtype)
+    if op.kind == K.ReLU and in_blocks[0].dtype == np.float32 and out_lt.dtype == F32:
+        x = in_blocks[0]  # relu is exact: the f32 form equals the reference's f64 formula
+        return np.where(x > 0, x, x * np.float32(0))
     if op.kind == K.BatchNormInference:
         x = in_blocks[0].astype(np.float64)
         gamma, beta, mean, var = (b.astype(np.float64).reshape(-1, 1) for b in in_blocks[1:5])
