@@ -24,11 +24,12 @@ from .op import Op
 from .partition import CompiledPartition, Partition
 from .runner import run_graph
 from .tensor import Tensor, make_scalar_tensor
+from .builder import CompiledModel, GraphBuilder
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompiledPartition", "DataType", "Engine", "EngineKind", "ExecutionError", "FPMath",
+    "CompiledModel", "CompiledPartition", "DataType", "GraphBuilder", "Engine", "EngineKind", "ExecutionError", "FPMath",
     "FPMathMode", "Graph", "GraphError", "InvalidArguments", "InvalidDataType", "InvalidGraph",
     "InvalidGraphOp", "InvalidShape", "LayoutType", "LogicalTensor", "Op", "OpKind",
     "OutOfMemory", "Partition", "PartitionPolicy", "PropertyType", "Status", "Stream", "Tensor",

@@ -11,14 +11,26 @@ from .logical_tensor import LogicalTensor
 class Op:
     """An op as oneDNN's ``dnnl::graph::op``.
 
+    Both of oneDNN's constructors, Python-spelled: ``Op(id, kind, "name")`` and
+    ``Op(id, kind, inputs, outputs, "name")`` (a string where the inputs would
+    be is the name), plus keywords (``name=``, ``attrs=``).
+
     Attribute values are plain Python: bool, int, float, str, list[int],
     list[float].  Defaults from the schema are written in by ``Graph.add_op``.
     """
 
-    def __init__(self, id: int, kind, inputs: Iterable[LogicalTensor] = (),
+    def __init__(self, id: int, kind, inputs: Iterable[LogicalTensor] | str = (),
                  outputs: Iterable[LogicalTensor] = (), name: str = "", attrs: dict | None = None):
         if not isinstance(id, int) or isinstance(id, bool) or id < 0:
             raise InvalidArguments(f"op id must be a non-negative int, got {id!r}")
+        if isinstance(inputs, str):  # op(id, kind, name)
+            if outputs or name:
+                raise InvalidArguments(f"op {id}: Op(id, kind, name) takes no inputs/outputs after the name")
+            inputs, name = (), inputs
+        if not isinstance(name, str):
+            raise InvalidArguments(f"op {id}: the name must be a string, got {type(name).__name__}")
+        if isinstance(inputs, LogicalTensor) or isinstance(outputs, LogicalTensor):
+            raise InvalidArguments(f"op {id}: inputs and outputs are lists of LogicalTensors")
         self.id = id
         self.kind = parse_enum(OpKind, kind, "op kind")
         self.name = name or f"{self.kind.name}_{id}"

@@ -21,6 +21,7 @@ import numpy as np
 import graph_api as ga
 from graph_api import DataType as dt
 from graph_api import OpKind as K
+from samples import gallery
 
 
 class Ids:
@@ -172,12 +173,7 @@ def main(small: bool = False) -> None:
              else ga.Tensor(lt, engine, np.asarray(weights[name]).reshape(lt.shape))
              for name, lt in ins.items()}
     result = ga.run_graph(graph, feeds)
-    print(f"{len(graph.ops)} ops -> {len(result.partitions)} partitions:")
-    for run in result.partitions:
-        p = run.partition
-        kinds = ",".join(op.kind.name for op in p.ops)
-        print(f"  {p.get_id():2d} {p.get_kind():28s} kernel={run.compiled.plan.name:14s} "
-              f"exec {run.execute_ms:8.3f} ms  [{kinds}]")
+    gallery.graph("decoder layer, decode step", graph, result.partitions)
     start = time.perf_counter()
     steps = 1 if small else 5
     for _ in range(steps):
@@ -186,8 +182,7 @@ def main(small: bool = False) -> None:
     expected = reference(cfg, weights)
     err = float(np.abs(result.outputs[out.id] - expected).max() / np.abs(expected).max())
     print(f"decode step {per_step * 1e3:.2f} ms ({1 / per_step:.1f} tokens/s, compile cached)")
-    print(f"decoder layer  max rel error vs numpy f64: {err:.3e}")
-    assert err < 1e-5, err
+    gallery.error("decoder layer, max rel vs numpy f64", err, 1e-5)
 
 
 if __name__ == "__main__":

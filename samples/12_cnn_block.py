@@ -16,6 +16,7 @@ import numpy as np
 import graph_api as ga
 from graph_api import DataType as dt
 from graph_api import OpKind as K
+from samples import gallery
 
 CONST = ga.PropertyType.constant
 
@@ -65,19 +66,18 @@ def main(small: bool = False) -> None:
              3: rng.uniform(0.5, 1.5, oc).astype(np.float32), 4: rng.standard_normal(oc).astype(np.float32),
              5: rng.standard_normal(oc).astype(np.float32) * 0.1, 6: rng.uniform(0.5, 2, oc).astype(np.float32)}
     result = ga.run_graph(graph, feeds, repeat=1 if small else 5)
-    for run in result.partitions:
-        print(f"  partition {run.partition.id}: {run.partition.get_kind():16s} ops={run.partition.get_ops()} "
-              f"kernel={run.compiled.plan.name} {run.execute_ms:.2f} ms")
+    gallery.graph("Convolution -> BatchNormInference -> ReLU -> MaxPool", graph, result.partitions)
     assert [r.partition.get_kind() for r in result.partitions] == ["conv_post_ops", "single op"]
     start = time.perf_counter()
     expected = numpy_block(*(feeds[i] for i in range(7)))
     numpy_ms = (time.perf_counter() - start) * 1e3
-    err = float(np.abs(result.outputs[10] - expected).max() / np.abs(expected).max())
     total = sum(r.execute_ms for r in result.partitions)
-    print(f"Conv -> BN -> ReLU -> MaxPool [{n}x{c}x{hw}x{hw}] -> {list(result.outputs[10].shape)}: "
-          f"max rel error vs numpy f64: {err:.3e}, {total:.2f} ms (numpy f64: {numpy_ms:.1f} ms)")
-    assert err < 1e-5, err
-
+    print(f"[{n}x{c}x{hw}x{hw}] -> {list(result.outputs[10].shape)} in {total:.2f} ms "
+          f"(" + ", ".join(f"{r.compiled.plan.name} {r.execute_ms:.2f} ms" for r in result.partitions)
+          + f"; numpy f64 {numpy_ms:.1f} ms)")
+    err = float(np.abs(result.outputs[10] - expected).max() / np.abs(expected).max())
+    # f32 sums of 9 * C terms in BLAS order and one f32 rounding of the folded weights
+    gallery.error("CNN block, max rel vs numpy f64", err, 1e-5)
 
 if __name__ == "__main__":
     main()

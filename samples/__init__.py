@@ -9,6 +9,16 @@ import importlib
 SAMPLES = [
     "01_first_graph",
     "02_int4_decoder_layer",
+    "15_int4_rfc_matmul",
+    "03_grouped_quantization",
+    "04_sdpa",
+    "05_compressed_sdpa",
+    "06_gated_mlp_int4",
+    "07_fpmath_modes",
+    "08_benchdnn_json",
+    "09_why_not_fused",
+    "13_llm_decode",
+    "14_minilm_encoder",
     "12_cnn_block",
 ]
 

@@ -1,14 +1,47 @@
 """Every sample of the gallery runs (small shapes); samples assert their own errors."""
 import pytest
 
-from samples import SAMPLES, load
+from samples import SAMPLES, gallery, load
+from samples.__main__ import main as gallery_main
 
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_sample_runs(name, capsys):
+    record = gallery.start()
     load(name).main(small=True)
     out = capsys.readouterr().out
+    if record.skipped:
+        pytest.skip(record.skipped)
     assert "error" in out  # every sample reports its error against numpy
+    assert record.errors and all(value <= bound for _, value, bound in record.errors)
+    assert record.partitions > 0 and record.pictures  # every sample shows its partitions
+
+
+def test_every_sample_module_has_a_docstring_and_main():
+    for name in SAMPLES:
+        module = load(name)
+        assert module.__doc__ and module.__doc__.strip() and callable(module.main), name
+
+
+def test_gallery_runs_prints_a_summary_and_writes_the_page(tmp_path, capsys):
+    code = gallery_main(["--small", "--out", str(tmp_path), "01_first_graph"])
+    out = capsys.readouterr().out
+    assert code == 0 and "[1/1] 01_first_graph ok" in out and "samples: 1 ok, 0 skipped, 0 failed" in out
+    page = (tmp_path / "index.html").read_text()
+    assert page.count("<svg") == 2  # one picture per graph the sample ran
+    assert "matmul_compressed" in page and "numba_wmatmul" in page  # partitions labelled with kernels
+    assert "First graph" in page and "def main" in page  # its description and its code
+
+
+def test_a_failing_sample_fails_the_gallery(tmp_path, capsys, monkeypatch):
+    module = load("01_first_graph")
+
+    def broken(small=False):
+        gallery.error("a wrong number", 1.0, 1e-5)
+
+    monkeypatch.setattr(module, "main", broken)
+    assert gallery_main(["--small", "--out", str(tmp_path), "01_first_graph"]) == 1
+    assert "samples: 0 ok, 0 skipped, 1 failed (01_first_graph)" in capsys.readouterr().out
 
 
 def test_readme_example_runs():
@@ -19,11 +52,16 @@ def test_readme_example_runs():
     import numpy as np
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"## A first graph\n\n```python\n(.*?)```", text, re.S).group(1)
+    section = text.split("## A first graph", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2  # the oneDNN-style graph, then the same with GraphBuilder
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(blocks[0], "README.md", "exec"), scope)
     result, feeds, n, k, group = (scope[name] for name in ("result", "feeds", "n", "k", "group"))
     assert [r.partition.get_kind() for r in result.partitions] == ["matmul_compressed"]
     w = feeds[0].astype(np.float64) * 0.01
     expected = feeds[3].astype(np.float64) @ w.T
     np.testing.assert_allclose(result.outputs[4], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    exec(compile(blocks[1], "README.md", "exec"), scope)
+    assert [p.get_kind() for p in scope["model"].partitions] == ["matmul_compressed"]
+    np.testing.assert_allclose(scope["out"], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())

@@ -204,3 +204,31 @@ def test_partition_fpmath_overrides_graph_and_changes_arithmetic(mode, rounding)
 def test_graph_level_fpmath_reaches_partitions():
     g = mm_relu_graph(ga.FPMathMode.bf16, True)
     assert all(p.get_fpmath_mode() == (ga.FPMathMode.bf16, True) for p in g.get_partitions())
+
+
+# ---------------------------------------------------------------- oneDNN's op constructors
+def test_op_constructors_as_onednn_spells_them():
+    from graph_api import DataType, LogicalTensor, Op, OpKind
+
+    x, y = LogicalTensor(0, DataType.f32, [2, 3]), LogicalTensor(1, DataType.f32, [2, 3])
+    named = Op(7, OpKind.ReLU, "relu")  # op(id, kind, name), then add_input/add_output
+    named.add_input(x)
+    named.add_output(y)
+    assert named.name == "relu" and named.inputs == [x] and named.outputs == [y]
+    full = Op(8, OpKind.ReLU, [x], [y], "relu2")  # op(id, kind, inputs, outputs, name)
+    assert full.name == "relu2" and full.inputs == [x] and full.outputs == [y]
+    assert Op(9, OpKind.ReLU).name == "ReLU_9"
+
+
+def test_op_constructor_misuse_is_a_typed_error():
+    import pytest
+
+    from graph_api import DataType, InvalidArguments, LogicalTensor, Op, OpKind
+
+    x = LogicalTensor(0, DataType.f32, [2])
+    with pytest.raises(InvalidArguments, match="name"):
+        Op(1, OpKind.ReLU, "relu", [x])
+    with pytest.raises(InvalidArguments, match="lists"):
+        Op(1, OpKind.ReLU, x, [x])
+    with pytest.raises(InvalidArguments, match="name must be a string"):
+        Op(1, OpKind.ReLU, [x], [x], 5)
