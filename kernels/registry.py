@@ -49,6 +49,24 @@ def _composite(request):
     return composite.build(request)
 
 
+def _conv(request):
+    from .fused import conv_plan
+
+    return conv_plan.build(request)
+
+
+def _blocked(request):
+    from .fused import blocked_plan
+
+    return blocked_plan.build(request)
+
+
+def _shuffle(request):
+    from .fused import blocked_plan
+
+    return blocked_plan.build_shuffle(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -61,6 +79,18 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("sdpa_gqa", "*", "*"): _sdpa,
     DOT_KEY: _dot_plan,
     ("composite", "*", "*"): _composite,  # extension: Composite ops with a fast kernel
+    ("conv_post_ops", "*", "*"): _conv,
+    ("conv_depthwise", "*", "*"): _conv,
+    ("conv_quantized", "*", "*"): _conv,
+    ("convtranspose_post_ops", "*", "*"): _conv,
+    ("pool_post_ops", "*", "*"): _blocked,
+    ("pool_quantized", "*", "*"): _blocked,
+    ("bn_relu", "*", "*"): _blocked,
+    ("bn_quantized", "*", "*"): _blocked,
+    ("groupnorm_post_ops", "*", "*"): _blocked,
+    ("interpolate_post_ops", "*", "*"): _blocked,
+    ("concat_quantized", "*", "*"): _blocked,
+    ("shuffle", "*", "*"): _shuffle,
 }
 
 

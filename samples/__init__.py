@@ -21,6 +21,7 @@ SAMPLES = [
     "11_composite_ops",
     "13_llm_decode",
     "14_minilm_encoder",
+    "12_cnn_block",
 ]
 
 

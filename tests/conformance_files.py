@@ -29,57 +29,8 @@ FILES = sorted(ROOT.rglob("*.json"))
 NOT_LOADABLE: dict[str, str] = {
 }
 
-_CNN = "oneDNN forms one partition; the library has no {} pattern yet (issue 15), so it gives {}"
-
 #: file -> why it does not give the one partition oneDNN gives
 NOT_ONE_PARTITION: dict[str, str] = {
-    "pattern/f32/bn_relu_fusion.json": _CNN.format("BatchNorm + ReLU", 2),
-    "pattern/f32/conv_add_swish_relu_fusion.json": _CNN.format("Convolution post-op", 2),
-    "pattern/f32/conv_bias_add_fusion.json": _CNN.format("Convolution post-op", 2),
-    "pattern/f32/conv_bias_mul_mul_depthwise_bias_swish_fusion_cpu.json":
-        _CNN.format("Convolution + depthwise Convolution", 4),
-    "pattern/f32/conv_bias_post_ops_fusion.json": _CNN.format("Convolution post-op", 2),
-    "pattern/f32/conv_bias_relu_depthwise_bias_relu_fusion_cpu.json":
-        _CNN.format("Convolution + depthwise Convolution", 4),
-    "pattern/f32/conv_bias_sum_fusion.json": _CNN.format("Convolution post-op", 2),
-    "pattern/f32/conv_bias_swish_fusion.json": _CNN.format("Convolution post-op", 2),
-    "pattern/f32/conv_depthwise_fusion_cpu.json": _CNN.format("Convolution + depthwise Convolution", 2),
-    "pattern/f32/conv_post_ops_fusion.json": _CNN.format("Convolution post-op", 2),
-    "pattern/f32/interpolate_post_ops_chain_fusion.json": _CNN.format("Interpolate post-op", 2),
-    "pattern/f32/interpolate_post_ops_chain_fusion_2.json": _CNN.format("Interpolate post-op", 2),
-    "pattern/f32/interpolate_post_ops_chain_fusion_3.json": _CNN.format("Interpolate post-op", 2),
-    "pattern/f32/avgpool_3d_chain_fusion.json": _CNN.format("pooling post-op", 2),
-    "pattern/f32/maxpool_chain_fusion.json": _CNN.format("pooling post-op", 2),
-    "pattern/f32/maxpool_sum_relu_fusion.json": _CNN.format("pooling post-op", 2),
-    "pattern/f32/shuffle_fusion.json": _CNN.format("shuffle (reshape-transpose-reshape)", 3),
-    "pattern/f8/f8_conv_add_add_fusion.json": _CNN.format("f8 Convolution", 6),
-    "pattern/f8/f8_conv_bias_relu_fusion.json": _CNN.format("f8 Convolution", 5),
-    "pattern/f8/f8_conv_fwd.json": _CNN.format("f8 Convolution", 3),
-    "pattern/f8/f8_conv_post_ops_int8_add_fusion.json": _CNN.format("f8 Convolution", 6),
-    "pattern/int8/int8_avgpool_reshape_fusion.json": _CNN.format("int8 pooling", 4),
-    "pattern/int8/int8_avgpool_transpose_fusion.json": _CNN.format("int8 pooling", 4),
-    "pattern/int8/int8_bf16_conv_add_relu_mul.json": _CNN.format("int8 Convolution", 6),
-    "pattern/int8/int8_bf16_conv_binary_add_fusion.json": _CNN.format("int8 Convolution", 7),
-    "pattern/int8/int8_bf16_conv_binary_add_fusion_2.json": _CNN.format("int8 Convolution", 6),
-    "pattern/int8/int8_bf16_gnorm_relu_fusion.json": _CNN.format("GroupNorm + Quantize", 3),
-    "pattern/int8/int8_bnorm_relu_fusion.json": _CNN.format("int8 BatchNorm", 4),
-    "pattern/int8/int8_concat_fusion.json": _CNN.format("int8 Concat", 4),
-    "pattern/int8/int8_conv_2d_fusion.json": _CNN.format("int8 Convolution", 3),
-    "pattern/int8/int8_conv_2d_fusion_2.json": _CNN.format("int8 Convolution", 4),
-    "pattern/int8/int8_conv_2d_fwd_i_fusion.json": _CNN.format("int8 Convolution", 4),
-    "pattern/int8/int8_conv_add_mul_fusion.json": _CNN.format("int8 Convolution", 6),
-    "pattern/int8/int8_conv_bias_fusion.json": _CNN.format("int8 Convolution", 7),
-    "pattern/int8/int8_conv_bias_mish_fusion.json": _CNN.format("int8 Convolution", 5),
-    "pattern/int8/int8_conv_bias_relu_fusion_2.json": _CNN.format("int8 Convolution", 5),
-    "pattern/int8/int8_conv_bias_relu_fusion_3.json": _CNN.format("int8 Convolution", 5),
-    "pattern/int8/int8_conv_post_ops_fusion.json": _CNN.format("int8 Convolution", 6),
-    "pattern/int8/int8_conv_relu_fusion.json": _CNN.format("int8 Convolution", 4),
-    "pattern/int8/int8_convtranspose_post_ops_add_fusion.json": _CNN.format("int8 ConvTranspose", 6),
-    "pattern/int8/int8_convtranspose_post_ops_chain_fusion.json": _CNN.format("int8 ConvTranspose", 6),
-    "pattern/int8/int8_convtranspose_post_ops_square_fusion.json": _CNN.format("int8 ConvTranspose", 5),
-    "pattern/int8/int8_convtranspose_post_ops_sum_fusion.json": _CNN.format("int8 ConvTranspose", 6),
-    "pattern/int8/int8_convtranspose_post_ops_sum_fusion_2.json": _CNN.format("int8 ConvTranspose", 6),
-    "pattern/int8/int8_lnorm_tc_multiply_quantize.json": _CNN.format("LayerNorm + TypeCast + Quantize", 3),
 }
 
 

@@ -15,17 +15,28 @@ prio   pattern                 oneDNN passes
 21.0   sdpa                    float_sdp, gemma, float/bf16 GPT sdp
 21.0   sdpa_jax, mqa_jax       float_sdp_jax, float_mqa_jax
 19.5   binary_matmul_binary    float_bmb
+10.6   conv_quantized          x8x8x8_conv_add_post_ops_cpu, x8x8x_conv_post_ops,
+                               x8s8x_tc_conv_(add_)post_ops, int8_convtranspose_post_ops (10.5)
 10.5   matmul_quantized        x8x8x(8)_(tc_)matmul_(add_)post_ops
+10.4   convtranspose_post_ops  convtranspose_post_ops_fusion
+10.3   conv_depthwise          fp_conv_postops_depthwise_postops_cpu
 10.3   matmul_compressed       (extension: weight-compressed MatMul)
+10.1   pool_quantized          x8_pool_add_post_ops_cpu, x8_pool_post_ops (10.0), x8_pool_reshape_transpose (10.0)
 10.0   x8_reorder              x8_reorder(_sum)
+ 9.9   pool_post_ops           fp_pool_post_ops
+ 9.8   conv_post_ops           fp_conv_post_ops
+ 9.0   bn_quantized            x8_bn
  9.1   matmul_transpose        fp_matmul_transpose_reorder, ..._reshape_transpose_reshape
  9.0   matmul_indexing_maps    (extension: transposes folded into MatMul maps, seed 001)
  8.9   matmul_dropout          fp_matmul_dropout
  8.8   matmul_post_ops         fp_matmul_post_ops
  8.8   batchnorm_bwd_relu_bwd  fp_bnorm_bwd_relu_bwd
+ 8.8   bn_relu                 fp_bn_relu
  8.4   reduction_post_ops      fp_reduction_post_ops
+ 8.4   interpolate_post_ops, groupnorm_post_ops
  8.3   binary_post_ops         fp_binary_post_ops
- 8.2   softmax_post_ops, layernorm_post_ops, reciprocal_multiply, eltwise_post_ops
+ 8.2   softmax_post_ops, layernorm_post_ops, reciprocal_multiply, eltwise_post_ops,
+       shuffle, concat_quantized (int8_concat_fusion)
  8.1   typecast_quantize, reorder_sum
 =====  ======================  =============================================
 
@@ -33,9 +44,12 @@ Ops no pattern takes are single-op partitions (oneDNN's priority-8 passes).
 """
 from __future__ import annotations
 
+from .cnn import (BN_QUANTIZED, BN_RELU, CONCAT_QUANTIZED, CONV_DEPTHWISE, CONV_POST_OPS,
+                  CONV_QUANTIZED, CONVTRANSPOSE_POST_OPS, GROUPNORM_POST_OPS, INTERPOLATE_POST_OPS,
+                  POOL_POST_OPS, POOL_QUANTIZED, SHUFFLE)
 from .cnn_backward import BATCHNORM_BWD_RELU_BWD
-from .dot_maps import MATMUL_INDEXING_MAPS
 from .composite import COMPOSITE
+from .dot_maps import MATMUL_INDEXING_MAPS
 from .matmul import (BINARY_MATMUL_BINARY, MATMUL_COMPRESSED, MATMUL_DROPOUT, MATMUL_POST_OPS,
                      MATMUL_QUANTIZED, MATMUL_TRANSPOSE)
 from .misc import (BINARY_POST_OPS, ELTWISE_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY,
@@ -52,16 +66,24 @@ PATTERNS = [
     SDPA_GQA,
     SDPA_BACKWARD, SDPA, SDPA_JAX, MQA_JAX,
     BINARY_MATMUL_BINARY,
+    CONV_QUANTIZED,
     MATMUL_QUANTIZED,
+    CONVTRANSPOSE_POST_OPS,
+    CONV_DEPTHWISE,
     MATMUL_COMPRESSED,
+    POOL_QUANTIZED,
     X8_REORDER,
+    POOL_POST_OPS,
+    CONV_POST_OPS,
     MATMUL_TRANSPOSE,
     MATMUL_INDEXING_MAPS,
+    BN_QUANTIZED,
     MATMUL_DROPOUT,
-    MATMUL_POST_OPS, BATCHNORM_BWD_RELU_BWD,
-    REDUCTION_POST_OPS,
+    MATMUL_POST_OPS, BATCHNORM_BWD_RELU_BWD, BN_RELU,
+    REDUCTION_POST_OPS, INTERPOLATE_POST_OPS, GROUPNORM_POST_OPS,
     BINARY_POST_OPS,
-    SOFTMAX_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY, ELTWISE_POST_OPS,
+    SOFTMAX_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY, ELTWISE_POST_OPS, SHUFFLE,
+    CONCAT_QUANTIZED,
     TYPECAST_QUANTIZE, REORDER_SUM,
 ]
 

@@ -50,13 +50,14 @@ Roles: softmax, post_ops (list), out_cast, quant_out.""")
 
 LAYERNORM_POST_OPS = Pattern("layernorm_post_ops", 8.2, [
     Node("layernorm", K.LayerNorm, escape=(1, 2)),
-    post_ops("layernorm"),
+    Node("pre_cast", _CAST, [In("layernorm", 0)], optional=True),
+    post_ops("pre_cast"),
 ] + _tail("post_ops"), doc="""LayerNorm and its post-ops (layernorm_post_ops; mean and
 variance may leave the partition).
 
-    layernorm ─ {swish | unary | binary}*0..20 ─ [out_cast]? ─ [quant_out]?
+    layernorm ─ [pre_cast]? ─ {swish | unary | binary}*0..20 ─ [out_cast]? ─ [quant_out]?
 
-Roles: layernorm, post_ops (list), out_cast, quant_out.""")
+Roles: layernorm, pre_cast, post_ops (list), out_cast, quant_out.""")
 
 RECIPROCAL_MULTIPLY = Pattern("reciprocal_multiply", 8.2, [
     Node("reciprocal", K.Reciprocal),

@@ -1,0 +1,214 @@
+"""The Convolution fast plan (kernels/fused/conv_plan.py, kernels/conv.py) against an
+independent float64 numpy convolution and exact integer arithmetic."""
+import itertools
+
+import numpy as np
+import pytest
+
+import graph_api as ga
+from graph_api.check import compare
+from graph_api.fill import fill_inputs
+from kernels import conv as cv
+
+from ..patterns import cnn_graphs as cg
+from ..patterns.builder import K, dt
+
+RNG = np.random.default_rng(7)
+
+
+def direct_conv(x, w, stride=1, pad=0, dilation=1, groups=1):
+    """float64 NCHW x (N, C, H, W), OIHW w: the textbook sum, tap by tap."""
+    n, c, h, wd = x.shape
+    oc, icg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (h + 2 * pad - (kh - 1) * dilation - 1) // stride + 1
+    ow = (wd + 2 * pad - (kw - 1) * dilation - 1) // stride + 1
+    out = np.zeros((n, oc, oh, ow))
+    ocg = oc // groups
+    for g_, i, j in itertools.product(range(groups), range(kh), range(kw)):
+        patch = xp[:, g_ * icg:(g_ + 1) * icg, i * dilation:i * dilation + (oh - 1) * stride + 1:stride,
+                   j * dilation:j * dilation + (ow - 1) * stride + 1:stride]
+        out[:, g_ * ocg:(g_ + 1) * ocg] += np.einsum("nchw,oc->nohw", patch, w[g_ * ocg:(g_ + 1) * ocg, :, i, j])
+    return out
+
+
+def _run(graph, feeds):
+    run = ga.run_graph(graph, feeds)
+    assert [r.compiled.plan.name for r in run.partitions] == ["conv_im2col_blas"]
+    return {tid: run.outputs[tid] for tid in graph.output_ids}
+
+
+def _inputs(graph):
+    """Graph input ids in creation order (the factories create x, w, b, ... in order)."""
+    return sorted(graph.input_ids)
+
+
+# f32 sums of up to 72 terms of magnitude ~1 in BLAS order: the scale-aware f32 rule
+# of graph_api.check (2e-5 of max|y|) is ~100x the expected error (sqrt(72) * 6e-8)
+@pytest.mark.parametrize("fmt,stride,dilation,groups", [("NCX", 1, 1, 1), ("NXC", 2, 1, 1),
+                                                        ("NCX", 1, 2, 2), ("NXC", 2, 2, 4)])
+def test_float_conv_bias_relu_matches_the_direct_sum(fmt, stride, dilation, groups):
+    graph = cg.conv(fmt=fmt, wfmt="OIX" if fmt == "NCX" else "XIO", stride=stride, dilation=dilation,
+                    pad=dilation, groups=groups, post=("relu",))
+    xi, wi, bi = _inputs(graph)
+    x = RNG.standard_normal(graph.tensors[xi].shape).astype(np.float32)
+    w = RNG.standard_normal(graph.tensors[wi].shape).astype(np.float32)
+    b = RNG.standard_normal(cg.C).astype(np.float32)
+    got = next(iter(_run(graph, {xi: x, wi: w, bi: b}).values()))
+    xn = x if fmt == "NCX" else x.transpose(0, 3, 1, 2)
+    wo = w if fmt == "NCX" else w.transpose(3, 2, 0, 1)
+    want = direct_conv(xn.astype(np.float64), wo.astype(np.float64), stride, dilation, dilation, groups)
+    want = np.maximum(want + b.reshape(1, -1, 1, 1), 0)
+    if fmt == "NXC":
+        want = want.transpose(0, 2, 3, 1)
+    verdict = compare(want, got, dt.f32)
+    assert verdict.ok, verdict.message
+
+
+def test_batchnorm_is_folded_into_the_weights_exactly_enough():
+    graph = cg.conv(bias="op", bn=True, post=())
+    ids = _inputs(graph)
+    feeds = {i: RNG.standard_normal(graph.tensors[i].shape).astype(np.float32) for i in ids}
+    var_id = ids[-1]
+    feeds[var_id] = RNG.uniform(0.5, 2.0, cg.C).astype(np.float32)  # a real variance
+    x, w, b, gamma, beta, mean, var = (feeds[i].astype(np.float64) for i in ids)
+    y = direct_conv(x, w, pad=1) + b.reshape(1, -1, 1, 1)
+    c = lambda v: v.reshape(1, -1, 1, 1)  # noqa: E731
+    want = c(gamma) * (y - c(mean)) / np.sqrt(c(var) + np.float32(1e-3)) + c(beta)
+    got = next(iter(_run(graph, feeds).values()))
+    # folding changes one f32 rounding per weight: a few ulps of max|y|, inside the rule
+    verdict = compare(want, got, dt.f32)
+    assert verdict.ok, verdict.message
+
+
+def test_depthwise_after_1x1_matches_two_direct_convolutions():
+    graph = cg.conv_depthwise(post=("relu",), dw_post=())
+    x_id, w1, b1, w2, b2 = _inputs(graph)
+    feeds = {i: RNG.standard_normal(graph.tensors[i].shape).astype(np.float32) for i in _inputs(graph)}
+    f = {i: v.astype(np.float64) for i, v in feeds.items()}
+    y = np.maximum(direct_conv(f[x_id], f[w1]) + f[b1].reshape(1, -1, 1, 1), 0)
+    want = direct_conv(y, f[w2], stride=2, pad=1, groups=cg.C) + f[b2].reshape(1, -1, 1, 1)
+    got = next(iter(_run(graph, feeds).values()))
+    verdict = compare(want, got, dt.f32)
+    assert verdict.ok, verdict.message
+
+
+def test_int8_conv_accumulates_exactly_then_scales_once():
+    graph = cg.quantized_conv(src_dt=dt.u8, src_zp=3, per_channel=True, bias=False, post=(),
+                              quant_out=False)
+    x_id, w_id = _inputs(graph)
+    x = RNG.integers(0, 256, graph.tensors[x_id].shape).astype(np.uint8)
+    w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
+    got = next(iter(_run(graph, {x_id: x, w_id: w}).values()))
+    acc = direct_conv(x.astype(np.int64) - 3, w.astype(np.int64), pad=1)  # exact in f64 (< 2^53)
+    scales = np.array([0.5 * (1 + i % 3) for i in range(cg.C)]) * 0.25
+    want = (acc * scales.reshape(1, -1, 1, 1)).astype(np.float32)
+    # one rounding of an exactly scaled integer sum: equal to f32 rounding of the exact value
+    np.testing.assert_array_equal(got, want)
+
+
+def test_exact_integer_gemm_splits_long_reductions():
+    J = 5000  # > exact_chunk(255, 128) = 514: several chunks
+    cols = RNG.integers(-255, 256, (1, J, 7)).astype(np.float32)
+    w2 = RNG.integers(-128, 128, (1, 3, J)).astype(np.float32)
+    chunk = cv.exact_chunk(255, 128)
+    assert chunk == 514
+    got = cv.int_gemm(cols, w2, chunk)
+    want = (w2[0].astype(np.int64) @ cols[0].astype(np.int64)).astype(np.float64)
+    np.testing.assert_array_equal(got, want)
+    # a single f32 BLAS call over all 5000 terms is not exact (partial sums pass 2^24)
+    assert cv.exact_chunk(255, 255) == 258
+
+
+def test_int8_conv_with_quantize_matches_the_reference_within_one():
+    graph = cg.quantized_conv(residual=True, post=("relu",))
+    feeds = fill_inputs(graph, 3)
+    fused = ga.run_graph(graph, feeds)
+    assert [r.compiled.plan.name for r in fused.partitions] == ["conv_im2col_blas"]
+    ref = ga.run_graph(graph, feeds, ga.PartitionPolicy.debug)
+    for tid in graph.output_ids:
+        verdict = compare(ref.outputs[tid], fused.outputs[tid], graph.tensors[tid].dtype)
+        assert verdict.ok, verdict.message
+
+
+def test_fpmath_bf16_rounds_f32_inputs_like_the_reference():
+    graph = cg.conv(post=(), fpmath="bf16")
+    feeds = fill_inputs(graph, 1)
+    fused = ga.run_graph(graph, feeds)
+    ref = ga.run_graph(graph, feeds, ga.PartitionPolicy.debug)
+    tid = graph.output_ids[0]
+    # identical bf16-rounded inputs, f32 sums: the f32 rule, not the bf16 one, must hold
+    verdict = compare(ref.outputs[tid], fused.outputs[tid], dt.f32)
+    assert verdict.ok, verdict.message
+
+
+def test_constant_weights_are_prepared_once_and_variable_weights_every_time():
+    for prop in (ga.PropertyType.constant, ga.PropertyType.variable):
+        g = cg.G()
+        x = g.input((1, 4, 5, 5))
+        w = g.tensor((4, 4, 3, 3), dt.f32, prop)
+        g.op(K.Convolution, x, w, attrs=cg.conv_attrs())
+        graph = g.done()
+        part = graph.get_partitions()[0]
+        xv = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+        wv = RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
+        # a lone Convolution is a single-op partition: compile the conv pattern's plan directly
+        from kernels.fused.conv_plan import build
+        from kernels.plan import CompileRequest
+        request = CompileRequest("conv_post_ops", part.ops, dict(graph.tensors), [0, 1], [2],
+                                 graph.fpmath, {})
+        plan = build(request)
+        first = plan.run_arrays({0: xv, 1: wv}, {1: (1, 1)})[2]
+        second = plan.run_arrays({0: xv, 1: 2 * wv}, {1: (1, 1)} if prop == ga.PropertyType.constant else {})[2]
+        np.testing.assert_allclose(second, first if prop == ga.PropertyType.constant else 2 * first,
+                                   rtol=1e-6, atol=1e-5)
+
+
+def direct_deconv(x, w_iohw, stride, pad, dilation, groups, out_hw):
+    """float64 transposed convolution by scattering: out[.., y*s + k*d - p] += x * w,
+    w as PyTorch's (IC, OC/g, KH, KW)."""
+    n, ic, h, wd = x.shape
+    _, ocg, kh, kw = w_iohw.shape
+    icg = ic // groups
+    big = np.zeros((n, ocg * groups, (h - 1) * stride + (kh - 1) * dilation + 1 + out_hw,
+                    (wd - 1) * stride + (kw - 1) * dilation + 1 + out_hw))
+    for g_, i, j in itertools.product(range(groups), range(kh), range(kw)):
+        contrib = np.einsum("nchw,co->nohw", x[:, g_ * icg:(g_ + 1) * icg], w_iohw[g_ * icg:(g_ + 1) * icg, :, i, j])
+        big[:, g_ * ocg:(g_ + 1) * ocg, i * dilation:i * dilation + (h - 1) * stride + 1:stride,
+            j * dilation:j * dilation + (wd - 1) * stride + 1:stride] += contrib
+    return big[:, :, pad:pad + out_hw, pad:pad + out_hw]
+
+
+@pytest.mark.parametrize("stride,pad,dilation,groups,out_pad", [(1, 1, 1, 1, 0), (2, 1, 1, 2, 1),
+                                                                (2, 0, 2, 4, 0)])
+def test_conv_transpose_matches_the_direct_scatter(stride, pad, dilation, groups, out_pad):
+    g = cg.G()
+    x = g.input((2, 8, 5, 5))
+    w = g.tensor((8, 8 // groups, 3, 3), dt.f32, cg.CONST)
+    b = g.tensor((8,), dt.f32, cg.CONST)
+    y = g.op(K.ConvTranspose, x, w, b, attrs={
+        "strides": [stride] * 2, "pads_begin": [pad] * 2, "pads_end": [pad] * 2,
+        "dilations": [dilation] * 2, "groups": groups, "data_format": "NCX", "weights_format": "IOX",
+        "output_padding": [out_pad] * 2})
+    g.op(K.ReLU, y)
+    graph = g.done()
+    feeds = {i: RNG.standard_normal(graph.tensors[i].shape).astype(np.float32) for i in (0, 1, 2)}
+    out = _run(graph, feeds)[graph.output_ids[0]]
+    out_hw = out.shape[-1]
+    f = {i: v.astype(np.float64) for i, v in feeds.items()}
+    want = direct_deconv(f[0], f[1], stride, pad, dilation, groups, out_hw)
+    want = np.maximum(want + f[2].reshape(1, -1, 1, 1), 0)
+    verdict = compare(want, out, dt.f32)
+    assert verdict.ok, verdict.message
+
+
+def test_int8_conv_transpose_accumulates_exactly():
+    graph = cg.quantized_conv(kind=K.ConvTranspose, src_dt=dt.s8, src_zp=2, per_channel=False, bias=False,
+                              post=(), quant_out=False)
+    x_id, w_id = _inputs(graph)
+    x = RNG.integers(-128, 128, graph.tensors[x_id].shape).astype(np.int8)
+    w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
+    got = next(iter(_run(graph, {x_id: x, w_id: w}).values()))
+    acc = direct_deconv(x.astype(np.int64) - 2, w.astype(np.int64), 1, 1, 1, 1, cg.HW)
+    want = (acc * (np.float64(np.float32(0.25)) * np.float64(np.float32(0.75)))).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
