@@ -42,6 +42,7 @@ EXPECTED = [
     ("pattern/f32/conv_", "conv_post_ops"),
     ("pattern/f32/interpolate_", "interpolate_post_ops"),
     ("pattern/f32/maxpool_", "pool_post_ops"),
+    ("pattern/f32/avgpool_", "pool_post_ops"),
     ("pattern/f32/shuffle", "shuffle"),
     ("pattern/f8/f8_conv", "conv_quantized"),
     ("pattern/int8/int8_avgpool", "pool_quantized"),
