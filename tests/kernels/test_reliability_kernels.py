@@ -648,3 +648,36 @@ def test_zero_size_dims_in_the_wmatmul_kernel_entry(kind, mnk, trans):
     y = W.wmatmul(np.ones((M, K_), np.float32), w, spec, scales,
                   post_ops=[("add", bias), ("relu", None)])
     np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(bias, 0), (M, N)))
+
+
+EPILOGUE_UNARY = [(K.ReLU, {}), (K.GELU, {}), (K.GELU, {"mode": "gelu_tanh"}), (K.Sigmoid, {}),
+                  (K.Tanh, {}), (K.Clamp, {"min": -1.0, "max": 2.0}), (K.Elu, {"alpha": 0.5}),
+                  (K.LeakyReLU, {"alpha": 0.1}), (K.Abs, {}), (K.Exp, {}), (K.Square, {}),
+                  ("swish", {})]
+
+
+@pytest.mark.parametrize("kind,attrs", EPILOGUE_UNARY,
+                         ids=lambda v: getattr(v, "name", v) if not isinstance(v, dict) else
+                         "-".join(f"{k}{x}" for k, x in v.items()))
+def test_inf_and_nan_through_the_post_op_epilogue_match_the_reference(kind, attrs):
+    """Defect 8 (epilogue): post-ops of ±inf, NaN, ±1e30, ±100 and 0 give the
+    reference's values, which follow oneDNN's formulas: ReLU(x) = x > 0 ? x :
+    x * 0 (NaN at -inf), Clamp of NaN is its min, Sigmoid of NaN is 0."""
+    M, N, K_ = 2, 8, 4
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    w = np.zeros((K_, N), np.float32)
+    w[0] = [np.inf, -np.inf, np.nan, 1e30, -1e30, 100.0, -100.0, 0.0]  # y = row 0 of w
+    g.add_op(ga.Op(1, K.MatMul, [lt(4, dt.f32, [M, K_]), lt(0, dt.f32, [K_, N], C)],
+                   [lt(5, dt.f32, [M, N])]))
+    y = lt(5, dt.f32, [M, N])
+    if kind == "swish":
+        g.add_op(ga.Op(2, K.Sigmoid, [y], [lt(6, dt.f32, [M, N])]))
+        g.add_op(ga.Op(3, K.Multiply, [y, lt(6, dt.f32, [M, N])], [lt(8, dt.f32, [M, N])]))
+    else:
+        g.add_op(ga.Op(2, kind, [y], [lt(8, dt.f32, [M, N])], attrs=attrs))
+    feeds = {0: w, 4: np.array([[1, 0, 0, 0], [1, 0, 0, 0]], np.float32)}
+    fused, plans = run(g, feeds)
+    assert plans == ["blas_matmul_epilogue"]
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    verdict = compare(reference[8], fused[8], dt.f32)
+    assert verdict.ok, verdict.message
