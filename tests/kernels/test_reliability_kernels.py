@@ -681,3 +681,31 @@ def test_inf_and_nan_through_the_post_op_epilogue_match_the_reference(kind, attr
     reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
     verdict = compare(reference[8], fused[8], dt.f32)
     assert verdict.ok, verdict.message
+
+
+#: Subtract/Divide fuse only with the running value first (oneDNN's patterns)
+BINARY_POSITIONS = [(k, s) for k in SELF_BINARY for s in (False, True)
+                    if not (s and k in (K.Subtract, K.Divide))]
+
+
+@pytest.mark.parametrize("kind,swap", BINARY_POSITIONS,
+                         ids=lambda v: v.name if hasattr(v, "name") else ["y_first", "y_second"][v])
+def test_inf_nan_and_zero_operands_of_binary_post_ops_match_the_reference(kind, swap):
+    """Defect 8 (epilogue, binary): Divide by a zero operand raised
+    ZeroDivisionError inside the Numba epilogue; Maximum/Minimum dropped a NaN
+    operand.  Running values and operands hold ±inf, NaN, ±0 and 1."""
+    M, N, K_ = 2, 8, 4
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    w = np.zeros((K_, N), np.float32)
+    w[0] = [np.inf, -np.inf, np.nan, 1e30, np.nan, 0.0, -0.0, 1.0]  # y = row 0 of w
+    g.add_op(ga.Op(1, K.MatMul, [lt(4, dt.f32, [M, K_]), lt(0, dt.f32, [K_, N], C)],
+                   [lt(5, dt.f32, [M, N])]))
+    y, other = lt(5, dt.f32, [M, N]), lt(7, dt.f32, [N])
+    g.add_op(ga.Op(2, kind, [other, y] if swap else [y, other], [lt(8, dt.f32, [M, N])]))
+    feeds = {0: w, 4: np.array([[1, 0, 0, 0], [1, 0, 0, 0]], np.float32),
+             7: np.array([np.nan, 1.0, 2.0, -np.inf, np.nan, -0.0, 0.0, 0.0], np.float32)}
+    fused, plans = run(g, feeds)
+    assert plans == ["blas_matmul_epilogue"]
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    verdict = compare(reference[8], fused[8], dt.f32)
+    assert verdict.ok, verdict.message
