@@ -1,9 +1,14 @@
 """Regression tests of the kernel-side reliability defects (issue 8).
 
-One test per defect, named after it.  Each graph runs through the public API
-(fused policy) and is compared with an independent float64 numpy formula, or
-with the unfused reference plan (debug policy) where the point is that the
-fused plan computes what the unfused ops compute.
+Each test is named after its defect: 1 s4 zero points ignored
+(``test_s4_weights_with_zero_points_are_not_ignored``), 4 a post-op reading y
+twice (``test_post_op_reading_the_matmul_output_twice_runs``), 5 zero-size
+dims (``test_zero_size_*``), 8 inf/NaN semantics (``test_inf_*``), 9 the
+stale constant cache (``test_constant_weights_are_not_reused_*``,
+``test_variable_scales_*``).  Each graph runs through the public API (fused
+policy) and is compared with an independent float64 numpy formula, or with
+the unfused reference plan (debug policy) where the point is that the fused
+plan computes what the unfused ops compute.
 """
 import ml_dtypes
 import numpy as np
