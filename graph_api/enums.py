@@ -41,6 +41,12 @@ class LayoutType(enum.IntEnum):
 
 
 class PropertyType(enum.IntEnum):
+    """A logical tensor's property.  ``constant`` promises, as in oneDNN, that the
+    data does not change after the first execute of a compiled partition: fused
+    kernels may cache a prepared copy, keyed on the buffers' identity (address,
+    shape, strides, dtype), so a different buffer is always seen, new values
+    written into the same buffer are not (README, "Constant tensors")."""
+
     undef = 0
     variable = 1
     constant = 2

@@ -149,6 +149,16 @@ def _put(out, m, n, v, okind):
 
 
 @njit(inline="always", cache=True)
+def _fdiv(a, b):
+    """IEEE ``a / b`` in f32 (Numba's default error model raises on a zero divisor)."""
+    if b != 0:
+        return a / b
+    if a != a or a == 0:
+        return np.float32(np.nan)
+    return np.float32(math.copysign(np.inf, a) * math.copysign(1.0, b))
+
+
+@njit(inline="always", cache=True)
 def _ep_one(v, m, n, ops, fpar, ipar, buf):
     for i in range(ops.shape[0]):
         op = ops[i]
@@ -161,30 +171,32 @@ def _ep_one(v, m, n, ops, fpar, ipar, buf):
             elif op == 3:
                 v = v - o
             elif op == 4:
-                v = v / o
-            elif op == 5:
-                v = max(v, o)
+                v = _fdiv(v, o)
+            elif op == 5:  # NaN from either side, as the reference's np.maximum
+                v = v if (v > o or v != v) else o
             elif op == 6:
-                v = min(v, o)
+                v = v if (v < o or v != v) else o
             elif op == 7:
                 v = o - v
             else:
-                v = o / v
-        elif op == 10:
-            v = max(v, np.float32(0.0))
+                v = _fdiv(o, v)
+        elif op == 10:  # oneDNN's relu: x * 0 below 0 (NaN at -inf, as the reference)
+            v = v if v > 0 else v * np.float32(0.0)
         elif op == 11:
             v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * np.float32(0.7071067811865476))))
         elif op == 12:
             v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(
                 np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))))
-        elif op == 13:
-            v = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-v)))
+        elif op == 13:  # oneDNN's logistic: 0 once exp(-x) overflows, and for NaN
+            v = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-v))) \
+                if -v < np.float32(88.72283172607421875) else np.float32(0.0)
         elif op == 14:
             v = v / (np.float32(1.0) + np.float32(math.exp(-fpar[i, 0] * v)))
         elif op == 15:
             v = np.float32(math.tanh(v))
-        elif op == 16:
-            v = min(max(v, fpar[i, 0]), fpar[i, 1])
+        elif op == 16:  # oneDNN's clip: NaN becomes the min
+            v = v if v > fpar[i, 0] else fpar[i, 0]
+            v = v if v < fpar[i, 1] else fpar[i, 1]
         elif op == 17:
             v = fpar[i, 0] * v + fpar[i, 1]
         elif op == 18:

@@ -1,9 +1,14 @@
 """Regression tests of the kernel-side reliability defects (issue 8).
 
-One test per defect, named after it.  Each graph runs through the public API
-(fused policy) and is compared with an independent float64 numpy formula, or
-with the unfused reference plan (debug policy) where the point is that the
-fused plan computes what the unfused ops compute.
+Each test is named after its defect: 1 s4 zero points ignored
+(``test_s4_weights_with_zero_points_are_not_ignored``), 4 a post-op reading y
+twice (``test_post_op_reading_the_matmul_output_twice_runs``), 5 zero-size
+dims (``test_zero_size_*``), 8 inf/NaN semantics (``test_inf_*``), 9 the
+stale constant cache (``test_constant_weights_are_not_reused_*``,
+``test_variable_scales_*``).  Each graph runs through the public API (fused
+policy) and is compared with an independent float64 numpy formula, or with
+the unfused reference plan (debug policy) where the point is that the fused
+plan computes what the unfused ops compute.
 """
 import ml_dtypes
 import numpy as np
@@ -648,3 +653,64 @@ def test_zero_size_dims_in_the_wmatmul_kernel_entry(kind, mnk, trans):
     y = W.wmatmul(np.ones((M, K_), np.float32), w, spec, scales,
                   post_ops=[("add", bias), ("relu", None)])
     np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(bias, 0), (M, N)))
+
+
+EPILOGUE_UNARY = [(K.ReLU, {}), (K.GELU, {}), (K.GELU, {"mode": "gelu_tanh"}), (K.Sigmoid, {}),
+                  (K.Tanh, {}), (K.Clamp, {"min": -1.0, "max": 2.0}), (K.Elu, {"alpha": 0.5}),
+                  (K.LeakyReLU, {"alpha": 0.1}), (K.Abs, {}), (K.Exp, {}), (K.Square, {}),
+                  ("swish", {})]
+
+
+@pytest.mark.parametrize("kind,attrs", EPILOGUE_UNARY,
+                         ids=lambda v: getattr(v, "name", v) if not isinstance(v, dict) else
+                         "-".join(f"{k}{x}" for k, x in v.items()))
+def test_inf_and_nan_through_the_post_op_epilogue_match_the_reference(kind, attrs):
+    """Defect 8 (epilogue): post-ops of ±inf, NaN, ±1e30, ±100 and 0 give the
+    reference's values, which follow oneDNN's formulas: ReLU(x) = x > 0 ? x :
+    x * 0 (NaN at -inf), Clamp of NaN is its min, Sigmoid of NaN is 0."""
+    M, N, K_ = 2, 8, 4
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    w = np.zeros((K_, N), np.float32)
+    w[0] = [np.inf, -np.inf, np.nan, 1e30, -1e30, 100.0, -100.0, 0.0]  # y = row 0 of w
+    g.add_op(ga.Op(1, K.MatMul, [lt(4, dt.f32, [M, K_]), lt(0, dt.f32, [K_, N], C)],
+                   [lt(5, dt.f32, [M, N])]))
+    y = lt(5, dt.f32, [M, N])
+    if kind == "swish":
+        g.add_op(ga.Op(2, K.Sigmoid, [y], [lt(6, dt.f32, [M, N])]))
+        g.add_op(ga.Op(3, K.Multiply, [y, lt(6, dt.f32, [M, N])], [lt(8, dt.f32, [M, N])]))
+    else:
+        g.add_op(ga.Op(2, kind, [y], [lt(8, dt.f32, [M, N])], attrs=attrs))
+    feeds = {0: w, 4: np.array([[1, 0, 0, 0], [1, 0, 0, 0]], np.float32)}
+    fused, plans = run(g, feeds)
+    assert plans == ["blas_matmul_epilogue"]
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    verdict = compare(reference[8], fused[8], dt.f32)
+    assert verdict.ok, verdict.message
+
+
+#: Subtract/Divide fuse only with the running value first (oneDNN's patterns)
+BINARY_POSITIONS = [(k, s) for k in SELF_BINARY for s in (False, True)
+                    if not (s and k in (K.Subtract, K.Divide))]
+
+
+@pytest.mark.parametrize("kind,swap", BINARY_POSITIONS,
+                         ids=lambda v: v.name if hasattr(v, "name") else ["y_first", "y_second"][v])
+def test_inf_nan_and_zero_operands_of_binary_post_ops_match_the_reference(kind, swap):
+    """Defect 8 (epilogue, binary): Divide by a zero operand raised
+    ZeroDivisionError inside the Numba epilogue; Maximum/Minimum dropped a NaN
+    operand.  Running values and operands hold ±inf, NaN, ±0 and 1."""
+    M, N, K_ = 2, 8, 4
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    w = np.zeros((K_, N), np.float32)
+    w[0] = [np.inf, -np.inf, np.nan, 1e30, np.nan, 0.0, -0.0, 1.0]  # y = row 0 of w
+    g.add_op(ga.Op(1, K.MatMul, [lt(4, dt.f32, [M, K_]), lt(0, dt.f32, [K_, N], C)],
+                   [lt(5, dt.f32, [M, N])]))
+    y, other = lt(5, dt.f32, [M, N]), lt(7, dt.f32, [N])
+    g.add_op(ga.Op(2, kind, [other, y] if swap else [y, other], [lt(8, dt.f32, [M, N])]))
+    feeds = {0: w, 4: np.array([[1, 0, 0, 0], [1, 0, 0, 0]], np.float32),
+             7: np.array([np.nan, 1.0, 2.0, -np.inf, np.nan, -0.0, 0.0, 0.0], np.float32)}
+    fused, plans = run(g, feeds)
+    assert plans == ["blas_matmul_epilogue"]
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    verdict = compare(reference[8], fused[8], dt.f32)
+    assert verdict.ok, verdict.message
