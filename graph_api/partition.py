@@ -18,10 +18,8 @@ from .tensor import Tensor
 #: op kinds with no kernel: oneDNN returns them as unsupported partitions
 UNSUPPORTED_KINDS = {OpKind.Wildcard, OpKind.End}
 
-#: element-wise ops whose output may overwrite their first input
-INPLACE_KINDS = frozenset(OpKind[k] for k in (
-    "Abs Clamp Elu Exp GELU HardSigmoid HardSwish LeakyReLU Log Mish Pow Reciprocal ReLU Round "
-    "Sigmoid SoftPlus Sqrt Square Tanh Add Subtract Multiply Divide Maximum Minimum").split())
+#: element-wise ops whose output may overwrite their first input (the post-op table)
+from .postops import INPLACE_KINDS  # noqa: E402
 
 
 class Partition:

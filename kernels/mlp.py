@@ -18,10 +18,10 @@ from kernels.numba_setup import numba  # noqa: F401
 import numpy as np
 from numba import njit, prange
 
+from graph_api.postops import MLP_ACTIVATIONS
 from kernels import wmatmul as WM
 
-ACTS = {"silu": WM.EP_SILU, "swish": WM.EP_SILU, "gelu_erf": WM.EP_GELU_ERF,
-        "gelu_tanh": WM.EP_GELU_TANH, "relu": WM.EP_RELU, "sigmoid": WM.EP_SIGMOID}
+ACTS = MLP_ACTIVATIONS
 
 
 @njit(parallel=True, cache=True)
