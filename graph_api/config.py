@@ -3,7 +3,8 @@
 ``GRAPH_API_VERBOSE=1`` prints one line per partition compile/execute (pattern,
 ops, kernel, fpmath, times), like ONEDNN_VERBOSE.  ``GRAPH_API_CHECK=1`` runs
 every fused partition also through the unfused reference plan and raises on a
-mismatch.  Both can be changed at run time through :data:`settings`.
+mismatch.  ``GRAPH_API_REFERENCE=1`` runs every partition on the reference
+plan (ground truth; never the default).  All can be changed at run time through :data:`settings`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def _flag(name: str) -> bool:
 class Settings:
     verbose: bool = _flag("GRAPH_API_VERBOSE")
     check: bool = _flag("GRAPH_API_CHECK")
+    reference: bool = _flag("GRAPH_API_REFERENCE")
 
 
 settings = Settings()

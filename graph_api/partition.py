@@ -118,7 +118,7 @@ class Partition:
             raise InvalidArguments(f"partition {self.id}: compile needs a cpu Engine, got {engine!r}")
         in_lts = self._match_inputs(inputs)
         key = (tuple(lt.key() for lt in in_lts.values()),
-               tuple(lt.key() for lt in outputs), self.fpmath)
+               tuple(lt.key() for lt in outputs), self.fpmath, settings.reference)
         cached = self._cache.get(key)
         if cached is not None:
             return cached

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from graph_api.config import log
+from graph_api.config import log, settings
+from graph_api.enums import OpKind
 
 from .plan import ComposedPlan, CompileRequest
 
@@ -19,6 +20,12 @@ def _wmatmul(request):
     from .fused import wmatmul_plan
 
     return wmatmul_plan.build(request)
+
+
+def _matmul(request):
+    from .fused import matmul_plan
+
+    return matmul_plan.build(request)
 
 
 def _gated_mlp(request):
@@ -38,11 +45,21 @@ def _sdpa(request):
 #: never pay Numba's import and compile time.
 KERNELS: dict[tuple[str, str, str], Builder] = {
     ("matmul_compressed", "*", "*"): _wmatmul,
-    ("matmul_post_ops", "*", "*"): _wmatmul,
+    ("matmul_post_ops", "*", "*"): _matmul,
+    ("matmul_transpose", "*", "*"): _matmul,
+    ("binary_matmul_binary", "*", "*"): _matmul,
+    ("matmul_dropout", "*", "*"): _matmul,
+    ("matmul_quantized", "*", "*"): _matmul,
     ("gated_mlp", "*", "*"): _gated_mlp,
     ("sdpa", "*", "*"): _sdpa,
     ("sdpa_compressed", "*", "*"): _sdpa,
     ("sdpa_gqa", "*", "*"): _sdpa,
+}
+
+
+#: single-op partitions: op kind -> builder
+SINGLE_OP: dict = {
+    OpKind.MatMul: _matmul,
 }
 
 
@@ -51,20 +68,41 @@ def dtype_key(request: CompileRequest) -> str:
     return ",".join(request.lts[t].dtype.name for t in request.input_ids)
 
 
+def _candidates(request: CompileRequest):
+    if request.pattern is None:
+        if len(request.ops) == 1 and request.ops[0].kind in SINGLE_OP:
+            yield request.ops[0].kind.name, SINGLE_OP[request.ops[0].kind]
+        return
+    dkey = dtype_key(request)
+    mode = request.fpmath.mode.name
+    for key in ((request.pattern, dkey, mode), (request.pattern, dkey, "*"),
+                (request.pattern, "*", mode), (request.pattern, "*", "*")):
+        if key in KERNELS:
+            yield key, KERNELS[key]
+
+
 def select_plan(request: CompileRequest):
-    """The fast plan registered for this request, else the composed reference plan."""
-    if request.pattern is not None:
-        dkey = dtype_key(request)
-        mode = request.fpmath.mode.name
-        for key in ((request.pattern, dkey, mode), (request.pattern, dkey, "*"),
-                    (request.pattern, "*", mode), (request.pattern, "*", "*")):
-            builder = KERNELS.get(key)
-            if builder is None:
-                continue
-            plan = builder(request)
-            if isinstance(plan, str):
-                log(f"refused,{request.pattern},{key},{plan}")
-                continue
-            if plan is not None:
-                return plan
-    return ComposedPlan(request)
+    """The fast plan registered for this request, else the composed reference plan.
+
+    The reference plan is chosen explicitly by ``GRAPH_API_REFERENCE=1``
+    (``settings.reference``); otherwise a partition falls back to it only when
+    no builder is registered or every builder refused, and verbose mode says why.
+    """
+    what = request.pattern or ",".join(op.kind.name for op in request.ops)
+    if settings.reference:
+        log(f"plan,{what},reference,chosen by GRAPH_API_REFERENCE")
+        return ComposedPlan(request)
+    reasons = []
+    for key, builder in _candidates(request):
+        plan = builder(request)
+        if isinstance(plan, str):
+            reasons.append(plan)
+            log(f"refused,{what},{key},{plan}")
+            continue
+        if plan is not None:
+            return plan
+    reason = "; ".join(reasons) or "no fast kernel registered"
+    log(f"fallback,{what},reference,{reason}")
+    plan = ComposedPlan(request)
+    plan.fallback_reason = reason
+    return plan
