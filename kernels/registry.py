@@ -28,6 +28,12 @@ def _matmul(request):
     return matmul_plan.build(request)
 
 
+def _eltwise(request):
+    from .fused import eltwise_plan
+
+    return eltwise_plan.build(request)
+
+
 def _gated_mlp(request):
     from .fused import mlp_plan
 
@@ -50,6 +56,9 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("binary_matmul_binary", "*", "*"): _matmul,
     ("matmul_dropout", "*", "*"): _matmul,
     ("matmul_quantized", "*", "*"): _matmul,
+    **{(name, "*", "*"): _eltwise for name in (
+        "binary_post_ops", "eltwise_post_ops", "softmax_post_ops", "layernorm_post_ops",
+        "reduction_post_ops", "reciprocal_multiply", "typecast_quantize", "reorder_sum", "x8_reorder")},
     ("gated_mlp", "*", "*"): _gated_mlp,
     ("sdpa", "*", "*"): _sdpa,
     ("sdpa_compressed", "*", "*"): _sdpa,
@@ -60,6 +69,13 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
 #: single-op partitions: op kind -> builder
 SINGLE_OP: dict = {
     OpKind.MatMul: _matmul,
+    **{OpKind[k]: _eltwise for k in (
+        "Abs Clamp Elu Exp GELU HardSigmoid HardSwish LeakyReLU Log Mish Pow Reciprocal ReLU Round "
+        "Sigmoid SoftPlus Sqrt Square Tanh Add Subtract Multiply Divide Maximum Minimum "
+        "SquaredDifference Select PReLU BiasAdd GreaterEqual TypeCast Reorder StaticReshape "
+        "StaticTranspose Concat GenIndex Quantize Dequantize DynamicQuantize DynamicDequantize "
+        "SoftMax LogSoftmax LayerNorm RMSNorm ReduceL1 ReduceL2 ReduceMax ReduceMean ReduceMin "
+        "ReduceProd ReduceSum").split()},
 }
 
 
