@@ -22,7 +22,7 @@ from .json_io import load, save
 from .logical_tensor import LogicalTensor
 from .op import Op
 from .partition import CompiledPartition, Partition
-from .runner import run_graph
+from .runner import CompiledGraph, compile_graph, run_graph
 from .tensor import Tensor, make_scalar_tensor
 
 __version__ = "0.1.0"
@@ -33,4 +33,5 @@ __all__ = [
     "InvalidGraphOp", "InvalidShape", "LayoutType", "LogicalTensor", "Op", "OpKind",
     "OutOfMemory", "Partition", "PartitionPolicy", "PropertyType", "Status", "Stream", "Tensor",
     "Unimplemented", "load", "make_scalar_tensor", "run_graph", "save",
+    "CompiledGraph", "compile_graph",
 ]

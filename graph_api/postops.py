@@ -7,9 +7,9 @@ alternatives).  Everything else derives from this table:
 
 * ``patterns.library.common.UNARY`` / ``BINARY`` (pattern alternatives),
 * ``kernels.wmatmul`` epilogue constants and the name -> code maps,
-* ``kernels.mlp.ACTS`` (gated-MLP activations),
 * ``graph_api.partition.INPLACE_KINDS`` (single ops that may run in place),
-* ``kernels.fused.epilogue.chain_program`` (op -> epilogue step).
+* ``kernels.fused.epilogue.chain_program`` (op -> epilogue step; the gated MLP's
+  activation too).
 
 Adding a fusable op is one row here plus its branch in the epilogue
 evaluator (``kernels.wmatmul._ep_one``); ``tests/kernels/test_postops.py``
@@ -145,6 +145,3 @@ def _names() -> tuple[dict[str, int], dict[str, int]]:
 
 #: epilogue step name -> code
 UNARY_CODES, BINARY_CODES = _names()
-#: activations the gated-MLP kernel applies to its gate
-MLP_ACTIVATIONS = {n: UNARY_CODES[n] for n in ("silu", "swish", "gelu_erf", "gelu_tanh", "relu",
-                                                 "sigmoid")}

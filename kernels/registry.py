@@ -34,6 +34,16 @@ def _eltwise(request):
     return eltwise_plan.build(request)
 
 
+def _dynamic_quant(request):
+    from .fused import eltwise_plan, quant_plan
+
+    plan = quant_plan.build(request)
+    if isinstance(plan, str):
+        log(f"refused,{request.ops[0].kind.name},numba_quantize,{plan}")
+        return eltwise_plan.build(request)
+    return plan
+
+
 def _gated_mlp(request):
     from .fused import mlp_plan
 
@@ -73,9 +83,11 @@ SINGLE_OP: dict = {
         "Abs Clamp Elu Exp GELU HardSigmoid HardSwish LeakyReLU Log Mish Pow Reciprocal ReLU Round "
         "Sigmoid SoftPlus Sqrt Square Tanh Add Subtract Multiply Divide Maximum Minimum "
         "SquaredDifference Select PReLU BiasAdd GreaterEqual TypeCast Reorder StaticReshape "
-        "StaticTranspose Concat GenIndex Quantize Dequantize DynamicQuantize DynamicDequantize "
+        "StaticTranspose Concat GenIndex Quantize Dequantize "
         "SoftMax LogSoftmax LayerNorm RMSNorm ReduceL1 ReduceL2 ReduceMax ReduceMean ReduceMin "
         "ReduceProd ReduceSum").split()},
+    OpKind.DynamicQuantize: _dynamic_quant,
+    OpKind.DynamicDequantize: _dynamic_quant,
 }
 
 
