@@ -78,6 +78,14 @@ class MatmulPlan(ChainPlan):
 
     def run(self, arrays, outputs) -> None:
         a, b = self._operand(arrays, 0), self._operand(arrays, 1)
+        if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
+            # a linear layer: one [B*S, K] x [K, N] GEMM, not B stacked ones (numpy
+            # calls sgemm per slice, each a thread-pool wake-up)
+            a = a.reshape(-1, a.shape[-1])
+            if self.direct:
+                np.matmul(a, b, out=outputs[self.dest].numpy().reshape(a.shape[0], -1))
+                return self.finish(outputs[self.dest].buffer, arrays, outputs)
+            return self.store(np.matmul(a, b), arrays, outputs)
         if self.direct and a.ndim > 1 and b.ndim > 1:  # no epilogue: BLAS writes the output
             out = outputs[self.dest]
             np.matmul(a, b, out=out.numpy())
