@@ -203,6 +203,56 @@ class NormPlan(ChainPlan):
         self.store(acc, arrays, outputs)
 
 
+class ChannelNormPlan(ChainPlan):
+    """BatchNormInference (running statistics) and GroupNorm (statistics in f64
+    per sample and group, as the reference), normalization in f32 numpy."""
+
+    kernel = "numpy_f32_channel_norm"
+
+    def __init__(self, request, walk):
+        head = walk.head
+        self.ndim = len(request.lts[head.inputs[0].id].shape)
+        fmt = head.attrs["data_format"]
+        self.axis = 1 if fmt == "NCX" and self.ndim >= 2 else self.ndim - 1
+        self.eps = np.float32(head.attrs["epsilon"])
+        used = {lt.id for op in request.ops for lt in op.inputs} | set(request.output_ids)
+        self.extra = [lt.id for lt in head.outputs[1:] if lt.id in used]
+        super().__init__(request, walk, [lt.id for lt in head.inputs])
+
+    def _along(self, v):
+        shape = [1] * self.ndim
+        shape[self.axis] = -1
+        return _f32(v).reshape(shape)
+
+    def head(self, arrays):
+        head, lts = self.walk.head, self.request.lts
+        x = _f32(arrays[head.inputs[0].id])
+        ins = [arrays[lt.id] for lt in head.inputs]
+        with np.errstate(all="ignore"):
+            if head.kind == K.BatchNormInference:
+                gamma, beta, mean, var = (self._along(v) for v in ins[1:5])
+                return (x - mean) / np.sqrt(var + self.eps) * gamma + beta
+            xc = np.moveaxis(x, self.axis, 1)
+            n, groups = xc.shape[0], int(head.attrs["groups"])
+            xg = xc.reshape(n, groups, -1).astype(np.float64)
+            mean = xg.mean(axis=2, keepdims=True)
+            var = np.square(xg - mean).mean(axis=2, keepdims=True)
+            y = ((xg - mean) / np.sqrt(var + float(self.eps))).astype(np.float32).reshape(xc.shape)
+            y = np.moveaxis(y, 1, self.axis)
+            if head.attrs["use_affine"] and len(ins) >= 3:
+                y = y * self._along(ins[1]) + self._along(ins[2])
+        for tid, v in zip(self.extra, (mean[..., 0], var[..., 0])):
+            arrays[tid] = dtypes.convert(v.reshape(lts[tid].shape), lts[tid].dtype)
+        return y
+
+    def run(self, arrays, outputs) -> None:
+        acc = self.head(arrays)
+        for tid in self.extra:
+            if tid in outputs:
+                outputs[tid].write(arrays[tid])
+        self.store(acc, arrays, outputs)
+
+
 class DirectPlan:
     """A single data-movement / quantization op whose formula is f32 numpy:
     the formula, its result written into the output tensor."""
@@ -331,6 +381,11 @@ def build(request: CompileRequest):
         if any(dtypes.info(lts[lt.id].dtype).kind != "float" for lt in head.inputs):
             return "non-float norm input"
         plan = _norm_plan(request, head)
+        return plan.reason() or plan
+    if head.kind in (K.BatchNormInference, K.GroupNorm):
+        if any(dtypes.info(lts[lt.id].dtype).kind != "float" for lt in head.inputs):
+            return "non-float norm input"
+        plan = ChannelNormPlan(request, Walk(request, head).run())
         return plan.reason() or plan
     if head.kind in REDUCES:
         plan = ReducePlan(request, Walk(request, head).run())
