@@ -130,6 +130,15 @@ def select_plan(request: CompileRequest):
         if plan is not None:
             return plan
     reason = "; ".join(reasons) or "no fast kernel registered"
+    if len(request.ops) > 1:  # not fused, but every op on its single-op fast plan
+        from .fused import per_op
+
+        plan = per_op.build(request, SINGLE_OP.get)
+        if not isinstance(plan, str):
+            log(f"unfused,{what},{plan.name},{reason}")
+            plan.fallback_reason = reason
+            return plan
+        reason += f"; {plan}"
     log(f"fallback,{what},reference,{reason}")
     plan = ComposedPlan(request)
     plan.fallback_reason = reason
