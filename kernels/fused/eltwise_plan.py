@@ -286,18 +286,16 @@ def _norm_plan(request, head):
     lts = request.lts
     ndim = len(lts[head.inputs[0].id].shape)
     begin = _norm_begin(head, ndim)
-    if begin is None:  # SoftMax over an inner axis: move it last?  numpy does it in f32 directly
-        return _axis_softmax(request, head)
+    if begin is None:  # SoftMax over an inner axis: f32 numpy along that axis
+        return FormulaF32Softmax(request, Walk(request, head).run())
     walk = Walk(request, head).run(layout=False)
-    fused = head.kind != K.LogSoftmax and head.attrs.get("mode", "none") == "none"
+    # the row kernel's epilogue indexes operands by (row, column) of [R, C]: only
+    # when C is the last axis do they mean the same as the [.., N] chain operands
+    fused = head.kind != K.LogSoftmax and head.attrs.get("mode", "none") == "none" and begin == ndim - 1
     plan = NormPlan(request, walk, begin, fused)
     if fused and (not plan.dest_dense):
         plan = NormPlan(request, Walk(request, head).run(layout=False), begin, False)
     return plan
-
-
-def _axis_softmax(request, head):
-    return FormulaF32Softmax(request, Walk(request, head).run())
 
 
 class FormulaF32Softmax(ChainPlan):

@@ -36,6 +36,22 @@ SINGLE_OP_REFERENCE = {
     ga.OpKind.Wildcard: "no kernel (unsupported, as in oneDNN)",
 }
 
+def _layernorm_two_axes():
+    """LayerNorm over the last two axes then Add of a [W] operand (row kernel not usable)."""
+    g = graphs.G()
+    x = g.input((3, 4, 8))
+    y = g.op(ga.OpKind.LayerNorm, x, g.input((4, 8)), g.input((4, 8)), outputs=1,
+             attrs={"begin_norm_axis": -2, "keep_stats": False})
+    g.op(ga.OpKind.Add, y, g.input((8,)))
+    return g.done()
+
+
+def _softmax_axis1_stats():
+    g = graphs.G()
+    g.op(ga.OpKind.SoftMax, g.input((2, 5, 3)), attrs={"axis": 1})
+    return g.done()
+
+
 #: canonical graphs: (id, factory)
 CANONICAL = [
     ("matmul_relu", lambda: graphs.matmul_chain()),
@@ -69,6 +85,8 @@ CANONICAL = [
     ("small_x8_reorder", lambda: graphs.small("x8_reorder", post=(), dtype=dt.s8, tail=("quantize",))),
     ("small_typecast_quantize", lambda: graphs.small("typecast", post=(), dtype=dt.bf16, tail=("quantize",))),
     ("small_reorder_add", lambda: graphs.small("reorder", post=("add",))),
+    ("layernorm_two_axes_add", _layernorm_two_axes),
+    ("softmax_axis1", _softmax_axis1_stats),
 ]
 
 #: (canonical graph id, partition kind) without a fused kernel, and why: they run
