@@ -193,11 +193,19 @@ class ChainPlan:
         return np.empty(int(np.prod(dlt.shape)), dtypes.numpy_dtype(dlt.dtype))
 
     def epilogue(self, arrays, R=None, N=None):
+        """The epilogue program; built once when no step reads an operand tensor."""
         from kernels import wmatmul as wm
 
         R = self.R if R is None else R
         N = self.N if N is None else N
-        return wm.make_epilogue(bind(self.steps, lambda tid: arrays[tid], self.shape, R, N), R, N)
+        key = (R, N)
+        cached = self.__dict__.get("_ep_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        ep = wm.make_epilogue(bind(self.steps, lambda tid: arrays[tid], self.shape, R, N), R, N)
+        if not any(isinstance(arg, int) for _, arg in self.steps):
+            self._ep_cache = (key, ep)
+        return ep
 
     def store(self, acc, arrays, outputs) -> None:
         """Epilogue + convert + strided store of the f32 head result ``acc``."""
