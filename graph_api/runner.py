@@ -142,7 +142,7 @@ def compile_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=
         graph.finalize()
     parts = graph.get_partitions(policy) if partitions is None else list(partitions)
     lts = {tid: _input_lt(graph.tensors[tid], feeds[tid]) for tid in graph.input_ids if tid in feeds}
-    key = (policy, tuple(id(p) for p in parts), _feed_key(lts), settings.reference)
+    key = (policy, tuple((id(p), str(p.fpmath)) for p in parts), _feed_key(lts), settings.reference)
     cache = graph.__dict__.setdefault("_compiled_graphs", {})
     compiled = cache.get(key)
     if compiled is None:

@@ -7,14 +7,12 @@ as if it were a single-op partition (BLAS MatMul, Numba element-wise and
 norm kernels, f32 numpy formulas) and runs them in topological order.
 Intermediates are allocated once at compile time; partition outputs are
 written by the op that produces them.  Ops without a single-op fast plan
-(and MatMuls whose input is dequantized from integers under an fpmath mode
-that rounds, whose rounding depends on the producer) run as reference steps,
-named in the plan's name.  Numbers are exactly those of the single-op plans,
-i.e. those of the unfused graph on the fast plans.
+run as reference steps, named in the plan's name.  A MatMul whose input is dequantized from integers
+inside the partition is told so (its fpmath rounding follows ``apply_to_int``
+as in the fused reference).
 """
 from __future__ import annotations
 
-from graph_api.enums import OpKind as K
 from graph_api.tensor import Tensor
 from kernels.plan import ComposedPlan, CompileRequest, dequantized_inputs
 
@@ -63,11 +61,11 @@ def build(request: CompileRequest, single_op_builder):
     plans = []
     for op in request.ops:
         plan = None
-        rounds_int = op.kind == K.MatMul and int_inputs.get(op.id) and request.fpmath.rounding is not None
         builder = single_op_builder(op.kind)
-        if builder is not None and not rounds_int:
+        if builder is not None:
+            told = {"int_inputs": int_inputs[op.id]} if int_inputs.get(op.id) else {}
             sub = CompileRequest(None, [op], request.lts, [lt.id for lt in op.inputs],
-                                 [lt.id for lt in op.outputs], request.fpmath, {})
+                                 [lt.id for lt in op.outputs], request.fpmath, told)
             plan = builder(sub)
             if isinstance(plan, str):
                 plan = None
