@@ -140,9 +140,12 @@ def compile_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=
 
     if not graph.is_finalized():
         graph.finalize()
-    parts = graph.get_partitions(policy) if partitions is None else list(partitions)
     lts = {tid: _input_lt(graph.tensors[tid], feeds[tid]) for tid in graph.input_ids if tid in feeds}
-    key = (policy, tuple((id(p), str(p.fpmath)) for p in parts), _feed_key(lts), settings.reference)
+    # partitions are keyed by what they are (get_partitions makes new objects each call)
+    parts = None if partitions is None else list(partitions)
+    which = None if parts is None else tuple(
+        (p.id, tuple(sorted(p.get_ops())), p.pattern_name, str(p.fpmath)) for p in parts)
+    key = (str(policy), which, _feed_key(lts), settings.reference)
     cache = graph.__dict__.setdefault("_compiled_graphs", {})
     compiled = cache.get(key)
     if compiled is None:
