@@ -85,7 +85,7 @@ SINGLE_OP: dict = {
         "SquaredDifference Select PReLU BiasAdd GreaterEqual TypeCast Reorder StaticReshape "
         "StaticTranspose Concat GenIndex Quantize Dequantize "
         "SoftMax LogSoftmax LayerNorm RMSNorm ReduceL1 ReduceL2 ReduceMax ReduceMean ReduceMin "
-        "ReduceProd ReduceSum BatchNormInference GroupNorm").split()},
+        "ReduceProd ReduceSum BatchNormInference GroupNorm Dropout").split()},
     OpKind.DynamicQuantize: _dynamic_quant,
     OpKind.DynamicDequantize: _dynamic_quant,
 }

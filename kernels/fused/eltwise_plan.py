@@ -15,7 +15,9 @@ Serves single ops and the small post-op patterns (``eltwise_post_ops``,
 * reductions: numpy in f32 (pairwise sums), then the chain (``numpy_f32_reduce``);
 * ops whose ground-truth formula already is vectorised f32 numpy (binary ops
   with two-sided broadcasting, Select, PReLU, quantization, Concat, GenIndex,
-  reshapes, transposes): that formula, then the chain (``numpy_f32``).
+  reshapes, transposes, Dropout's counter-based generator): that formula,
+  then the chain (``numpy_f32``; ``numpy_direct`` for a single op whose
+  output is not a float or that has several outputs).
 
 Every float computation is f32 (statistics of norms in f64 as the reference
 and oneDNN do); the reference evaluates the unary formulas in f64 and rounds
@@ -44,7 +46,7 @@ REDUCES = {K.ReduceL1: lambda x, a: np.abs(x).sum(axis=a, keepdims=True),
 F32_FORMULA = {K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum, K.SquaredDifference,
                K.Select, K.PReLU, K.BiasAdd, K.GreaterEqual, K.TypeCast, K.Reorder, K.StaticReshape,
                K.StaticTranspose, K.Concat, K.GenIndex, K.Quantize, K.Dequantize,
-               K.DynamicQuantize, K.DynamicDequantize}
+               K.DynamicQuantize, K.DynamicDequantize, K.Dropout}
 _ELTWISE_HEADS = set(POST_OPS) | {K.TypeCast, K.Reorder, K.BiasAdd}
 
 
@@ -389,7 +391,7 @@ def build(request: CompileRequest):
         plan = ReducePlan(request, Walk(request, head).run())
         return plan.reason() or plan
     if head.kind in F32_FORMULA:
-        if out_type in OKIND and dtypes.info(out_type).kind == "float":
+        if out_type in OKIND and dtypes.info(out_type).kind == "float" and len(head.outputs) == 1:
             plan = FormulaPlan(request, Walk(request, head).run())
             if plan.reason() is None:
                 return plan

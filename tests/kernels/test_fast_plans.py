@@ -31,7 +31,6 @@ SINGLE_OP_REFERENCE = {
     ga.OpKind.MaxPool: "pooling: no fast kernel in this branch",
     ga.OpKind.Interpolate: "Interpolate: no fast kernel in this branch",
     ga.OpKind.BatchNormForwardTraining: "training statistics outputs: no fast kernel yet",
-    ga.OpKind.Dropout: "no fast kernel yet",
     ga.OpKind.End: "no kernel (unsupported, as in oneDNN)",
     ga.OpKind.Wildcard: "no kernel (unsupported, as in oneDNN)",
 }
