@@ -23,7 +23,7 @@ from .json_io import load, save
 from .logical_tensor import LogicalTensor
 from .op import Op
 from .partition import CompiledPartition, Partition
-from .runner import run_graph
+from .runner import CompiledGraph, compile_graph, run_graph
 from .tensor import Tensor, make_scalar_tensor
 from .builder import CompiledModel, GraphBuilder
 
@@ -36,4 +36,5 @@ __all__ = [
     "OutOfMemory", "Partition", "PartitionPolicy", "PropertyType", "Status", "Stream", "Tensor",
     "Unimplemented", "load", "make_scalar_tensor", "run_graph", "save",
     "get_memory_budget", "set_memory_budget",
+    "CompiledGraph", "compile_graph",
 ]

@@ -3,7 +3,9 @@
 ``GRAPH_API_VERBOSE=1`` prints one line per partition compile/execute (pattern,
 ops, kernel, fpmath, times), like ONEDNN_VERBOSE.  ``GRAPH_API_CHECK=1`` runs
 every fused partition also through the unfused reference plan and raises on a
-mismatch.  Both can be changed at run time through :data:`settings`.
+mismatch.  ``GRAPH_API_REFERENCE=1`` runs every partition on the reference
+plan (ground truth; never the default).  All can be changed at run time through
+:data:`settings`.
 
 ``GRAPH_API_MEMORY_BUDGET`` caps the bytes a partition (at compile) or a whole
 graph (``run_graph``, the command line) may need for its tensors; see
@@ -48,6 +50,8 @@ class Settings:
     memory_budget_bytes: int | None = None
     #: inline every Composite op's decomposition, never its fast kernel (graph_api.composite)
     composite_reference: bool = _flag("GRAPH_API_COMPOSITE_REFERENCE")
+    #: run every partition on the reference plan (GRAPH_API_REFERENCE)
+    reference: bool = _flag("GRAPH_API_REFERENCE")
 
 
 settings = Settings()

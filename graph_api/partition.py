@@ -20,10 +20,8 @@ from .tensor import Tensor, self_overlapping
 #: op kinds with no kernel: oneDNN returns them as unsupported partitions
 UNSUPPORTED_KINDS = {OpKind.Wildcard, OpKind.End}
 
-#: element-wise ops whose output may overwrite their first input
-INPLACE_KINDS = frozenset(OpKind[k] for k in (
-    "Abs Clamp Elu Exp GELU HardSigmoid HardSwish LeakyReLU Log Mish Pow Reciprocal ReLU Round "
-    "Sigmoid SoftPlus Sqrt Square Tanh Add Subtract Multiply Divide Maximum Minimum").split())
+#: element-wise ops whose output may overwrite their first input (the post-op table)
+from .postops import INPLACE_KINDS  # noqa: E402
 
 
 class Partition:
@@ -127,7 +125,7 @@ class Partition:
         in_lts = self._match_inputs(inputs)
         in_lts.update({t: self.graph.tensors[t] for t in self.bound_ids})
         key = (tuple(lt.key() for lt in in_lts.values()),
-               tuple(lt.key() for lt in outputs), self.fpmath)
+               tuple(lt.key() for lt in outputs), self.fpmath, settings.reference)
         cached = self._cache.get(key)
         if cached is not None:
             return cached

@@ -71,51 +71,137 @@ def _tensor(lt: LogicalTensor, value, engine) -> Tensor:
     return tensor
 
 
+class CompiledGraph:
+    """Every partition of a graph compiled for the shapes of one set of feeds.
+
+    Built once (compile per partition, in order, each input's concrete logical
+    tensor taken from the feed or from the producing partition's compiled
+    output); every partition output is allocated once and the same ``Tensor``
+    is handed to the consuming partitions, so nothing is copied between
+    partitions.  Constant inputs fed as the same arrays stay prepared inside
+    the kernels (weights converted/repacked once, keyed by buffer address).
+
+    Calling it returns the graph's outputs as arrays that are *reused* by the
+    next call (copy what you keep).
+    """
+
+    def __init__(self, graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None):
+        if not graph.is_finalized():
+            graph.finalize()
+        self.graph = graph
+        self.partitions = graph.get_partitions(policy) if partitions is None else list(partitions)
+        self.engine = Engine()
+        self.stream = Stream(self.engine)
+        self.input_lts: dict[int, LogicalTensor] = {}
+        for tid in graph.input_ids:
+            if tid not in feeds:
+                raise InvalidArguments(
+                    f"run_graph: no value for graph input tensor {tid} ({graph.tensors[tid]!r})")
+            self.input_lts[tid] = _input_lt(graph.tensors[tid], feeds[tid])
+        # the whole graph's memory need against the budget, before anything compiles
+        check_graph(graph, self.partitions, {tid: _shape_of(graph.tensors[tid], feeds[tid]) for tid in graph.input_ids})
+        produced: dict[int, Tensor] = {}
+        self.steps = []
+        self.compile_ms = []
+        for part in self.partitions:
+            if not part.is_supported():
+                raise Unimplemented(
+                    f"run_graph: partition {part.id} is not supported: {part.unsupported_reason()}")
+            in_lts = [produced[t].lt if t in produced else self.input_lts[t] for t in part.input_ids]
+            start = time.perf_counter()
+            # part.graph: the graph the partition was cut from (with Composite ops inlined)
+            compiled = part.compile(in_lts, [part.graph.tensors[t] for t in part.output_ids], self.engine)
+            self.compile_ms.append((time.perf_counter() - start) * 1e3)
+            outs = [Tensor(compiled.query_logical_tensor(t), self.engine) for t in part.output_ids]
+            for t in outs:
+                produced[t.lt.id] = t
+            self.steps.append((part, compiled, list(part.input_ids), outs))
+        self.produced = produced
+        self.feed_key = _feed_key(self.input_lts)
+
+    def _input_tensors(self, feeds) -> dict[int, Tensor]:
+        tensors = {}
+        for tid, lt in self.input_lts.items():
+            if tid not in feeds:
+                raise InvalidArguments(f"run_graph: no value for graph input tensor {tid}")
+            tensors[tid] = _tensor(lt, feeds[tid], self.engine)
+        return tensors
+
+    def run(self, feeds: dict, repeat: int = 1) -> list[float]:
+        """Execute every partition; returns the best execute time of each (ms)."""
+        tensors = self._input_tensors(feeds)
+        tensors.update(self.produced)
+        times = []
+        for part, compiled, in_ids, outs in self.steps:
+            ins = [tensors[t] for t in in_ids]
+            best = float("inf")
+            for _ in range(max(1, repeat)):
+                start = time.perf_counter()
+                compiled.execute(self.stream, ins, outs)
+                best = min(best, (time.perf_counter() - start) * 1e3)
+            times.append(best)
+        return times
+
+    def __call__(self, feeds: dict) -> dict[int, np.ndarray]:
+        self.run(feeds)
+        return {tid: self.produced[tid].numpy() for tid in self.graph.output_ids if tid in self.produced}
+
+
+def _feed_key(input_lts) -> tuple:
+    return tuple((tid, lt.key()) for tid, lt in sorted(input_lts.items()))
+
+
+def compile_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None) -> CompiledGraph:
+    """A :class:`CompiledGraph`, reused for the same graph, policy, partitions and
+    feed shapes/dtypes (and the same verbose/check/reference switches)."""
+    from .config import settings
+
+    if not graph.is_finalized():
+        graph.finalize()
+    lts = {tid: _input_lt(graph.tensors[tid], feeds[tid]) for tid in graph.input_ids if tid in feeds}
+    # partitions are keyed by what they are (get_partitions makes new objects each call)
+    parts = None if partitions is None else list(partitions)
+    which = None if parts is None else tuple(
+        (p.id, tuple(sorted(p.get_ops())), p.pattern_name, str(p.fpmath)) for p in parts)
+    key = (str(policy), which, _feed_key(lts), settings.reference)
+    cache = graph.__dict__.setdefault("_compiled_graphs", {})
+    compiled = cache.get(key)
+    if compiled is None:
+        if len(cache) > 8:
+            cache.clear()
+        compiled = cache[key] = CompiledGraph(graph, feeds, policy, parts)
+    return compiled
+
+
 def run_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None,
               repeat: int = 1) -> GraphRun:
     """Execute every partition of ``graph`` on ``feeds`` (tensor id -> array or Tensor).
 
     Feeding ``Tensor`` objects avoids re-packing int4 data on every call and
     lets constant-weight kernels reuse what they prepared for that memory.
+    The compiled partitions and their preallocated outputs are kept with the
+    graph (:func:`compile_graph`) and reused by the next call with the same
+    shapes.
 
     Raises:
         OutOfMemory: the graph needs more than the memory budget
             (:mod:`graph_api.memory`), before any partition compiles.
 
     Returns every tensor that crosses a partition boundary or leaves the graph,
-    as logical numpy arrays keyed by id, plus per-partition timings.
+    as logical numpy arrays keyed by id (copies), plus per-partition timings.
     """
-    if not graph.is_finalized():
-        graph.finalize()
-    if partitions is None:
-        partitions = graph.get_partitions(policy)
-    engine, stream = Engine(), None
-    stream = Stream(engine)
-    values: dict[int, np.ndarray] = {}
-    for tid in graph.input_ids:
+    for tid in graph.input_ids if graph.is_finalized() else ():
         if tid not in feeds:
             raise InvalidArguments(f"run_graph: no value for graph input tensor {tid} ({graph.tensors[tid]!r})")
+    compiled = compile_graph(graph, feeds, policy, partitions)
+    times = compiled.run(feeds, repeat)
+    values: dict[int, np.ndarray] = {}
+    for tid in graph.input_ids:
         value = feeds[tid]
         values[tid] = value if isinstance(value, Tensor) else np.asarray(value)
-    check_graph(graph, partitions, {tid: _shape_of(graph.tensors[tid], v) for tid, v in values.items()})
     runs = []
-    for part in partitions:
-        if not part.is_supported():
-            raise Unimplemented(f"run_graph: partition {part.id} is not supported: {part.unsupported_reason()}")
-        # part.graph: the graph the partition was cut from (with Composite ops inlined)
-        in_lts = [_input_lt(part.graph.tensors[t], values[t]) for t in part.input_ids]
-        out_lts = [part.graph.tensors[t] for t in part.output_ids]
-        start = time.perf_counter()
-        compiled = part.compile(in_lts, out_lts, engine)
-        compile_ms = (time.perf_counter() - start) * 1e3
-        ins = [_tensor(lt, values[lt.id], engine) for lt in in_lts]
-        outs = [Tensor(compiled.query_logical_tensor(t), engine) for t in part.output_ids]
-        best = float("inf")
-        for _ in range(max(1, repeat)):
-            start = time.perf_counter()
-            compiled.execute(stream, ins, outs)
-            best = min(best, (time.perf_counter() - start) * 1e3)
+    for (part, comp, _, outs), ms, cms in zip(compiled.steps, times, compiled.compile_ms):
         for t in outs:
             values[t.lt.id] = t.numpy().copy() if not t.packed else t.numpy()
-        runs.append(PartitionRun(part, compiled, compile_ms, best))
+        runs.append(PartitionRun(part, comp, cms, ms))
     return GraphRun(values, runs)

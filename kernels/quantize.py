@@ -4,7 +4,7 @@ Formulas (groups of ``G`` consecutive elements along the last axis; oneDNN's
 ``group_shape [1, .., 1, G]``; per-tensor/per-channel are G = C or a scale
 broadcast by the caller)::
 
-    quantize:    q = saturate(round_half_even(x / s) + z)
+    quantize:    q = saturate(round_half_even(x / s + z))
     dequantize:  x = (q - z) * s                      (f32, exact)
 
 Scales and zero points arrive at run time (oneDNN's Dynamic* ops take them as
@@ -37,9 +37,10 @@ def _quant(x, kind, R, C, G, sc, zp, has_zp, lo, hi, bits4, out):
                     break  # odd row length: handled by _quant_odd_fix
                 i = r * C + c
                 gi = r * ng + c // G
-                q = np.rint(load_f32(x, kind, i) / sc[gi])
-                if has_zp:
+                q = load_f32(x, kind, i) / sc[gi]
+                if has_zp:  # the zero point is added before rounding (oneDNN, the reference)
                     q += zp[gi]
+                q = np.rint(q)
                 q = min(max(q, np.float32(lo)), np.float32(hi))
                 if e == 0:
                     v0 = np.int32(q)
@@ -64,9 +65,10 @@ def _quant_odd_fix(x, kind, R, C, G, sc, zp, has_zp, lo, hi, out):
         if C % 2 == 0:
             return
         gi = r * ng + c // G
-        q = np.rint(load_f32(x, kind, i) / sc[gi])
+        q = load_f32(x, kind, i) / sc[gi]
         if has_zp:
             q += zp[gi]
+        q = np.rint(q)
         q = np.int32(min(max(q, np.float32(lo)), np.float32(hi))) & 15
         b = out[i >> 1]
         if i & 1:

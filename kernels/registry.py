@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from graph_api.config import log
+from graph_api.config import log, settings
+from graph_api.enums import OpKind
 
 from .plan import ComposedPlan, CompileRequest
 
@@ -19,6 +20,28 @@ def _wmatmul(request):
     from .fused import wmatmul_plan
 
     return wmatmul_plan.build(request)
+
+
+def _matmul(request):
+    from .fused import matmul_plan
+
+    return matmul_plan.build(request)
+
+
+def _eltwise(request):
+    from .fused import eltwise_plan
+
+    return eltwise_plan.build(request)
+
+
+def _dynamic_quant(request):
+    from .fused import eltwise_plan, quant_plan
+
+    plan = quant_plan.build(request)
+    if isinstance(plan, str):
+        log(f"refused,{request.ops[0].kind.name},numba_quantize,{plan}")
+        return eltwise_plan.build(request)
+    return plan
 
 
 def _gated_mlp(request):
@@ -72,7 +95,14 @@ def _shuffle(request):
 #: never pay Numba's import and compile time.
 KERNELS: dict[tuple[str, str, str], Builder] = {
     ("matmul_compressed", "*", "*"): _wmatmul,
-    ("matmul_post_ops", "*", "*"): _wmatmul,
+    ("matmul_post_ops", "*", "*"): _matmul,
+    ("matmul_transpose", "*", "*"): _matmul,
+    ("binary_matmul_binary", "*", "*"): _matmul,
+    ("matmul_dropout", "*", "*"): _matmul,
+    ("matmul_quantized", "*", "*"): _matmul,
+    **{(name, "*", "*"): _eltwise for name in (
+        "binary_post_ops", "eltwise_post_ops", "softmax_post_ops", "layernorm_post_ops",
+        "reduction_post_ops", "reciprocal_multiply", "typecast_quantize", "reorder_sum", "x8_reorder")},
     ("gated_mlp", "*", "*"): _gated_mlp,
     ("sdpa", "*", "*"): _sdpa,
     ("sdpa_compressed", "*", "*"): _sdpa,
@@ -91,6 +121,21 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("interpolate_post_ops", "*", "*"): _blocked,
     ("concat_quantized", "*", "*"): _blocked,
     ("shuffle", "*", "*"): _shuffle,
+}
+
+
+#: single-op partitions: op kind -> builder
+SINGLE_OP: dict = {
+    OpKind.MatMul: _matmul,
+    **{OpKind[k]: _eltwise for k in (
+        "Abs Clamp Elu Exp GELU HardSigmoid HardSwish LeakyReLU Log Mish Pow Reciprocal ReLU Round "
+        "Sigmoid SoftPlus Sqrt Square Tanh Add Subtract Multiply Divide Maximum Minimum "
+        "SquaredDifference Select PReLU BiasAdd GreaterEqual TypeCast Reorder StaticReshape "
+        "StaticTranspose Concat GenIndex Quantize Dequantize "
+        "SoftMax LogSoftmax LayerNorm RMSNorm ReduceL1 ReduceL2 ReduceMax ReduceMean ReduceMin "
+        "ReduceProd ReduceSum BatchNormInference GroupNorm Dropout").split()},
+    OpKind.DynamicQuantize: _dynamic_quant,
+    OpKind.DynamicDequantize: _dynamic_quant,
 }
 
 
@@ -116,23 +161,54 @@ def _dot_extensions(request):
     return plan
 
 
+def _candidates(request: CompileRequest):
+    if request.pattern is None:
+        if len(request.ops) == 1 and request.ops[0].kind in SINGLE_OP:
+            yield request.ops[0].kind.name, SINGLE_OP[request.ops[0].kind]
+        return
+    dkey = dtype_key(request)
+    mode = request.fpmath.mode.name
+    for key in ((request.pattern, dkey, mode), (request.pattern, dkey, "*"),
+                (request.pattern, "*", mode), (request.pattern, "*", "*")):
+        if key in KERNELS:
+            yield key, KERNELS[key]
+
+
 def select_plan(request: CompileRequest):
-    """The fast plan registered for this request, else the composed reference plan."""
-    dot = _dot_extensions(request)
+    """The fast plan registered for this request, else the composed reference plan.
+
+    The reference plan is chosen explicitly by ``GRAPH_API_REFERENCE=1``
+    (``settings.reference``); otherwise a partition falls back to it only when
+    no builder is registered or every builder refused (or a MatMul algorithm /
+    indexing map the dot plan refuses), and verbose mode says why.
+    """
+    what = request.pattern or ",".join(op.kind.name for op in request.ops)
+    if settings.reference:
+        log(f"plan,{what},reference,chosen by GRAPH_API_REFERENCE")
+        return ComposedPlan(request)
+    dot = _dot_extensions(request)  # MatMul algorithms / indexing maps: the dot plan or the reference
     if dot is not None:
         return dot
-    if request.pattern is not None:
-        dkey = dtype_key(request)
-        mode = request.fpmath.mode.name
-        for key in ((request.pattern, dkey, mode), (request.pattern, dkey, "*"),
-                    (request.pattern, "*", mode), (request.pattern, "*", "*")):
-            builder = KERNELS.get(key)
-            if builder is None:
-                continue
-            plan = builder(request)
-            if isinstance(plan, str):
-                log(f"refused,{request.pattern},{key},{plan}")
-                continue
-            if plan is not None:
-                return plan
-    return ComposedPlan(request)
+    reasons = []
+    for key, builder in _candidates(request):
+        plan = builder(request)
+        if isinstance(plan, str):
+            reasons.append(plan)
+            log(f"refused,{what},{key},{plan}")
+            continue
+        if plan is not None:
+            return plan
+    reason = "; ".join(reasons) or "no fast kernel registered"
+    if len(request.ops) > 1:  # not fused, but every op on its single-op fast plan
+        from .fused import per_op
+
+        plan = per_op.build(request, SINGLE_OP.get)
+        if not isinstance(plan, str):
+            log(f"unfused,{what},{plan.name},{reason}")
+            plan.fallback_reason = reason
+            return plan
+        reason += f"; {plan}"
+    log(f"fallback,{what},reference,{reason}")
+    plan = ComposedPlan(request)
+    plan.fallback_reason = reason
+    return plan

@@ -55,7 +55,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch,
+from kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
                           round_code, i8_to_f32, load_row_f32)
 
 CB = 64  #: bytes per block row (128 int4 columns)
@@ -67,15 +67,15 @@ _PF_ROWS = 32  #: software prefetch distance in block rows (32 * 64 B = 2 KiB)
 S4, U4, S8, U8 = "s4", "u4", "s8", "u8"
 
 # --------------------------------------------------------------- epilogue ops
-EP_ADD, EP_MUL, EP_SUB, EP_DIV, EP_MAX, EP_MIN, EP_RSUB, EP_RDIV = 1, 2, 3, 4, 5, 6, 7, 8
-EP_RELU, EP_GELU_ERF, EP_GELU_TANH, EP_SIGMOID, EP_SILU, EP_TANH, EP_CLAMP = 10, 11, 12, 13, 14, 15, 16
-EP_LINEAR, EP_ELU, EP_ABS, EP_EXP, EP_SQUARE, EP_LEAKY_RELU = 17, 18, 19, 20, 21, 22
-UNARY_OPS = {"relu": EP_RELU, "gelu_erf": EP_GELU_ERF, "gelu_tanh": EP_GELU_TANH,
-             "sigmoid": EP_SIGMOID, "silu": EP_SILU, "swish": EP_SILU, "tanh": EP_TANH,
-             "clamp": EP_CLAMP, "linear": EP_LINEAR, "elu": EP_ELU, "abs": EP_ABS,
-             "exp": EP_EXP, "square": EP_SQUARE, "leaky_relu": EP_LEAKY_RELU}
-BINARY_OPS = {"add": EP_ADD, "bias": EP_ADD, "mul": EP_MUL, "sub": EP_SUB, "div": EP_DIV,
-              "max": EP_MAX, "min": EP_MIN, "rsub": EP_RSUB, "rdiv": EP_RDIV}
+# codes and names come from the one post-op table (graph_api.postops)
+from graph_api.postops import (ABS as EP_ABS, ADD as EP_ADD, BINARY_CODES as BINARY_OPS,  # noqa: E402
+                               CLAMP as EP_CLAMP, DIV as EP_DIV, ELU as EP_ELU, EXP as EP_EXP,
+                               GELU_ERF as EP_GELU_ERF, GELU_TANH as EP_GELU_TANH,
+                               LEAKY_RELU as EP_LEAKY_RELU, LINEAR as EP_LINEAR, MAX as EP_MAX,
+                               MIN as EP_MIN, MUL as EP_MUL, RDIV as EP_RDIV, RELU as EP_RELU,
+                               RSUB as EP_RSUB, SIGMOID as EP_SIGMOID, SILU as EP_SILU,
+                               SQUARE as EP_SQUARE, SUB as EP_SUB, TANH as EP_TANH,
+                               UNARY_CODES as UNARY_OPS)
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
 #: operand of a binary post-op that is the running value itself (``Multiply(y, y)``)
 RUNNING = "running value"
@@ -125,13 +125,11 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
             off += flat.size
         else:
             ops[i] = UNARY_OPS[name]
-            if name == "clamp":
-                fpar[i] = arg
-            elif name == "linear":
-                fpar[i] = arg
-            elif name in ("silu", "swish"):
+            if name in ("silu", "swish"):
                 fpar[i, 0] = 1.0 if arg is None else arg
-            elif name in ("elu", "leaky_relu"):
+            elif isinstance(arg, tuple):
+                fpar[i] = arg
+            elif arg is not None:
                 fpar[i, 0] = arg
     buf = np.concatenate(chunks) if chunks else np.zeros(1, np.float32)
     return Epilogue(ops[:P] if P else ops[:0], fpar, ipar, buf)
@@ -211,6 +209,41 @@ def _ep_one(v, m, n, ops, fpar, ipar, buf):
         elif op == 22:
             if v < 0:
                 v = v * fpar[i, 0]
+        else:
+            v = _ep_more(v, op, fpar[i, 0], fpar[i, 1])
+    return v
+
+
+@njit(inline="always", cache=True)
+def _ep_more(v, op, a, b):
+    """Unary codes 23.. of graph_api.postops (HardSigmoid .. Reciprocal, roundings)."""
+    one, zero = np.float32(1.0), np.float32(0.0)
+    if op == 23 or op == 24:  # hard_sigmoid(a, b) / hard_swish = x * hard_sigmoid(1/6, 1/2)
+        t = a * v + b if op == 23 else v / np.float32(6.0) + np.float32(0.5)
+        t = zero if t < zero else (one if t > one else t)
+        return t if op == 23 else v * t
+    if op == 25:
+        return np.float32(np.log(v))
+    if op == 26 or op == 27:  # mish = x tanh(softplus(x)); soft_plus(beta)
+        beta = one if op == 26 else a
+        bx = beta * v
+        sp = bx / beta if bx >= np.float32(88.72283172607421875) else \
+            np.float32(math.log1p(math.exp(bx))) / beta
+        return sp if op == 27 else v * np.float32(math.tanh(sp))
+    if op == 28:
+        return np.float32(np.rint(v))
+    if op == 29:
+        return np.float32(np.sqrt(v))
+    if op == 30:
+        return np.float32(np.power(v, a))
+    if op == 31:
+        if v == zero:
+            return np.float32(math.copysign(np.inf, v))
+        return one / v
+    if op == 40:
+        return round_bf16(v)
+    if op == 41:
+        return round_f16(v)
     return v
 
 

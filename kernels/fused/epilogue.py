@@ -9,44 +9,32 @@ from __future__ import annotations
 
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
+from graph_api.postops import POST_OPS, RNAMES
 
 #: binary post-op kind -> epilogue name with the running value at input 0 / at input 1
-BINARY = {K.Add: ("add", "add"), K.Multiply: ("mul", "mul"), K.Subtract: ("sub", "rsub"),
-          K.Divide: ("div", "rdiv"), K.Maximum: ("max", "max"), K.Minimum: ("min", "min")}
+BINARY = {k: (p.name, RNAMES[p.name]) for k, p in POST_OPS.items() if p.binary}
+#: intermediate types the epilogue rounds to between steps
+_ROUND_STEP = {DataType.bf16: "round_bf16", DataType.f16: "round_f16"}
 
 
 def _unary(op):
-    kind, a = op.kind, op.attrs
-    if kind == K.ReLU:
-        return "relu", None
-    if kind == K.GELU:
-        return a.get("mode", "gelu_erf"), None
-    if kind == K.Sigmoid:
-        return "sigmoid", None
-    if kind == K.Tanh:
-        return "tanh", None
-    if kind == K.Clamp:
-        return "clamp", (a["min"], a["max"])
-    if kind == K.Elu:
-        return "elu", a["alpha"]
-    if kind == K.LeakyReLU:
-        return "leaky_relu", a["alpha"]
-    if kind == K.Abs:
-        return "abs", None
-    if kind == K.Exp:
-        return "exp", None
-    if kind == K.Square:
-        return "square", None
-    return None
+    """(step name, f32 parameters) of a unary op of the post-op table, else None."""
+    row = POST_OPS.get(op.kind)
+    if row is None or row.binary:
+        return None
+    name, _, params = row.step(op.attrs)
+    return name, params
 
 
-def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list, int] | str:
+def chain_program(ops_by_id, chain: list[int], value_id: int, lts,
+                  round_types: bool = False) -> tuple[list, int] | str:
     """Epilogue steps for ``chain`` applied to tensor ``value_id``.
 
     Returns ``(steps, last_value_id)`` where a step is ``(name, arg)`` and a
     binary step's ``arg`` is the operand's tensor id; or a reason string.
-    Every running value must be f32 (the epilogue computes in f32 and does
-    not round between steps).
+    Every running value must be f32 (the epilogue computes in f32), unless
+    ``round_types``: then a bf16/f16 running value gets a rounding step, as
+    the unfused ops round their outputs.
     """
     from kernels.wmatmul import RUNNING
 
@@ -55,10 +43,11 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
     i = 0
     while i < len(chain):
         op = ops_by_id[chain[i]]
-        if lts[op.outputs[0].id].dtype != DataType.f32:
+        out_type = lts[op.outputs[0].id].dtype
+        if out_type != DataType.f32 and not (round_types and out_type in _ROUND_STEP):
             return f"post-op {op.kind.name} (op {op.id}) produces {lts[op.outputs[0].id].dtype.name}, not f32"
         # SiLU written as Sigmoid followed by Multiply(x, sigmoid(x))
-        if op.kind == K.Sigmoid and i + 1 < len(chain):
+        if op.kind == K.Sigmoid and out_type == DataType.f32 and i + 1 < len(chain):
             nxt = ops_by_id[chain[i + 1]]
             ids = {lt.id for lt in nxt.inputs}
             if nxt.kind == K.Multiply and ids == {value_id, op.outputs[0].id}:
@@ -86,6 +75,8 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts) -> tuple[list
             if unary is None:
                 return f"post-op {op.kind.name} (op {op.id}) has no epilogue form"
             steps.append(unary)
+        if out_type in _ROUND_STEP:
+            steps.append((_ROUND_STEP[out_type], None))
         value_id = op.outputs[0].id
         inside.add(value_id)
         i += 1

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
+from graph_api.postops import FUSABLE_BINARY, FUSABLE_UNARY
 
 from ..pattern import ENTRY, Body, In, Node, Repeat
 
-#: element-wise unary ops oneDNN accepts as post-ops (eltwise algorithms)
-UNARY = frozenset({K.Abs, K.Clamp, K.Elu, K.Exp, K.GELU, K.HardSigmoid, K.HardSwish, K.LeakyReLU,
-                   K.Log, K.Mish, K.Sigmoid, K.SoftPlus, K.ReLU, K.Round, K.Sqrt, K.Square,
-                   K.Tanh})
-#: binary ops oneDNN accepts as post-ops (the other operand comes from outside)
-BINARY = frozenset({K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum})
+#: element-wise unary / binary ops oneDNN accepts as post-ops (from the one
+#: post-op table; a binary post-op's other operand comes from outside)
+UNARY = FUSABLE_UNARY
+BINARY = FUSABLE_BINARY
 SCALE = frozenset({K.Multiply, K.Divide})
 QUANT_OUT = frozenset({K.Quantize, K.DynamicQuantize})
 DEQUANT = frozenset({K.Dequantize, K.DynamicDequantize})

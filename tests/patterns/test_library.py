@@ -121,10 +121,10 @@ def test_canonical_graph_is_one_fused_partition(pattern, factory):
 
 @pytest.fixture
 def reference_plans_only(monkeypatch):
-    """Fused partitions run the composed reference plan (no fast kernels)."""
-    import kernels.registry
+    """Every partition runs the composed reference plan (no fast kernels)."""
+    from graph_api.config import settings
 
-    monkeypatch.setattr(kernels.registry, "KERNELS", {})
+    monkeypatch.setattr(settings, "reference", True)
 
 
 @pytest.mark.parametrize("factory", [pytest.param(f, id=i) for i, _, f in CANONICAL])

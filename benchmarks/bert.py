@@ -1,0 +1,175 @@
+"""A BERT encoder (all-MiniLM-L6-v2 shapes) built with the public API, and the
+same math in PyTorch f32 eager as the peer.
+
+Per layer (post-LayerNorm BERT)::
+
+    q, k, v = reshape+transpose(x @ Wq + bq), ...        3 matmul_transpose
+    ctx = SDPA(q, k, v, additive mask) -> transpose+reshape
+    h   = LayerNorm(ctx @ Wo + bo + x)
+    y   = LayerNorm(GELU(h @ W1 + b1) @ W2 + b2 + h)
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+import graph_api as ga
+from graph_api import DataType as dt
+from graph_api import OpKind as K
+
+MINILM = dict(hidden=384, heads=12, ffn=1536, layers=6)
+
+
+class _Builder:
+    def __init__(self):
+        self.g = ga.Graph(ga.EngineKind.cpu, ga.FPMathMode.strict)
+        self.tid = 0
+        self.oid = 0
+        self.consts: dict[int, tuple] = {}
+
+    def lt(self, shape, prop=ga.PropertyType.variable, dtype=dt.f32):
+        t = ga.LogicalTensor(self.tid, dtype, list(shape), property=prop)
+        self.tid += 1
+        return t
+
+    def const(self, shape):
+        t = self.lt(shape, ga.PropertyType.constant)
+        self.consts[t.id] = tuple(shape)
+        return t
+
+    def op(self, kind, ins, out_shape, attrs=None, outs=None):
+        outs = outs or [self.lt(out_shape)]
+        self.g.add_op(ga.Op(self.oid, kind, ins, outs, attrs=attrs or {}))
+        self.oid += 1
+        return outs[0]
+
+
+def build_encoder(batch, seq, hidden=384, heads=12, ffn=1536, layers=6):
+    """(graph, input id, mask id, output id, {constant id: shape}) of the encoder."""
+    b = _Builder()
+    d = hidden // heads
+    x = b.lt((batch, seq, hidden))
+    mask = b.lt((batch, 1, 1, seq))
+    x_id, mask_id = x.id, mask.id
+    scale = b.const((1,))
+    for _ in range(layers):
+        def proj(src, n_in, n_out):
+            return b.op(K.MatMul, [src, b.const((n_in, n_out)), b.const((n_out,))], (batch, seq, n_out))
+
+        def heads_of(t):
+            t = b.op(K.StaticReshape, [t], (batch, seq, heads, d),
+                     {"shape": [batch, seq, heads, d], "special_zero": False})
+            return b.op(K.StaticTranspose, [t], (batch, heads, seq, d), {"order": [0, 2, 1, 3]})
+
+        q, k, v = (heads_of(proj(x, hidden, hidden)) for _ in range(3))
+        s = b.op(K.MatMul, [q, k], (batch, heads, seq, seq), {"transpose_b": True})
+        s = b.op(K.Divide, [s, scale], (batch, heads, seq, seq))
+        s = b.op(K.Add, [s, mask], (batch, heads, seq, seq))
+        p = b.op(K.SoftMax, [s], (batch, heads, seq, seq), {"axis": -1})
+        c = b.op(K.MatMul, [p, v], (batch, heads, seq, d))
+        c = b.op(K.StaticTranspose, [c], (batch, seq, heads, d), {"order": [0, 2, 1, 3]})
+        c = b.op(K.StaticReshape, [c], (batch, seq, hidden),
+                 {"shape": [batch, seq, hidden], "special_zero": False})
+
+        def add_norm(y, res):
+            y = b.op(K.Add, [y, res], (batch, seq, hidden))
+            return b.op(K.LayerNorm, [y, b.const((hidden,)), b.const((hidden,))], None,
+                        {"keep_stats": False, "epsilon": 1e-12}, outs=[b.lt((batch, seq, hidden))])
+
+        h = add_norm(proj(c, hidden, hidden), x)
+        f = b.op(K.GELU, [proj(h, hidden, ffn)], (batch, seq, ffn))
+        x = add_norm(proj(f, ffn, hidden), h)
+    b.g.finalize()
+    return b.g, x_id, mask_id, x.id, b.consts, scale.id, d
+
+
+def make_feeds(graph_info, rng):
+    g, x_id, mask_id, out_id, consts, scale_id, d = graph_info
+    feeds = {}
+    for tid, shape in consts.items():
+        if len(shape) == 2:  # weights ~ N(0, 1/fan_in) keep activations O(1)
+            feeds[tid] = (rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float32)
+        else:
+            feeds[tid] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    feeds[scale_id] = np.array([math.sqrt(d)], np.float32)
+    xs = g.tensors[x_id].shape
+    feeds[x_id] = rng.standard_normal(xs).astype(np.float32)
+    mask = np.zeros(g.tensors[mask_id].shape, np.float32)
+    mask[..., -xs[1] // 8:] = -1e4  # padding at the end of each sequence
+    feeds[mask_id] = mask
+    return feeds
+
+
+def torch_encoder(graph_info, feeds):
+    """The same encoder in PyTorch f32 eager, weights from ``feeds``; returns run()."""
+    import torch
+    import torch.nn.functional as F
+
+    g, x_id, mask_id, out_id, consts, scale_id, d = graph_info
+    ids = sorted(consts)
+    w = {tid: torch.from_numpy(feeds[tid]) for tid in ids}
+    x0, mask = torch.from_numpy(feeds[x_id]), torch.from_numpy(feeds[mask_id])
+    per_layer = [t for t in ids if t != scale_id]
+    B, S, Hd = x0.shape
+    heads = Hd // d
+
+    @torch.inference_mode()
+    def run():
+        x = x0
+        it = iter(per_layer)
+        for _ in range(len(per_layer) // 16):
+            q, k, v = (F.linear(x, w[next(it)].T, w[next(it)]).view(B, S, heads, d).transpose(1, 2)
+                       for _ in range(3))
+            c = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            c = c.transpose(1, 2).reshape(B, S, Hd)
+            h = F.linear(c, w[next(it)].T, w[next(it)]) + x
+            h = F.layer_norm(h, (Hd,), w[next(it)], w[next(it)], 1e-12)
+            f = F.gelu(F.linear(h, w[next(it)].T, w[next(it)]))
+            y = F.linear(f, w[next(it)].T, w[next(it)]) + h
+            x = F.layer_norm(y, (Hd,), w[next(it)], w[next(it)], 1e-12)
+        return x.numpy()
+
+    return run
+
+
+def bench_bert(rows, quick=False, peers_on=True, shapes=((8, 64),)):
+    from benchmarks import peers
+
+    for batch, seq in shapes:
+        rng = np.random.default_rng(0)
+        info = build_encoder(batch, seq, **MINILM)
+        g, out_id = info[0], info[3]
+        feeds = make_feeds(info, rng)
+        tensors = _as_tensors(g, feeds)
+        compiled = ga.compile_graph(g, tensors)
+        compiled(tensors)  # warm: first calls load the Numba kernels
+        reps = 3 if quick else 10
+        t = _best(lambda: compiled(tensors), reps)
+        label = f"BERT encoder MiniLM-L6 shapes, f32, batch {batch} x seq {seq}"
+        slow = sum(c.plan.name == "reference" for _, c, _, _ in compiled.steps)
+        rows.append((label, "hot", "project", t * 1e3, 1.0,
+                     f"{len(compiled.steps)} partitions, {slow} on the reference"))
+        if peers_on and peers.have_torch():
+            run = torch_encoder(info, feeds)
+            want = run()
+            got = compiled(tensors)[out_id]
+            err = float(np.abs(got - want).max())
+            tt = _best(run, reps)
+            rows.append((label, "hot", "torch f32 eager", tt * 1e3, tt / t, f"max |diff| {err:.1e}"))
+    return rows
+
+
+def _as_tensors(g, feeds):
+    eng = ga.Engine()
+    return {tid: ga.Tensor(g.tensors[tid], eng, v) for tid, v in feeds.items()}
+
+
+def _best(fn, reps):
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best

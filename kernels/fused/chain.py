@@ -1,0 +1,244 @@
+"""A partition as ``head -> element-wise chain -> [layout ops]``, run in one store pass.
+
+The *head* is the op that produces an f32 result (a MatMul on BLAS, a
+normalization, a reduction, a binary op with broadcasting, or just the
+widened input of a unary op).  :class:`Walk` follows the head's output
+through its single consumers: ops of the post-op table
+(``graph_api.postops``), BiasAdd, TypeCast to a float type, then
+StaticReshape / StaticTranspose / Reorder.  The covered chain becomes one
+epilogue program; the layout ops become the store's offsets
+(``kernels.store``).  Ops the walk does not cover run as reference steps
+before (producers of the head's or chain's operands) or after (Select,
+Dropout, Quantize tails); the plan's name lists them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from graph_api import dtypes
+from graph_api.dtypes import DataType
+from graph_api.enums import OpKind as K
+from graph_api.postops import POST_OPS
+from kernels.plan import ComposedPlan, CompileRequest
+
+from .epilogue import _ROUND_STEP, bind, chain_program
+
+LAYOUT = {K.StaticReshape, K.StaticTranspose, K.Reorder}
+OKIND = {DataType.f32: 0, DataType.bf16: 1, DataType.f16: 2}
+
+
+class Walk:
+    """The head's output chain: element-wise steps, then layout ops."""
+
+    def __init__(self, request: CompileRequest, head, value_id: int | None = None):
+        self.request, self.head = request, head
+        self.ops_by_id = {op.id: op for op in request.ops}
+        self.consumers: dict[int, list] = {}
+        for op in request.ops:
+            for lt in op.inputs:
+                self.consumers.setdefault(lt.id, []).append(op)
+        self.covered = [head.id]
+        self.steps: list = []
+        self.layout: list = []
+        self.value = head.outputs[0].id if value_id is None else value_id
+        self.shape = tuple(request.lts[self.value].shape)
+
+    def _next(self):
+        """The single consumer of the running value (or a Sigmoid+Multiply pair)."""
+        if self.value in self.request.output_ids:
+            return None
+        cons = self.consumers.get(self.value, [])
+        if len(cons) == 2 and not self.layout:
+            sig = next((op for op in cons if op.kind == K.Sigmoid), None)
+            mul = next((op for op in cons if op.kind == K.Multiply), None)
+            if sig is not None and mul is not None and \
+                    {lt.id for lt in mul.inputs} == {self.value, sig.outputs[0].id} and \
+                    sig.outputs[0].id not in self.request.output_ids:
+                return [sig.id, mul.id]
+        return [cons[0].id] if len(cons) == 1 else None
+
+    def _round(self, op):
+        out_type = self.request.lts[op.outputs[0].id].dtype
+        if out_type in _ROUND_STEP:
+            self.steps.append((_ROUND_STEP[out_type], None))
+
+    def _elementwise(self, ids) -> bool:
+        lts = self.request.lts
+        op = self.ops_by_id[ids[-1]]
+        if tuple(lts[op.outputs[0].id].shape) != self.shape:
+            return False
+        if any(dtypes.info(lts[lt.id].dtype).kind != "float" for lt in op.inputs):
+            return False
+        if op.kind == K.TypeCast:
+            if lts[op.outputs[0].id].dtype not in OKIND:
+                return False
+            self._round(op)
+        elif op.kind == K.BiasAdd:
+            if op.inputs[0].id != self.value or \
+                    (op.attrs["data_format"] == "NCX" and len(self.shape) > 1):
+                return False
+            self.steps.append(("add", op.inputs[1].id))
+            self._round(op)
+        elif op.kind in POST_OPS:
+            program = chain_program(self.ops_by_id, ids, self.value, lts, round_types=True)
+            if isinstance(program, str):
+                return False
+            self.steps += program[0]
+        else:
+            return False
+        self.covered += ids
+        self.value = op.outputs[0].id
+        return True
+
+    def run(self, layout: bool = True):
+        lts = self.request.lts
+        while (ids := self._next()) is not None:
+            op = self.ops_by_id[ids[-1]]
+            if op.kind == K.Reorder and lts[op.outputs[0].id].dtype == lts[self.value].dtype:
+                # same logical values in another memory layout: nothing to compute
+                self.covered.append(op.id)
+                self.value = op.outputs[0].id
+            elif op.kind in LAYOUT and len(ids) == 1 and layout:
+                self.layout.append(op)
+                self.covered.append(op.id)
+                self.value = op.outputs[0].id
+            elif self.layout or not self._elementwise(ids):
+                break
+        return self
+
+
+def ancestors(request, targets: set[int]) -> set[int]:
+    """Op ids inside the partition that produce (transitively) tensors ``targets``."""
+    producer = {lt.id: op for op in request.ops for lt in op.outputs}
+    seen, todo = set(), list(targets)
+    while todo:
+        op = producer.get(todo.pop())
+        if op is not None and op.id not in seen:
+            seen.add(op.id)
+            todo += [lt.id for lt in op.inputs]
+    return seen
+
+
+def dense_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+class ChainPlan:
+    """Head (subclass) + epilogue store + reference steps around them.
+
+    Subclasses set ``kernel`` (a name) and implement ``head(arrays)`` returning
+    the head's f32 result (shape ``walk.shape``) and the epilogue steps that
+    come before the walk's steps; ``head_inputs`` are the tensor ids it reads.
+    """
+
+    kernel = "chain"
+
+    def __init__(self, request: CompileRequest, walk: Walk, head_inputs, head_steps=()):
+        from kernels import store
+
+        lts = request.lts
+        self.request, self.walk, self._store = request, walk, store
+        self.steps = list(head_steps) + walk.steps
+        self.shape = walk.shape
+        self.N = self.shape[-1] if self.shape else 1
+        self.R = int(np.prod(self.shape)) // max(self.N, 1)
+        covered = set(walk.covered)
+        operands = set(head_inputs) | {lt.id for op in request.ops if op.id in covered
+                                       for lt in op.inputs}
+        before = ancestors(request, operands) - covered
+        ref = ComposedPlan(request)
+        self.pre_steps = [s for s in ref.steps if s[1].id in before]
+        self.post_steps = [s for s in ref.steps if s[1].id not in before and s[1].id not in covered]
+        self.dest = walk.value
+        dest_lt = lts[self.dest]
+        self.okind = OKIND.get(dest_lt.dtype)
+        self.dest_out = self.dest in request.output_ids
+        strides = tuple(dest_lt.strides) if self.dest_out else dense_strides(dest_lt.shape)
+        self.dest_dense = strides == dense_strides(dest_lt.shape)
+        off = store.element_offsets(dest_lt.shape, strides)
+        for op in reversed(walk.layout):
+            if op.kind == K.StaticTranspose:
+                order = [o % off.ndim for o in op.attrs["order"]]
+                off = off.transpose(np.argsort(order))
+            else:
+                off = off.reshape(lts[op.inputs[0].id].shape)
+        self.offsets = store.separable(off.reshape(self.R, self.N)) if off.size else \
+            (np.zeros(self.R, np.int64), np.zeros(self.N, np.int64))
+        parts = [self.kernel]
+        if self.pre_steps:
+            parts.append("ref_pre[" + ",".join(s[1].kind.name for s in self.pre_steps) + "]")
+        if self.post_steps:
+            parts.append("ref_post[" + ",".join(s[1].kind.name for s in self.post_steps) + "]")
+        self.name = "+".join(parts)
+
+    def reason(self) -> str | None:
+        """Why this plan cannot run these shapes/types, or None."""
+        if self.okind is None:
+            return f"the chain ends in {self.request.lts[self.dest].dtype.name}"
+        if self.offsets is None:
+            return "the output layout is not a row/column-separable view of the result"
+        if self.dest_out and any(s < 0 for s in self.request.lts[self.dest].strides):
+            return "negative output strides"
+        return None
+
+    # -------------------------------------------------------------- running
+    def _dest_buffer(self, outputs):
+        if self.dest_out:
+            return outputs[self.dest].buffer
+        dlt = self.request.lts[self.dest]
+        return np.empty(int(np.prod(dlt.shape)), dtypes.numpy_dtype(dlt.dtype))
+
+    def epilogue(self, arrays, R=None, N=None):
+        """The epilogue program; built once when no step reads an operand tensor."""
+        from kernels import wmatmul as wm
+
+        R = self.R if R is None else R
+        N = self.N if N is None else N
+        key = (R, N)
+        cached = self.__dict__.get("_ep_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        ep = wm.make_epilogue(bind(self.steps, lambda tid: arrays[tid], self.shape, R, N), R, N)
+        if not any(isinstance(arg, int) for _, arg in self.steps):
+            self._ep_cache = (key, ep)
+        return ep
+
+    def store(self, acc, arrays, outputs) -> None:
+        """Epilogue + convert + strided store of the f32 head result ``acc``."""
+        buf = self._dest_buffer(outputs)
+        if acc.size:
+            acc2 = np.ascontiguousarray(acc.reshape(self.R, self.N), dtype=np.float32)
+            self._store.store(acc2, buf.view(np.uint16) if self.okind else buf,
+                              self.offsets[0], self.offsets[1], self.okind, self.epilogue(arrays))
+        self.finish(buf, arrays, outputs)
+
+    def finish(self, buf, arrays, outputs) -> None:
+        if not self.dest_out:
+            arrays[self.dest] = buf.reshape(self.request.lts[self.dest].shape)
+        if not self.post_steps:
+            return
+        run_steps(self.post_steps, arrays)
+        for tid, tensor in outputs.items():
+            if tid != self.dest or not self.dest_out:
+                tensor.write(arrays[tid])
+
+    def head(self, arrays):
+        raise NotImplementedError
+
+    def execute(self, inputs: dict, outputs: dict) -> None:
+        arrays = {tid: t.numpy() for tid, t in inputs.items()}
+        run_steps(self.pre_steps, arrays)
+        self.run(arrays, outputs)
+
+    def run(self, arrays, outputs) -> None:
+        self.store(self.head(arrays), arrays, outputs)
+
+
+def run_steps(steps, arrays) -> None:
+    for fn, op, out_lts, ctx in steps:
+        for lt, v in zip(out_lts, fn(op, [arrays[x.id] for x in op.inputs], out_lts, ctx)):
+            arrays[lt.id] = v

@@ -1,0 +1,113 @@
+"""MatMul partitions on f32 BLAS plus one Numba epilogue pass.
+
+Serves ``matmul_post_ops``, ``matmul_transpose``, ``binary_matmul_binary``,
+``matmul_dropout``, ``matmul_quantized`` and single MatMul ops::
+
+    acc = A @ B                           numpy matmul in f32 (OpenBLAS sgemm),
+                                          batched / broadcast / transposed views
+    y   = chain(acc)                      bias, post-ops (graph_api.postops),
+                                          bf16/f16 roundings where an op's
+                                          output has that type
+    out[layout(m, n)] = convert(y)        reshape/transpose/reorder written by
+                                          the store (kernels.store)
+
+The chain is found by walking from the MatMul output through its single
+consumers; ops the walk does not cover (Dequantize prologues, binary
+pre-ops, Select, Dropout, Quantize tails) run as reference steps before or
+after, in the plan's name.  fpmath: inputs rounded exactly as the reference
+MatMul rounds them (``round_input`` / ``round_dequantized_weight``); the sum
+is f32 (the reference's f64 sum rounded once differs by at most the f32
+accumulation bound ``~K * 2**-24 * sum |a b|``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from graph_api import dtypes
+from graph_api.enums import OpKind as K
+from graph_api.enums import PropertyType
+from kernels.plan import CompileRequest, dequantized_inputs
+
+from .chain import OKIND, ChainPlan, Walk
+from .epilogue import _ROUND_STEP
+
+
+class MatmulPlan(ChainPlan):
+    """See the module docstring."""
+
+    kernel = "blas_matmul_epilogue"
+
+    def __init__(self, request: CompileRequest, walk: Walk):
+        lts, mm = request.lts, walk.head
+        self.a_id, self.b_id = mm.inputs[0].id, mm.inputs[1].id
+        self.ta, self.tb = bool(mm.attrs["transpose_a"]), bool(mm.attrs["transpose_b"])
+        # inputs dequantized from integers: found in the partition, or told by the
+        # per-op plan that runs this MatMul alone (bindings["int_inputs"])
+        int_in = request.bindings.get("int_inputs") or dequantized_inputs(request.ops).get(mm.id, frozenset())
+        fp = request.fpmath
+        self.round = [(fp.round_dequantized_weight if i in int_in else
+                       (lambda x, t=lts[lt.id].dtype: fp.round_input(x, t)))
+                      for i, lt in enumerate(mm.inputs[:2])]
+        pre: list = []
+        if mm.attrs["accumulation_mode"] == "f16":
+            pre.append(("round_f16", None))
+        if len(mm.inputs) > 2:
+            pre.append(("add", mm.inputs[2].id))
+        mm_type = lts[mm.outputs[0].id].dtype
+        if mm_type in _ROUND_STEP:
+            pre.append((_ROUND_STEP[mm_type], None))
+        super().__init__(request, walk, [lt.id for lt in mm.inputs], pre)
+        self.b_const = lts[self.b_id].property == PropertyType.constant and self.b_id in request.input_ids
+        self._b_cache: dict = {}
+        self.direct = (not self.steps and not walk.layout and self.okind == 0 and self.dest_out
+                       and self.dest_dense)
+
+    def _operand(self, arrays, i: int):
+        tid = (self.a_id, self.b_id)[i]
+        if i == 1 and self.b_const:  # oneDNN's rule: a constant tensor's data does not change
+            src = arrays[tid]
+            key = (src.__array_interface__["data"][0], src.shape)
+            hit = self._b_cache.get(key)
+            if hit is None:
+                self._b_cache.clear()
+                hit = self._b_cache[key] = np.ascontiguousarray(self.round[1](src))
+            x = hit
+        else:
+            x = self.round[i](arrays[tid])
+        if (self.ta if i == 0 else self.tb) and x.ndim > 1:
+            x = np.swapaxes(x, -1, -2)
+        return x
+
+    def run(self, arrays, outputs) -> None:
+        a, b = self._operand(arrays, 0), self._operand(arrays, 1)
+        if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
+            # a linear layer: one [B*S, K] x [K, N] GEMM, not B stacked ones (numpy
+            # calls sgemm per slice, each a thread-pool wake-up)
+            a = a.reshape(-1, a.shape[-1])
+            if self.direct:
+                np.matmul(a, b, out=outputs[self.dest].numpy().reshape(a.shape[0], -1))
+                return self.finish(outputs[self.dest].buffer, arrays, outputs)
+            return self.store(np.matmul(a, b), arrays, outputs)
+        if self.direct and a.ndim > 1 and b.ndim > 1:  # no epilogue: BLAS writes the output
+            out = outputs[self.dest]
+            np.matmul(a, b, out=out.numpy())
+            return self.finish(out.buffer, arrays, outputs)
+        acc = np.matmul(a, b)
+        if acc.shape != self.shape:
+            acc = np.broadcast_to(acc, self.shape)
+        self.store(acc, arrays, outputs)
+
+
+def build(request: CompileRequest):
+    """A :class:`MatmulPlan` for a partition with one MatMul, or why not."""
+    mms = [op for op in request.ops if op.kind == K.MatMul]
+    if len(mms) != 1:
+        return f"{len(mms)} MatMul ops (the BLAS plan takes one)"
+    mm, lts = mms[0], request.lts
+    for lt in mm.inputs[:2]:
+        if dtypes.info(lts[lt.id].dtype).kind != "float":
+            return f"MatMul input {lt.id} is {lts[lt.id].dtype.name}"
+    if lts[mm.outputs[0].id].dtype not in OKIND:
+        return f"MatMul output is {lts[mm.outputs[0].id].dtype.name}"
+    plan = MatmulPlan(request, Walk(request, mm).run())
+    return plan.reason() or plan

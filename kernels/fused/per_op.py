@@ -1,0 +1,74 @@
+"""A fused partition without a fused kernel: each op on its own single-op fast plan.
+
+When every fused builder refuses (or the pattern has none: SDPA backward,
+static-quantized and JAX SDPA forms, SDPA with a stats output, ...), the
+partition still should not run the f64 reference: this plan compiles each op
+as if it were a single-op partition (BLAS MatMul, Numba element-wise and
+norm kernels, f32 numpy formulas) and runs them in topological order.
+Intermediates are allocated once at compile time; partition outputs are
+written by the op that produces them.  Ops without a single-op fast plan
+run as reference steps, named in the plan's name.  A MatMul whose input is dequantized from integers
+inside the partition is told so (its fpmath rounding follows ``apply_to_int``
+as in the fused reference).
+"""
+from __future__ import annotations
+
+from graph_api.tensor import Tensor
+from kernels.plan import ComposedPlan, CompileRequest, dequantized_inputs
+
+
+class _RefStep:
+    """One op through the reference (kept as a plan with the same interface)."""
+
+    name = "reference"
+
+    def __init__(self, step):
+        self.fn, self.op, self.out_lts, self.ctx = step
+
+    def execute(self, inputs, outputs):
+        results = self.fn(self.op, [inputs[lt.id].numpy() for lt in self.op.inputs], self.out_lts, self.ctx)
+        for lt, value in zip(self.out_lts, results):
+            outputs[lt.id].write(value)
+
+
+class PerOpPlan:
+    def __init__(self, request: CompileRequest, plans: list):
+        self.request = request
+        self.plans = plans  # (op, plan)
+        self.buffers = {}
+        outs = set(request.output_ids)
+        for op, _ in plans:
+            for lt in op.outputs:
+                if lt.id not in outs:
+                    self.buffers[lt.id] = Tensor(request.lts[lt.id])
+        slow = sorted({op.kind.name for op, p in plans if p.name == "reference"})
+        self.name = "per_op_fast" + (f"+ref[{','.join(slow)}]" if slow else "")
+        self.fast = len(slow) < len({op.kind for op, _ in plans})
+
+    def execute(self, inputs: dict, outputs: dict) -> None:
+        tensors = dict(inputs)
+        tensors.update(self.buffers)
+        tensors.update(outputs)
+        for op, plan in self.plans:
+            plan.execute({lt.id: tensors[lt.id] for lt in op.inputs},
+                         {lt.id: tensors[lt.id] for lt in op.outputs})
+
+
+def build(request: CompileRequest, single_op_builder):
+    """A :class:`PerOpPlan`, or a reason when no op of the partition gets a fast plan."""
+    int_inputs = dequantized_inputs(request.ops)
+    ref_steps = {s[1].id: s for s in ComposedPlan(request).steps}
+    plans = []
+    for op in request.ops:
+        plan = None
+        builder = single_op_builder(op.kind)
+        if builder is not None:
+            told = {"int_inputs": int_inputs[op.id]} if int_inputs.get(op.id) else {}
+            sub = CompileRequest(None, [op], request.lts, [lt.id for lt in op.inputs],
+                                 [lt.id for lt in op.outputs], request.fpmath, told)
+            plan = builder(sub)
+            if isinstance(plan, str):
+                plan = None
+        plans.append((op, plan if plan is not None else _RefStep(ref_steps[op.id])))
+    result = PerOpPlan(request, plans)
+    return result if result.fast else "no op of the partition has a single-op fast plan"

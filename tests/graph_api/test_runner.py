@@ -1,0 +1,55 @@
+"""run_graph / compile_graph: partitions compiled once per shapes, intermediates
+allocated once and handed from producer to consumer without copies."""
+import numpy as np
+
+import graph_api as ga
+from graph_api import DataType as dt
+from graph_api import OpKind as K
+
+
+def _two_partitions():
+    """MatMul+ReLU (matmul_post_ops) -> SoftMax (single op)."""
+    g = ga.Graph()
+    x = ga.LogicalTensor(0, dt.f32, [4, 8])
+    w = ga.LogicalTensor(1, dt.f32, [8, 6], property=ga.PropertyType.constant)
+    y, r, s = (ga.LogicalTensor(i, dt.f32, [4, 6]) for i in (2, 3, 4))
+    g.add_op(ga.Op(0, K.MatMul, [x, w], [y]))
+    g.add_op(ga.Op(1, K.ReLU, [y], [r]))
+    g.add_op(ga.Op(2, K.SoftMax, [r], [s], attrs={"axis": -1}))
+    g.finalize()
+    return g
+
+
+def test_compiled_graph_is_reused_and_passes_tensors_without_copies():
+    g = _two_partitions()
+    rng = np.random.default_rng(0)
+    feeds = {0: rng.standard_normal((4, 8)).astype(np.float32),
+             1: rng.standard_normal((8, 6)).astype(np.float32)}
+    cg = ga.compile_graph(g, feeds)
+    assert ga.compile_graph(g, feeds) is cg
+    assert len(cg.steps) == 2
+    (_, _, _, first_outs), (_, _, second_ins, _) = cg.steps
+    assert second_ins == [3] and cg.produced[3] is first_outs[0]  # the same Tensor, no copy
+    out = cg(feeds)[4]
+    again = cg(feeds)[4]
+    assert again is not None and np.shares_memory(out, again)  # preallocated once
+    h = np.maximum(feeds[0].astype(np.float64) @ feeds[1], 0)
+    want = np.exp(h - h.max(1, keepdims=True))
+    want /= want.sum(1, keepdims=True)
+    # f32 GEMM + f32 softmax vs f64: a few f32 ulps of the O(1) values
+    np.testing.assert_allclose(again, want, rtol=1e-5, atol=1e-6)
+    run = ga.run_graph(g, feeds)  # run_graph reuses it and returns copies
+    assert run.partitions[0].compiled is cg.steps[0][1]
+    assert not np.shares_memory(run.outputs[4], again)
+
+
+def test_new_shapes_compile_a_new_graph():
+    g = ga.Graph()
+    x = ga.LogicalTensor(0, dt.f32, [-1, 8])
+    y = ga.LogicalTensor(1, dt.f32, [-1, 8])
+    g.add_op(ga.Op(0, K.Tanh, [x], [y]))
+    g.finalize()
+    a = ga.compile_graph(g, {0: np.zeros((2, 8), np.float32)})
+    b = ga.compile_graph(g, {0: np.zeros((3, 8), np.float32)})
+    assert a is not b
+    np.testing.assert_array_equal(b({0: np.zeros((3, 8), np.float32)})[1], np.zeros((3, 8)))
