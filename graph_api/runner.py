@@ -154,7 +154,7 @@ def _feed_key(input_lts) -> tuple:
 def compile_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None) -> CompiledGraph:
     """A :class:`CompiledGraph`, reused for the same graph, policy, partitions and
     feed shapes/dtypes (and the same verbose/check/reference switches)."""
-    from .config import settings
+    from .config import get_memory_budget, settings
 
     if not graph.is_finalized():
         graph.finalize()
@@ -163,7 +163,8 @@ def compile_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=
     parts = None if partitions is None else list(partitions)
     which = None if parts is None else tuple(
         (p.id, tuple(sorted(p.get_ops())), p.pattern_name, str(p.fpmath)) for p in parts)
-    key = (str(policy), which, _feed_key(lts), settings.reference)
+    # the budget is part of the key: a lowered budget checks the graph again
+    key = (str(policy), which, _feed_key(lts), settings.reference, get_memory_budget())
     cache = graph.__dict__.setdefault("_compiled_graphs", {})
     compiled = cache.get(key)
     if compiled is None:
