@@ -167,7 +167,7 @@ def refusal(b) -> str:
     b.g.finalize()
     fused = ga.run_graph(b.g, b.feeds)
     (compiled,) = [r.compiled for r in fused.partitions if r.partition.pattern_name]
-    assert compiled.plan.name == "reference"
+    assert compiled.plan.name.startswith("per_op_fast")  # unfused: each op on its fast plan
     reason = sdpa_plan.build(compiled.request)
     assert isinstance(reason, str)
     return reason
@@ -338,7 +338,7 @@ def test_f32_probabilities_under_a_rounding_mode_take_the_reference(mode):
     assert "rounds the f32 probabilities" in refusal(b)
     b = Builder(mode, True)
     attention(b, k_int=dt.s4, v_int=dt.s4, Sq=2, S=64, D=64, Hq=2)
-    run(b, expect="reference")
+    run(b, expect="per_op_fast")
 
 
 def test_bf16_mode_without_apply_to_int_is_refused_for_int_kv():
@@ -359,12 +359,15 @@ def test_fully_masked_rows(mode):
     assert np.all(rows == 0) if mode == "inf_as_zero" else np.all(np.isnan(rows))
 
 
-def test_a_finite_select_fill_runs_the_reference_at_execute():
+def test_a_finite_select_fill_runs_the_reference_at_execute(monkeypatch):
+    from graph_api.config import settings
+
     b = Builder()
     o = attention(b, mask="select", Sq=3, S=16)
     fill_id = [op for op in b.g.get_ops() if op.kind == K.Select][0].inputs[2].id
     b.feeds[fill_id] = np.full(1, -5.0, np.float32)
     fused = run(b)
+    monkeypatch.setattr(settings, "reference", True)  # the unfused ops on the reference plan
     debug = ga.run_graph(b.g, b.feeds, policy=ga.PartitionPolicy.debug)
     assert np.array_equal(fused.outputs[o.id], debug.outputs[o.id])
 
@@ -376,16 +379,16 @@ def test_a_finite_select_fill_runs_the_reference_at_execute():
     (dict(dropout=True, softmax_dt=dt.f32, dtype=dt.bf16), "Dropout"),
     (dict(softmax_dt=dt.bf16), "coarser than the f32 output"),
 ])
-def test_refused_partitions_take_the_reference(knob, reason):
+def test_refused_partitions_run_unfused(knob, reason):
     b = Builder()
     attention(b, Sq=2, S=16, **knob)
     assert reason in refusal(b)
 
 
-def test_refusals_still_compute_the_reference():
+def test_refusals_still_match_the_unfused_ops():
     b = Builder()
     attention(b, Sq=2, S=16, stats=True)
-    run(b, expect="reference")
+    run(b, expect="per_op_fast")
 
 
 def test_non_scalar_scale_is_refused():
