@@ -82,13 +82,23 @@ def outputs_of(graph, policy, feeds):
     return {tid: run.outputs[tid] for tid in graph.output_ids if tid in run.outputs}
 
 
-def assert_same_as_debug(graph, seed=0, exact=True):
+def assert_same_as_debug(graph, seed=0, exact=True, debug_on_reference=False):
     """Fusion-policy results equal the single-op (debug) results: bit for bit
     (``exact``, for the composed reference plan) or within the check rule of
-    :mod:`graph_api.check` (fast kernels sum in another order)."""
+    :mod:`graph_api.check` (fast kernels sum in another order).
+
+    ``debug_on_reference``: the single ops run the reference plan (for fused
+    plans built from the reference kernels, which single-op fast plans do not use)."""
+    from graph_api.config import settings
+
     feeds = fill_inputs(graph, seed)
     got = outputs_of(graph, ga.PartitionPolicy.fusion, feeds)
-    want = outputs_of(graph, ga.PartitionPolicy.debug, feeds)
+    saved = settings.reference
+    settings.reference = saved or debug_on_reference
+    try:
+        want = outputs_of(graph, ga.PartitionPolicy.debug, feeds)
+    finally:
+        settings.reference = saved
     assert got and set(got) == set(want)
     for tid in want:
         if exact:
