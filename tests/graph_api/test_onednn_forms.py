@@ -56,3 +56,98 @@ def test_existing_keyword_and_layout_after_strides_forms_still_work():
 def test_wrong_argument_types_are_invalid_arguments(args):
     with pytest.raises(ga.InvalidArguments):
         ga.LogicalTensor(1, *args)
+
+
+# ------------------------------------------------------------ partition(op, engine_kind)
+def _relu_op(op_id=0, shape=(2, 3)):
+    src = ga.LogicalTensor(10 * op_id, D.f32, list(shape), L.strided)
+    dst = ga.LogicalTensor(10 * op_id + 1, D.f32, list(shape), L.strided)
+    return ga.Op(op_id, ga.OpKind.ReLU, [src], [dst], "relu"), src, dst
+
+
+def test_single_op_partition_compiles_and_executes():
+    op, src, dst = _relu_op()
+    part = ga.Partition(op, ga.EngineKind.cpu)
+    assert (part.get_ops(), part.is_supported(), part.get_engine_kind()) == ([0], True, ga.EngineKind.cpu)
+    assert [lt.id for lt in part.get_input_ports()] == [0]
+    assert [lt.id for lt in part.get_output_ports()] == [1]
+    eng = ga.Engine(ga.EngineKind.cpu)
+    x = np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)
+    out = ga.Tensor(dst, eng)
+    part.compile([src], [dst], eng).execute(ga.Stream(eng), [ga.Tensor(src, eng, x)], [out])
+    np.testing.assert_array_equal(out.numpy(), np.maximum(x, 0))  # ReLU is exact
+
+
+def test_single_op_partition_of_a_placeholder_is_unsupported():
+    lt = ga.LogicalTensor(0, D.f32, [2], L.strided)
+    part = ga.Partition(ga.Op(3, ga.OpKind.Wildcard, [lt], [ga.LogicalTensor(1, D.f32, [2], L.strided)]), "cpu")
+    assert not part.is_supported()
+
+
+def test_single_op_partition_refuses_other_engines_and_arguments():
+    op, _, _ = _relu_op()
+    with pytest.raises(ga.InvalidArguments):
+        ga.Partition(op, ga.EngineKind.gpu)
+    with pytest.raises(ga.InvalidArguments):
+        ga.Partition("relu", ga.EngineKind.cpu)
+
+
+# ------------------------------------------------------------ compiled partition cache
+@pytest.fixture
+def cache_capacity():
+    saved = ga.get_compiled_partition_cache_capacity()
+    yield ga.set_compiled_partition_cache_capacity
+    ga.set_compiled_partition_cache_capacity(saved)
+
+
+def test_cache_capacity_default_is_onednns():
+    assert ga.get_compiled_partition_cache_capacity() == 1024
+
+
+def test_cache_hit_returns_the_same_compiled_partition(cache_capacity):
+    op, src, dst = _relu_op()
+    part = ga.Partition(op, "cpu")
+    assert part.compile([src], [dst]) is part.compile([src], [dst])
+
+
+def test_cache_capacity_zero_recompiles(cache_capacity):
+    cache_capacity(0)
+    assert ga.get_compiled_partition_cache_capacity() == 0
+    op, src, dst = _relu_op()
+    part = ga.Partition(op, "cpu")
+    assert part.compile([src], [dst]) is not part.compile([src], [dst])
+
+
+def test_cache_capacity_one_evicts_the_least_recent(cache_capacity):
+    cache_capacity(1)
+    op_a, src_a, dst_a = _relu_op(1)
+    op_b, src_b, dst_b = _relu_op(2)
+    a, b = ga.Partition(op_a, "cpu"), ga.Partition(op_b, "cpu")
+    first = a.compile([src_a], [dst_a])
+    assert a.compile([src_a], [dst_a]) is first
+    b.compile([src_b], [dst_b])  # evicts a's entry
+    assert a.compile([src_a], [dst_a]) is not first
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8"])
+def test_cache_capacity_must_be_a_non_negative_int(bad, cache_capacity):
+    with pytest.raises(ga.InvalidArguments):
+        ga.set_compiled_partition_cache_capacity(bad)
+
+
+def test_cache_is_shared_by_threads_and_stays_within_capacity(cache_capacity):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from graph_api.partition_cache import CACHE
+
+    cache_capacity(3)
+    built = [_relu_op(i) for i in range(1, 7)]
+    parts = [ga.Partition(op, "cpu") for op, _, _ in built]
+
+    def compile_all(_):
+        return [p.compile([s], [d]) for p, (_, s, d) in zip(parts, built)]
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(compile_all, range(8)))
+    assert all(len(r) == 6 for r in results)
+    assert len(CACHE._entries) <= 3
