@@ -151,3 +151,50 @@ def test_cache_is_shared_by_threads_and_stays_within_capacity(cache_capacity):
         results = list(pool.map(compile_all, range(8)))
     assert all(len(r) == 6 for r in results)
     assert len(CACHE._entries) <= 3
+
+
+# ------------------------------------------------------------ tensor(lt, eng, handle + offset)
+def test_tensor_at_an_offset_is_a_zero_copy_view():
+    lt = ga.LogicalTensor(0, D.f32, [2, 3], [4, 1])  # rows padded to 4: span 2*4-1 = 7
+    buffer = np.arange(20, dtype=np.float32)
+    t = ga.Tensor(lt, ga.Engine(), buffer, offset=5)
+    np.testing.assert_array_equal(t.numpy(), [[5, 6, 7], [9, 10, 11]])
+    assert np.shares_memory(t.numpy(), buffer)
+
+
+def test_partition_writes_outputs_in_place_at_the_offset():
+    op, src, dst = _relu_op()
+    eng = ga.Engine()
+    part = ga.Partition(op, "cpu")
+    arena = np.full(16, 7.0, dtype=np.float32)
+    x = np.array([[-1, 2, -3], [4, -5, 6]], dtype=np.float32)
+    out = ga.Tensor(dst, eng, arena, offset=10)
+    part.compile([src], [dst], eng).execute(ga.Stream(eng), [ga.Tensor(src, eng, x)], [out])
+    np.testing.assert_array_equal(arena[10:], np.maximum(x, 0).reshape(-1))
+    np.testing.assert_array_equal(arena[:10], 7.0)  # nothing before the offset is touched
+
+
+def test_tensor_offset_buffer_too_small_states_the_span():
+    lt = ga.LogicalTensor(0, D.f32, [2, 3], [4, 1])
+    with pytest.raises(ga.InvalidArguments, match="span 7 elements, so it needs at least 12"):
+        ga.Tensor(lt, ga.Engine(), np.zeros(11, np.float32), offset=5)
+
+
+def test_tensor_offset_refuses_bad_buffers_and_offsets():
+    lt = ga.LogicalTensor(0, D.f32, [2], L.strided)
+    with pytest.raises(ga.InvalidArguments):
+        ga.Tensor(lt, ga.Engine(), np.zeros((2, 2), np.float32), offset=0)
+    with pytest.raises(ga.InvalidArguments):
+        ga.Tensor(lt, ga.Engine(), np.zeros(4, np.float32), offset=-1)
+    with pytest.raises(ga.InvalidDataType):
+        ga.Tensor(lt, ga.Engine(), np.zeros(4, np.float64), offset=1)
+    packed = ga.LogicalTensor(1, D.s4, [4], L.strided)
+    with pytest.raises(ga.InvalidArguments, match="even element offset"):
+        ga.Tensor(packed, ga.Engine(), np.zeros(8, np.uint8), offset=3)
+
+
+def test_packed_tensor_at_an_even_offset_reads_its_bytes():
+    packed = ga.LogicalTensor(1, D.u4, [4], L.strided)
+    raw = np.array([0xFF, 0x21, 0x43], dtype=np.uint8)  # low nibble first
+    t = ga.Tensor(packed, ga.Engine(), raw, offset=2)
+    np.testing.assert_array_equal(t.numpy().astype(int), [1, 2, 3, 4])
