@@ -369,9 +369,13 @@ class Tensor:
             self._store(self.buffer, self._mirror)
         return self.buffer
 
-    def set_data_handle(self, buffer: np.ndarray) -> None:
-        """Point the tensor at new memory: a flat buffer of the strided span, or
-        an array of the logical shape (same rules as the constructor)."""
+    def set_data_handle(self, buffer: np.ndarray, offset: int | None = None) -> None:
+        """Point the tensor at new memory: a flat buffer of the strided span, an
+        array of the logical shape, or a 1-D buffer from element ``offset``
+        (same rules as the constructor)."""
+        if offset is not None:
+            self._attach(self._window(buffer, offset))
+            return
         if not isinstance(buffer, np.ndarray):
             raise InvalidArguments(
                 f"tensor {self.lt!r}: a data handle must be a numpy array, got {type(buffer).__name__}")

@@ -198,3 +198,14 @@ def test_packed_tensor_at_an_even_offset_reads_its_bytes():
     raw = np.array([0xFF, 0x21, 0x43], dtype=np.uint8)  # low nibble first
     t = ga.Tensor(packed, ga.Engine(), raw, offset=2)
     np.testing.assert_array_equal(t.numpy().astype(int), [1, 2, 3, 4])
+
+
+def test_set_data_handle_at_an_offset_moves_the_window():
+    lt = ga.LogicalTensor(0, D.f32, [3], L.strided)
+    buffer = np.arange(10, dtype=np.float32)
+    t = ga.Tensor(lt, ga.Engine(), buffer, offset=0)
+    t.set_data_handle(buffer, offset=6)
+    np.testing.assert_array_equal(t.numpy(), [6, 7, 8])
+    with pytest.raises(ga.InvalidArguments, match="needs at least 11"):
+        t.set_data_handle(buffer, offset=8)
+    np.testing.assert_array_equal(t.numpy(), [6, 7, 8])  # a refused handle changes nothing
