@@ -23,6 +23,7 @@ from .json_io import load, save
 from .logical_tensor import LogicalTensor
 from .op import Op
 from .partition import CompiledPartition, Partition
+from .partition_cache import get_compiled_partition_cache_capacity, set_compiled_partition_cache_capacity
 from .runner import CompiledGraph, compile_graph, run_graph
 from .tensor import Tensor, make_scalar_tensor
 from .builder import CompiledModel, GraphBuilder
@@ -37,4 +38,5 @@ __all__ = [
     "Unimplemented", "load", "make_scalar_tensor", "run_graph", "save",
     "get_memory_budget", "set_memory_budget",
     "CompiledGraph", "compile_graph",
+    "get_compiled_partition_cache_capacity", "set_compiled_partition_cache_capacity",
 ]

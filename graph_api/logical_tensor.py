@@ -1,5 +1,17 @@
 """Logical tensors: id, data type, shape, strides, layout, property.
 
+The constructor takes oneDNN's overloads positionally, told apart by the
+types of the arguments after the dtype (as C++ overload resolution does)::
+
+    LogicalTensor(id, dtype, layout_type)                        # rank unknown
+    LogicalTensor(id, dtype, ndims, layout_type[, property])     # rank known, dims unknown
+    LogicalTensor(id, dtype, dims, layout_type[, property])      # dense strides if strided
+    LogicalTensor(id, dtype, dims, strides[, property])          # layout strided
+
+and the keyword form ``LogicalTensor(id, dtype, shape=, strides=, layout=,
+property=)`` (a ``layout`` given positionally after strides is still read as
+the layout).
+
 Immutable, as in oneDNN: to add information (a concrete shape at compile time)
 make a new one with the same id (:meth:`LogicalTensor.with_shape`).  Unknown
 rank is ``shape=None``; an unknown dim is ``-1``.  ``encoding`` is reserved for
@@ -7,6 +19,7 @@ tensor encodings (sparse formats) and takes part in equality.
 """
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 from typing import Sequence
@@ -93,6 +106,63 @@ def _check_span(tid: int, dtype, shape, strides) -> None:
             f"more than 2^63-1 bytes")
 
 
+_UNSET = object()
+
+
+def _is_layout(value) -> bool:
+    return isinstance(value, LayoutType) or (isinstance(value, str) and value in LayoutType.__members__)
+
+
+def _is_property_only(value) -> bool:
+    """A property type that cannot be read as a layout type (``'undef'`` is both)."""
+    return isinstance(value, PropertyType) or (
+        isinstance(value, str) and value in PropertyType.__members__ and value not in LayoutType.__members__)
+
+
+def _ndims_shape(tid: int, ndims) -> tuple | None:
+    """oneDNN's ``ndims`` argument: -1 unknown rank, else that many unknown dims."""
+    ndims = int(ndims)
+    if not -1 <= ndims <= MAX_NDIMS:
+        raise InvalidArguments(f"logical tensor {tid}: ndims {ndims}; expected -1 (unknown) to {MAX_NDIMS}")
+    return None if ndims == -1 else (UNKNOWN_DIM,) * ndims
+
+
+def _overload(tid: int, shape, strides, layout, prop):
+    """(shape, strides, layout, property) from whichever oneDNN overload was used.
+
+    The third argument is a layout type (rank unknown), an int ``ndims`` or a
+    dims sequence; the fourth a layout type or strides; a fifth after a layout
+    type is the property; after strides it is the property when it can only be
+    one (a PropertyType), else the layout (this package's keyword order).
+    """
+    if _is_layout(shape):  # (id, dtype, layout_type)
+        if strides is not None or layout is not _UNSET:
+            raise InvalidArguments(
+                f"logical tensor {tid}: after a layout type as third argument only a property may follow, "
+                f"got {strides!r}, {layout!r}")
+        return None, None, shape, prop
+    by_ndims = isinstance(shape, numbers.Integral) and not isinstance(shape, (bool, enum.Enum))
+    if isinstance(shape, enum.Enum):
+        raise InvalidArguments(
+            f"logical tensor {tid}: third argument {shape!r} is neither ndims, dims nor a layout type")
+    if by_ndims:
+        shape = _ndims_shape(tid, shape)
+    if _is_layout(strides):  # (id, dtype, ndims|dims, layout_type[, property])
+        if layout is not _UNSET and prop is not _UNSET:
+            raise InvalidArguments(
+                f"logical tensor {tid}: after dims and a layout type only a property may follow, "
+                f"got {layout!r} and {prop!r}")
+        return shape, None, strides, prop if layout is _UNSET else layout
+    if by_ndims:
+        raise InvalidArguments(
+            f"logical tensor {tid}: ndims must be followed by a layout type, got {strides!r}")
+    if layout is not _UNSET and _is_property_only(layout):  # (id, dtype, dims, strides, property)
+        if prop is not _UNSET:
+            raise InvalidArguments(f"logical tensor {tid}: two property types given: {layout!r}, {prop!r}")
+        return shape, strides, _UNSET, layout
+    return shape, strides, layout, prop
+
+
 def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides; a 0 dim counts as 1, as oneDNN does."""
     strides, acc = [], 1
@@ -113,14 +183,17 @@ class LogicalTensor:
         dtype=DataType.f32,
         shape: Sequence[int] | None = None,
         strides: Sequence[int] | None = None,
-        layout=LayoutType.strided,
-        property=PropertyType.variable,
+        layout=_UNSET,
+        property=_UNSET,
         encoding=None,
     ):
         if not isinstance(id, (int,)) or isinstance(id, bool) or id < 0:
             raise InvalidArguments(f"logical tensor id must be a non-negative int, got {id!r}")
         self.id = int(id)
         self.dtype = dtypes.parse(dtype)
+        shape, strides, layout, property = _overload(self.id, shape, strides, layout, property)
+        layout = LayoutType.strided if layout is _UNSET else layout
+        property = PropertyType.variable if property is _UNSET else property
         self.layout = parse_enum(LayoutType, layout, "layout type")
         self.property = parse_enum(PropertyType, property, "property type")
         self.encoding = encoding

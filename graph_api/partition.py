@@ -1,6 +1,7 @@
 """``Partition`` (a set of ops to compile together) and ``CompiledPartition``."""
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 
@@ -8,13 +9,16 @@ import numpy as np
 
 from .config import log, settings
 from .engine import Engine, Stream
-from .enums import EngineKind, LayoutType, OpKind, PropertyType
+from .enums import EngineKind, LayoutType, OpKind, PropertyType, parse_enum
 from .errors import (ExecutionError, InvalidArguments, InvalidDataType, InvalidShape,
-                     op_label)
+                     Unimplemented, op_label)
 from .fpmath import FPMath
+from .graph import Graph
 from .infer import merge_shapes, propagate
 from .logical_tensor import LogicalTensor, dense_strides
 from .memory import check_partition
+from .op import Op
+from .partition_cache import CACHE
 from .tensor import Tensor, self_overlapping
 
 #: op kinds with no kernel: oneDNN returns them as unsupported partitions
@@ -24,10 +28,26 @@ UNSUPPORTED_KINDS = {OpKind.Wildcard, OpKind.End}
 from .postops import INPLACE_KINDS  # noqa: E402
 
 
-class Partition:
-    """A group of ops of one graph that compiles into one kernel plan."""
+#: a unique key per partition for the process-wide compiled-partition cache
+_SERIALS = itertools.count()
 
-    def __init__(self, pid: int, graph, fusion):
+
+class Partition:
+    """A group of ops of one graph that compiles into one kernel plan.
+
+    ``Partition(op, engine_kind)`` is oneDNN's ``partition(op, engine_kind)``:
+    a one-op partition built directly (a one-op graph, partitioned).  Graphs
+    build theirs as ``Partition(pid, graph, fusion)``.
+    """
+
+    def __init__(self, pid, graph=None, fusion=None):
+        if isinstance(pid, Op):
+            self._adopt_single_op(pid, EngineKind.cpu if graph is None else graph)
+            return
+        if graph is None or fusion is None:
+            raise InvalidArguments(
+                f"Partition takes (op, engine_kind) or (id, graph, fusion), got {type(pid).__name__} first")
+        self._serial = next(_SERIALS)
         self.id = pid
         self.graph = graph
         self.fusion = fusion
@@ -54,7 +74,25 @@ class Partition:
                 if not users or any(u not in op_set or graph.ops[u].kind == OpKind.End
                                     for u, _ in users):
                     self.output_ids.append(lt.id)
-        self._cache: dict = {}
+
+    def _adopt_single_op(self, op: Op, engine_kind) -> None:
+        kind = parse_enum(EngineKind, engine_kind, "engine kind")
+        if kind != EngineKind.cpu:
+            raise InvalidArguments(f"partition of {op_label(op)}: engine kind {kind.name}; this runtime has cpu only")
+        graph = Graph(kind)
+        graph.add_op(op)
+        graph.finalize()
+        parts = graph.get_partitions()
+        if len(parts) != 1:  # a Composite op inlined into several partitions
+            raise Unimplemented(
+                f"partition of {op_label(op)}: the op becomes {len(parts)} partitions; "
+                f"add it to a Graph and call get_partitions")
+        self.__dict__.update(parts[0].__dict__)
+
+    @property
+    def _cache(self) -> dict:
+        """This partition's entries in the process-wide compiled-partition cache."""
+        return CACHE.entries_of(self._serial)
 
     # ------------------------------------------------------------ queries
     @property
@@ -126,7 +164,8 @@ class Partition:
         in_lts.update({t: self.graph.tensors[t] for t in self.bound_ids})
         key = (tuple(lt.key() for lt in in_lts.values()),
                tuple(lt.key() for lt in outputs), self.fpmath, settings.reference)
-        cached = self._cache.get(key)
+        key = (self._serial,) + key
+        cached = CACHE.get(key)
         if cached is not None:
             return cached
         start = time.perf_counter()
@@ -160,7 +199,7 @@ class Partition:
         compiled.compile_ms = ms
         log(f"compile,partition {self.id},{self.get_kind()},{len(self.ops)} ops,"
             f"kernel={plan.name},fpmath={self.fpmath},{ms:.3f} ms")
-        self._cache[key] = compiled
+        CACHE.put(key, compiled)
         return compiled
 
     def _match_inputs(self, inputs) -> dict[int, LogicalTensor]:

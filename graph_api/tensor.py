@@ -16,6 +16,10 @@ What a handle may be (the constructor's ``data`` or ``set_data_handle``):
   *mirror*: reads and writes go to the user's array element by element, and
   the flat buffer is a private copy.
 
+``Tensor(lt, engine, buffer, offset=k)`` is oneDNN's ``tensor(lt, eng, handle +
+k)``: any 1-D buffer of the flat dtype whose elements ``k`` onwards cover the
+strided span; the tensor is a zero-copy view of ``buffer[k:k + span]``.
+
 Kernels only ever see *direct* tensors (a C-contiguous flat buffer that is the
 tensor's memory); ``CompiledPartition.execute`` stages every other tensor
 through :meth:`Tensor.staged` (inputs copied in, outputs stored back through
@@ -106,9 +110,13 @@ class Tensor:
             strides, mirrored otherwise), a flat buffer spanning the strided
             layout, or for s4/u4 an ``ml_dtypes.int4``/``uint4`` array or the
             packed ``uint8`` bytes.  See the module docstring.
+        offset: with a 1-D ``data`` buffer, the element at which the tensor's
+            memory starts (oneDNN's ``handle + offset``); for s4/u4 an even
+            element offset (whole bytes).
     """
 
-    def __init__(self, logical_tensor: LogicalTensor, engine: Engine | None = None, data=None):
+    def __init__(self, logical_tensor: LogicalTensor, engine: Engine | None = None, data=None,
+                 offset: int | None = None):
         lt = logical_tensor
         if not isinstance(lt, LogicalTensor):
             raise InvalidArguments(f"Tensor needs a LogicalTensor, got {type(lt).__name__}")
@@ -128,6 +136,8 @@ class Tensor:
         self.packed = self._info.packed
         self._dense = lt.is_dense()
         self._span = _span(lt.shape, lt.strides)
+        if offset is not None:
+            data = self._window(data, offset)
         self._attach(self._as_array(data) if data is not None else None)
 
     # ------------------------------------------------------------ construction
@@ -144,6 +154,33 @@ class Tensor:
             return np.zeros(self._flat_size, dtype=self._flat_dtype)
         except (MemoryError, ValueError):  # numpy says ValueError for sizes past its limit
             raise OutOfMemory(f"tensor {self.lt!r}: cannot allocate {self.lt.size_in_bytes()} bytes") from None
+
+    def _window(self, buffer, offset) -> np.ndarray:
+        """The zero-copy part of a 1-D ``buffer`` from element ``offset`` that holds the span."""
+        lt = self.lt
+        if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
+            raise InvalidArguments(f"tensor {lt!r}: offset must be an int >= 0, got {offset!r}")
+        if not isinstance(buffer, np.ndarray) or buffer.ndim != 1:
+            raise InvalidArguments(
+                f"tensor {lt!r}: an offset needs a 1-D numpy buffer, got "
+                f"{type(buffer).__name__ if not isinstance(buffer, np.ndarray) else f'{buffer.ndim}-D array'}")
+        if buffer.dtype != self._flat_dtype:
+            raise InvalidDataType(
+                f"tensor {lt!r}: the buffer has numpy dtype {buffer.dtype}, expected {self._flat_dtype}")
+        start = int(offset)
+        if self.packed:
+            if start % 2:
+                raise InvalidArguments(
+                    f"tensor {lt!r}: offset {start} splits a byte of packed {lt.dtype.name} data; "
+                    f"use an even element offset")
+            start //= 2
+        needed = start + self._flat_size
+        if buffer.shape[0] < needed:
+            unit = "bytes" if self.packed else "elements"
+            raise InvalidArguments(
+                f"tensor {lt!r}: the buffer has {buffer.shape[0]} {unit}; from offset {offset} the strides "
+                f"{list(lt.strides)} span {self._flat_size} {unit}, so it needs at least {needed}")
+        return buffer[start:needed]
 
     def _as_array(self, data) -> np.ndarray:
         """User data as an array: numpy arrays as they are, anything else converted."""
@@ -332,9 +369,13 @@ class Tensor:
             self._store(self.buffer, self._mirror)
         return self.buffer
 
-    def set_data_handle(self, buffer: np.ndarray) -> None:
-        """Point the tensor at new memory: a flat buffer of the strided span, or
-        an array of the logical shape (same rules as the constructor)."""
+    def set_data_handle(self, buffer: np.ndarray, offset: int | None = None) -> None:
+        """Point the tensor at new memory: a flat buffer of the strided span, an
+        array of the logical shape, or a 1-D buffer from element ``offset``
+        (same rules as the constructor)."""
+        if offset is not None:
+            self._attach(self._window(buffer, offset))
+            return
         if not isinstance(buffer, np.ndarray):
             raise InvalidArguments(
                 f"tensor {self.lt!r}: a data handle must be a numpy array, got {type(buffer).__name__}")
