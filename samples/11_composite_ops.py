@@ -24,6 +24,7 @@ from graph_api import DataType as dt
 from graph_api import OpKind as K
 from graph_api import composite
 from graph_api.composite_library import Builder
+from samples import gallery
 
 
 def softcap_decomposition() -> composite.Decomposition:
@@ -60,18 +61,15 @@ def run(graph, feeds, want, reference: bool) -> float:
         parts = graph.get_partitions()
         result = ga.run_graph(graph, feeds, partitions=parts)
         reasons = graph.explain_partitions()
-    print(f"--- {'reference path forced' if reference else 'backend choice'}: {len(parts)} partitions")
-    for r in result.partitions:
-        p = r.partition
-        kinds = ",".join(op.kind.name for op in p.ops)
-        kinds = kinds if len(kinds) <= 60 else kinds[:57] + "..."
-        print(f"  partition {p.id}: {p.get_kind():18s} {len(p.ops):2d} ops [{kinds}] kernel={r.compiled.plan.name}")
+    title = "reference path forced (decompositions inlined)" if reference else "backend choice"
+    # the partitions were cut from the graph with composites inlined (part.graph)
+    gallery.graph(title, result.partitions[0].partition.graph, result.partitions)
     for op_id, why in sorted(reasons.items()):
         if why.op_kind == "Composite":
             print(f"  op {op_id}: {why}")
     error = float(np.abs(result.outputs[7] - want).max() / np.abs(want).max())
-    print(f"  max error vs float64 numpy (relative to max |out|): {error:.2e}")
-    return error
+    # f32 everywhere: tanh's approximation (3.7e-7) and K-term f32 dot products
+    return gallery.error(f"{title}, max rel vs float64 numpy", error, 1e-4)
 
 
 def main(small: bool = False) -> None:
@@ -86,6 +84,5 @@ def main(small: bool = False) -> None:
         for i, shape in ((4, (n, hidden)), (5, (n, hidden)), (6, (hidden, n))):
             feeds[i] = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
         want = expected(feeds, cap)
-        errors = [run(graph, feeds, want, reference) for reference in (False, True)]
-    # f32 everywhere: tanh's approximation (3.7e-7) and K-term f32 dot products
-    assert max(errors) < 1e-4, errors
+        for reference in (False, True):
+            run(graph, feeds, want, reference)
