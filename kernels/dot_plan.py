@@ -61,7 +61,11 @@ def _core_op(request: CompileRequest):
 def build(request: CompileRequest):
     """A HybridPlan with the dot as its core, or why not."""
     from .fused.hybrid import HybridPlan
+    from .fused.wmatmul_plan import zero_size_reason
 
+    reason = zero_size_reason(request)  # e.g. a batch-reduce over no GEMMs: the reference sums to 0
+    if reason:
+        return reason
     core_op = _core_op(request)
     if isinstance(core_op, str):
         return core_op

@@ -47,7 +47,9 @@ class Walk:
         """The single consumer of the running value (or a Sigmoid+Multiply pair)."""
         if self.value in self.request.output_ids:
             return None
-        cons = self.consumers.get(self.value, [])
+        # an op reading the value at two inputs (Multiply(y, y)) is one consumer:
+        # the epilogue reads its running value for the second input
+        cons = list({op.id: op for op in self.consumers.get(self.value, [])}.values())
         if len(cons) == 2 and not self.layout:
             sig = next((op for op in cons if op.kind == K.Sigmoid), None)
             mul = next((op for op in cons if op.kind == K.Multiply), None)

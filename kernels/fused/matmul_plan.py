@@ -70,16 +70,29 @@ class MatmulPlan(ChainPlan):
             hit = self._b_cache.get(key)
             if hit is None:
                 self._b_cache.clear()
-                hit = self._b_cache[key] = np.ascontiguousarray(self.round[1](src))
-            x = hit
+                x = np.ascontiguousarray(self.round[1](src))
+                hit = self._b_cache[key] = (x, _abs_max(x))
+            x, xmax = hit
         else:
             x = self.round[i](arrays[tid])
+            xmax = _abs_max(x)
         if (self.ta if i == 0 else self.tb) and x.ndim > 1:
             x = np.swapaxes(x, -1, -2)
-        return x
+        return x, xmax
 
     def run(self, arrays, outputs) -> None:
-        a, b = self._operand(arrays, 0), self._operand(arrays, 1)
+        from kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
+
+        (a, amax), (b, bmax) = self._operand(arrays, 0), self._operand(arrays, 1)
+        if not amax * bmax * max(a.shape[-1], 1) < _SAFE:  # NaN compares False
+            # inf/NaN or f32 partial sums that may overflow: float64 sums rounded
+            # once, as the reference MatMul (sgemm gives inf - inf = NaN where the
+            # reference has a finite value or an infinity)
+            with np.errstate(all="ignore"):
+                acc = np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+            if acc.shape != self.shape:
+                acc = np.broadcast_to(acc, self.shape)
+            return self.store(acc, arrays, outputs)
         if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
             # a linear layer: one [B*S, K] x [K, N] GEMM, not B stacked ones (numpy
             # calls sgemm per slice, each a thread-pool wake-up)
@@ -98,8 +111,18 @@ class MatmulPlan(ChainPlan):
         self.store(acc, arrays, outputs)
 
 
+def _abs_max(x) -> float:
+    """max |x| (NaN when x holds a NaN; 0 for an empty x)."""
+    return float(np.max(np.abs(x))) if x.size else 0.0
+
+
 def build(request: CompileRequest):
     """A :class:`MatmulPlan` for a partition with one MatMul, or why not."""
+    from .wmatmul_plan import zero_size_reason
+
+    reason = zero_size_reason(request)  # the reference computes empty outputs / empty sums
+    if reason:
+        return reason
     mms = [op for op in request.ops if op.kind == K.MatMul]
     if len(mms) != 1:
         return f"{len(mms)} MatMul ops (the BLAS plan takes one)"

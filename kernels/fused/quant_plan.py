@@ -74,6 +74,11 @@ class QuantPlan:
 
 def build(request: CompileRequest):
     """A :class:`QuantPlan` for a single dynamic (de)quantize op, or why not."""
+    from .wmatmul_plan import zero_size_reason
+
+    reason = zero_size_reason(request)  # the kernel's groups assume elements
+    if reason:
+        return reason
     (op,) = request.ops
     lts = request.lts
     x, out = lts[op.inputs[0].id], lts[op.outputs[0].id]
