@@ -22,8 +22,14 @@ the user has not set them, then imports numba:
     are part of Numba's on-disk cache key, so the cache stays valid on this
     machine and is (correctly) not reused on a different CPU.
 ``NUMBA_CACHE_DIR``
-    Not set by default (Numba writes ``__pycache__`` next to the sources);
-    set ``GRAPH_API_NUMBA_CACHE_DIR`` to redirect it for read-only installs.
+    Numba invalidates a cached kernel only when *its own* source file changes,
+    not when a function it calls from another module (the shared epilogue in
+    ``wmatmul.py``, the post-op codes in ``graph_api/postops.py``) changes: a
+    stale cache then runs old machine code and returns wrong numbers.  So the
+    cache lives in a folder named by a hash of every kernel and graph_api
+    source file and of the Numba version: ``kernels/__pycache__/numba-<hash>``,
+    or ``$GRAPH_API_NUMBA_CACHE_DIR/numba-<hash>`` (for read-only installs).
+    A ``NUMBA_CACHE_DIR`` the user sets is used as it is.
 
 LLVM option ``-runtime-memory-check-threshold=64`` (set once per process,
 affects only code compiled here): see the comment below.
@@ -44,6 +50,32 @@ def _host_cpu() -> tuple[str, str]:
     return name, features
 
 
+def _source_hash() -> str:
+    """A hash of the sources compiled kernels depend on, and of the Numba version."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha1()
+    try:
+        digest.update(version("numba").encode())
+    except PackageNotFoundError:  # pragma: no cover
+        pass
+    for root in (here, here.parent / "graph_api"):
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _cache_dir() -> str:
+    from pathlib import Path
+
+    base = os.environ.get("GRAPH_API_NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parent / "__pycache__")
+    return os.path.join(base, f"numba-{_source_hash()}")
+
+
 def configure() -> dict[str, str]:
     """Set Numba/OpenMP env defaults (only the unset ones); return what was set."""
     if "numba" in sys.modules:
@@ -53,9 +85,7 @@ def configure() -> dict[str, str]:
     # PASSIVE: see the module docstring; measured on the decoder-layer sample
     # (numpy/OpenBLAS reference ops between Numba kernels): 74 ms -> 10 ms a step.
     wanted = {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "PASSIVE"}
-    cache_dir = os.environ.get("GRAPH_API_NUMBA_CACHE_DIR")
-    if cache_dir:
-        wanted["NUMBA_CACHE_DIR"] = cache_dir
+    wanted["NUMBA_CACHE_DIR"] = _cache_dir()
     if "NUMBA_CPU_NAME" not in os.environ and "NUMBA_CPU_FEATURES" not in os.environ:
         try:
             name, features = _host_cpu()

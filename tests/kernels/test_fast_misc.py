@@ -122,3 +122,27 @@ def test_epilogue_program_layout():
     assert list(ep.ops) == [W.EP_ADD, W.EP_RELU, W.EP_MUL, W.EP_CLAMP]
     assert tuple(ep.ipar[0]) == (0, 0, 1) and tuple(ep.ipar[2]) == (5, 1, 0)
     assert tuple(ep.fpar[3]) == (0.0, 1.0)
+
+
+def test_numba_cache_folder_follows_every_kernel_source(monkeypatch):
+    """Numba re-checks only a kernel's own file, so a change in a module it calls
+    (the shared epilogue) once left stale machine code that skipped a post-op
+    (SoftMax -> Log returned the SoftMax).  The cache folder is named by a hash
+    of all kernel and graph_api sources: any change gives a fresh folder."""
+    import os
+    from pathlib import Path
+
+    from kernels import numba_setup
+
+    if "NUMBA_CACHE_DIR" not in numba_setup.APPLIED:
+        pytest.skip("NUMBA_CACHE_DIR was set by the user")
+    assert os.environ["NUMBA_CACHE_DIR"] == numba_setup._cache_dir()
+    before = numba_setup._source_hash()
+    real = Path.read_bytes
+
+    def edited(path):
+        data = real(path)
+        return data + b"\n# edited" if path.name in ("wmatmul.py", "postops.py") else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    assert numba_setup._source_hash() != before
