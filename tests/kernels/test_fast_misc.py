@@ -3,7 +3,9 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from numba import njit
+
+from kernels import numba_setup  # noqa: F401  (configures Numba before numba is imported)
+from numba import njit  # noqa: E402
 
 from kernels import bits, norm, quantize
 from kernels import wmatmul as W
