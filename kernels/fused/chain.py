@@ -229,7 +229,9 @@ class ChainPlan:
                 tensor.write(arrays[tid])
 
     def head(self, arrays):
-        raise NotImplementedError
+        """The f32 head result the chain runs on; each subclass (matmul, element-wise,
+        norm, reduce, formula plans) computes its own."""
+        raise NotImplementedError(f"{type(self).__name__} defines no head")  # abstract
 
     def execute(self, inputs: dict, outputs: dict) -> None:
         arrays = {tid: t.numpy() for tid, t in inputs.items()}
