@@ -13,7 +13,7 @@ import platform
 import sys
 import time
 
-from kernels.numba_setup import numba
+from graph_api.kernels.numba_setup import numba
 
 import numpy as np
 

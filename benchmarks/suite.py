@@ -10,15 +10,15 @@ import sys
 import tempfile
 import time
 
-from kernels.numba_setup import numba
+from graph_api.kernels.numba_setup import numba
 
 import numpy as np
 from numba import njit, prange
 
 from benchmarks import peers
-from kernels import sdpa as SD
-from kernels import wmatmul as WM
-from kernels.bits import prefetch
+from graph_api.kernels import sdpa as SD
+from graph_api.kernels import wmatmul as WM
+from graph_api.kernels.bits import prefetch
 
 COLD_BYTES = 1 << 30  # rotation working set for "cold" (quick: 640 MiB)
 
@@ -152,7 +152,7 @@ def _kv_copies(Hkv, S, D, G, kind, ncopies, rng):
 def _kv_dense(kv):
     """Dequantized logical [B, H, S, D] f32 of a KV operand (numpy, peers only)."""
     B, H, S, D = kv.shape
-    from kernels.quantize import dequantize
+    from graph_api.kernels.quantize import dequantize
     if kv.transposed:
         x = dequantize(kv.data, (B, H, D, S), np.repeat(kv.scales, kv.group, axis=2),
                        dtype=kv.kind, group=1)
@@ -239,7 +239,7 @@ import time, sys
 t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
 import numpy as np
-from kernels import wmatmul as WM, sdpa as SD
+from graph_api.kernels import wmatmul as WM, sdpa as SD
 t1 = time.perf_counter()
 K = N = 256; G = 32
 w = np.zeros(K * N // 2, np.uint8); sc = np.ones((N, K // G), np.float32)

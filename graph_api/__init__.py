@@ -11,6 +11,18 @@ compile them for concrete shapes and execute them on tensors::
         cp = p.compile(inputs, outputs, ga.Engine())
         cp.execute(ga.Stream(engine), in_tensors, out_tensors)
 """
+import os as _os
+
+# The kernels and patterns layers live beside this folder in the repository (kernels/, patterns/)
+# and are installed under this package as graph_api.kernels and graph_api.patterns (pyproject's
+# package-dir).  In a source tree nothing is installed there, so the repository root joins this
+# package's search path: graph_api.kernels then resolves to <root>/kernels in both cases, and no
+# second top-level name (kernels, patterns) is ever imported.
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if (not _os.path.isdir(_os.path.join(__path__[0], "kernels"))
+        and _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py"))):
+    __path__.append(_root)
+
 from .config import get_memory_budget, set_memory_budget
 from .dtypes import DataType
 from .engine import Engine, Stream

@@ -216,13 +216,13 @@ NO_EXPLANATION = "no pattern library explanation available"
 def explanations(graph):
     """Why ops were not fused, from the pattern library if it offers it.
 
-    Tries ``graph.explain_partitions()`` then ``patterns.explain(graph)``.
+    Tries ``graph.explain_partitions()`` then ``graph_api.patterns.explain(graph)``.
     Returns a dict op id -> reason, a list of lines, or None.
     """
     explain = getattr(graph, "explain_partitions", None)
     if explain is None:
         try:
-            import patterns
+            from graph_api import patterns
 
             library_explain = getattr(patterns, "explain", None)
         except ImportError:

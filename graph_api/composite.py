@@ -542,7 +542,7 @@ def infer_shapes(op, in_shapes) -> list:
 # ====================================================================== reference
 def run_reference(op, inputs, out_lts, ctx) -> list[np.ndarray]:
     """``REFERENCE[Composite]``: the decomposition run op by op on the reference kernels."""
-    from kernels.plan import CompileRequest, ComposedPlan
+    from graph_api.kernels.plan import CompileRequest, ComposedPlan
 
     from .logical_tensor import dense_strides
 

@@ -55,7 +55,7 @@ class Expansion:
 
 def decide(op, tensors, policy) -> tuple[bool, str]:
     """(keep as one fast partition?, why) for one Composite op."""
-    from kernels.composite import FAST_COMPOSITES
+    from graph_api.kernels.composite import FAST_COMPOSITES
 
     from .composite import NAME, VERSION
 

@@ -15,7 +15,7 @@ composite          ports                            reference decomposition
                    scale [1], mask [B|1, H|1, S, S] softmax spelled out (max, exp, sum, divide)
 =================  ===============================  =====================================
 
-The fast kernels that serve them are in :mod:`kernels.composite`.  The tanh
+The fast kernels that serve them are in :mod:`graph_api.kernels.composite`.  The tanh
 coefficients are the f32 rational approximation of Eigen / XLA (odd numerator of
 degree 13, even denominator of degree 6, exact to a few f32 ulps on [-9, 9], and
 tanh(+-9) rounds to +-1 in f32).

@@ -378,7 +378,7 @@ def reference_arrays(graph, feeds: dict, wanted=None) -> dict[int, np.ndarray]:
     reference kernels in one composed plan, as the unfused ground truth."""
     import networkx as nx
 
-    from kernels.plan import ComposedPlan, CompileRequest
+    from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
     order = graph.topological_op_ids()
     if wanted is not None:

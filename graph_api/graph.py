@@ -160,7 +160,7 @@ class Graph:
     # ------------------------------------------------------------ partitions
     def get_partitions(self, policy=PartitionPolicy.fusion):
         """Partitions covering every op once, in topological order of the fused graph."""
-        from patterns.partitioner import partition_graph
+        from graph_api.patterns.partitioner import partition_graph
 
         from .partition import Partition
 
@@ -206,8 +206,8 @@ class Graph:
 
     def explain_partitions(self):
         """Why ops were not fused: for each op in a single-op partition, the
-        nearest pattern and the condition that failed (``patterns.explain``)."""
-        from patterns.explain import explain
+        nearest pattern and the condition that failed (``graph_api.patterns.explain``)."""
+        from graph_api.patterns.explain import explain
 
         self._require_finalized("explain_partitions")
         return explain(self)

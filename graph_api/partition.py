@@ -152,8 +152,8 @@ class Partition:
         outputs may have unknown dims and layout ``any`` (dense strided is chosen).
         """
         from .opset import OP_SCHEMAS
-        from kernels.plan import CompileRequest
-        from kernels.registry import select_plan
+        from graph_api.kernels.plan import CompileRequest
+        from graph_api.kernels.registry import select_plan
 
         reason = self.unsupported_reason()
         if reason:
@@ -423,7 +423,7 @@ class CompiledPartition:
             self._check_against_reference(reference, outs)
 
     def _reference_arrays(self, ins) -> dict:
-        from kernels.plan import ComposedPlan
+        from graph_api.kernels.plan import ComposedPlan
 
         return ComposedPlan(self.request).run_arrays({tid: t.numpy().copy() for tid, t in ins.items()})
 

@@ -1,1 +1,1 @@
-"""Kernels: numpy reference ground truth (``kernels.reference``), fast kernels, registry."""
+"""Kernels: numpy reference ground truth (``graph_api.kernels.reference``), fast kernels, registry."""

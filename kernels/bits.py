@@ -23,7 +23,7 @@ f32/i32 bit casts.
 """
 from __future__ import annotations
 
-from kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 import numpy as np
 from llvmlite import ir

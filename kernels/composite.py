@@ -4,7 +4,7 @@ Each entry says how the backend runs the composite natively: its *native form*, 
 few ordinary ops over the composite's own tensors (the seed's "first region": the
 op the composite abstracts), compiled like a partition of its own.  The native
 form of ``gated_mlp`` and ``sdpa`` is exactly what the ``gated_mlp`` and ``sdpa``
-patterns fuse, so they run the existing Numba kernels (``kernels.fused``);
+patterns fuse, so they run the existing Numba kernels (``graph_api.kernels.fused``);
 ``tanh``, ``gelu_tanh`` and ``rms_norm`` run the runtime's own Tanh, GELU and
 RMSNorm kernels.  ``suits`` refuses shapes the kernel does not take (checked on the
 graph's shapes at ``get_partitions``; a refusal there inlines the decomposition).
@@ -113,7 +113,7 @@ def _native_request(request: CompileRequest, native: Native) -> CompileRequest:
     """The native ops as a request of their own, with the pattern that fuses them."""
     from graph_api.enums import PartitionPolicy
     from graph_api.graph import Graph
-    from patterns.partitioner import partition_graph
+    from graph_api.patterns.partitioner import partition_graph
 
     op = request.ops[0]
     ports = {lt.id: request.lts[lt.id] for lt in op.inputs + op.outputs}

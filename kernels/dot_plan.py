@@ -1,10 +1,10 @@
 """The plan of partitions whose MatMul carries an ``algorithm`` or ``indexing_maps``,
 is a BatchReduceMatMul, or has transposes folded into its maps.
 
-The MatMul runs in :mod:`kernels.dot_algorithms` (f32 BLAS on strided views,
+The MatMul runs in :mod:`graph_api.kernels.dot_algorithms` (f32 BLAS on strided views,
 algorithm parts), reading folded producers' sources directly; every other op
 of the partition (bias is part of the core, post-ops are not) runs through the
-reference kernels after it (:class:`~kernels.fused.hybrid.HybridPlan`).
+reference kernels after it (:class:`~graph_api.kernels.fused.hybrid.HybridPlan`).
 
 :func:`needs_dot_plan` is what the registry asks first: such partitions never
 reach a fast kernel that ignores the algorithm or the maps; when :func:`build`

@@ -12,13 +12,13 @@ and an optional bf16/f16 store.  Inputs may be f32 or bf16/f16 bits.
 """
 from __future__ import annotations
 
-from kernels.numba_setup import numba  # noqa: F401
+from graph_api.kernels.numba_setup import numba  # noqa: F401
 
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import load_f32, act_kind, exp32, f32_to_bf16, f32_to_f16_bits
-from kernels.wmatmul import _ep_one, make_epilogue
+from graph_api.kernels.bits import load_f32, act_kind, exp32, f32_to_bf16, f32_to_f16_bits
+from graph_api.kernels.wmatmul import _ep_one, make_epilogue
 
 LAYER, RMS, SOFTMAX = 0, 1, 2
 

@@ -62,7 +62,9 @@ def _source_hash() -> str:
         digest.update(version("numba").encode())
     except PackageNotFoundError:  # pragma: no cover
         pass
-    for root in (here, here.parent / "graph_api"):
+    # a source tree has graph_api/ beside kernels/; an install has kernels/ inside graph_api/
+    core = here.parent / "graph_api" if (here.parent / "graph_api").is_dir() else here.parent
+    for root in (here, core):
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())

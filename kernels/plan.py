@@ -54,7 +54,7 @@ class ComposedPlan:
     name = "reference"
 
     def __init__(self, request: CompileRequest):
-        from kernels.reference import REFERENCE, RefContext
+        from graph_api.kernels.reference import REFERENCE, RefContext
 
         self.request = request
         self.ops = request.ops

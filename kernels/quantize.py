@@ -13,12 +13,12 @@ low nibble first, in row-major order of the whole tensor.
 """
 from __future__ import annotations
 
-from kernels.numba_setup import numba  # noqa: F401
+from graph_api.kernels.numba_setup import numba  # noqa: F401
 
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import load_f32, f32_to_bf16, f32_to_f16_bits, nib_x
+from graph_api.kernels.bits import load_f32, f32_to_bf16, f32_to_f16_bits, nib_x
 
 _RANGES = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
 

@@ -1,6 +1,6 @@
 """Kernel registry: (pattern, data types, fpmath) -> plan builder.
 
-A builder takes a :class:`~kernels.plan.CompileRequest` and returns a plan, or
+A builder takes a :class:`~graph_api.kernels.plan.CompileRequest` and returns a plan, or
 a string saying why when the concrete shapes do not suit it (the reason is
 printed in verbose mode).  Partitions without a registered fast kernel run the
 composed reference plan, which computes exactly what the unfused ops compute.

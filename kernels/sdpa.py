@@ -19,7 +19,7 @@ partial ``(m, l, acc)`` are merged in a fixed order.  Prefill: work items are
 are skipped.
 
 Arithmetic is f32 with explicit FMAs in a fixed order (no fastmath flags); the
-exponential is :func:`kernels.bits.exp32` (<= 2 ulp, vectorised).  fpmath
+exponential is :func:`graph_api.kernels.bits.exp32` (<= 2 ulp, vectorised).  fpmath
 rounding (``rnd``) applies to f32 Q and to f32/dequantized K and V when asked.
 
 Layouts: Q ``[B, Hq, Sq, D]``; K ``[B, Hkv, S, D]`` ("bhsd", scales
@@ -34,12 +34,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.numba_setup import numba  # noqa: F401
+from graph_api.kernels.numba_setup import numba  # noqa: F401
 
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
+from graph_api.kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub)

@@ -5,18 +5,18 @@ and a strided store.
 flat destination buffer (f32, or bf16/f16 bits as uint16) and ``roff``/``coff``
 are element offsets worked out at compile time.  A reshape, transpose or
 reorder of the result after the post-ops is therefore written by this store,
-not by a later copy.  The epilogue program is ``kernels.wmatmul``'s (codes of
+not by a later copy.  The epilogue program is ``graph_api.kernels.wmatmul``'s (codes of
 ``graph_api.postops``); strict f32, no fastmath.
 """
 from __future__ import annotations
 
-from kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import f32_to_bf16, f32_to_f16_bits
-from kernels.wmatmul import _ep_one
+from graph_api.kernels.bits import f32_to_bf16, f32_to_f16_bits
+from graph_api.kernels.wmatmul import _ep_one
 
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
 #: below this many elements one thread does it (no launch cost)

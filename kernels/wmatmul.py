@@ -48,14 +48,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 import math
 
 import numpy as np
 from numba import njit, prange
 
-from kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
+from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
                           round_code, i8_to_f32, load_row_f32)
 
 CB = 64  #: bytes per block row (128 int4 columns)
@@ -822,11 +822,11 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         activations and, with apply_to_int, for the dequantized weights.
       quantize_out: optional ``(dtype, scales, zps, group)``: a DynamicQuantize
         epilogue (s8/u8/s4/u4, groups along N) applied to the f32 result in a
-        second pass (:func:`kernels.quantize.quantize`; not fused in
+        second pass (:func:`graph_api.kernels.quantize.quantize`; not fused in
         registers); returns the int8/uint8 or packed int4 array.
     """
     if quantize_out is not None:
-        from kernels.quantize import quantize
+        from graph_api.kernels.quantize import quantize
         qdt, qs, qz, qg = quantize_out
         y = wmatmul(x, w, spec, scales, zps, prepared=prepared, post_ops=post_ops,
                     rnd_x=rnd_x, rnd_w=rnd_w, act_dtype=act_dtype)
@@ -844,7 +844,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     if act_dtype == "f16" and x.dtype == np.uint16:
         xk, kind = x, 2
     else:
-        from kernels.bits import act_kind
+        from graph_api.kernels.bits import act_kind
         xk, kind = act_kind(np.ascontiguousarray(x))
     xf = np.empty((M, K), np.float32)
     xs = np.empty((M, ng), np.float32)

@@ -4,7 +4,7 @@ For every op left in a single-op partition, each pattern that has a node of
 the op's kind is tried again, anchored at the op and at the ops a few steps
 downstream of it (a pattern's anchor is its last op), with the ops that
 higher-priority patterns (and the same pattern) had claimed when it ran.  The
-matcher's :class:`~patterns.matcher.Trace` keeps every dead end: how many ops
+matcher's :class:`~graph_api.patterns.matcher.Trace` keeps every dead end: how many ops
 were bound (repeated post-ops count a quarter) and which condition failed.
 The reported miss is the dead end involving the op that ranks highest: a
 condition failing on the op itself (or its output leaking) first, then the

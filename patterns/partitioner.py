@@ -1,6 +1,6 @@
 """Cuts a finalized graph into partitions.
 
-Patterns run in priority order (``patterns.library.PATTERNS``, highest
+Patterns run in priority order (``graph_api.patterns.library.PATTERNS``, highest
 first); each one is tried anchored at every op not yet taken, in reverse
 topological order, and the first acceptable match claims its ops.  A match is
 acceptable when

@@ -26,7 +26,7 @@ repetition one of several small :class:`Body` graphs entered at :data:`ENTRY`;
 ``Repeat(min=1, max=1)`` is an alternation of sub-graphs.
 
 Whole-match conditions (:class:`Check`) see the bindings.  The matcher is in
-:mod:`patterns.matcher`, the partitioner in :mod:`patterns.partitioner`.
+:mod:`graph_api.patterns.matcher`, the partitioner in :mod:`graph_api.patterns.partitioner`.
 """
 from __future__ import annotations
 

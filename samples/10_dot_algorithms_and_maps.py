@@ -93,7 +93,7 @@ def folding_demo(m, k, n) -> float:
     for policy in (ga.PartitionPolicy.debug, ga.PartitionPolicy.fusion):
         print(f"  {policy.name:6s}: {graph.get_partitions(policy)}")
     part = graph.get_partitions()[0]
-    from patterns.library.dot_maps import folded_matmul
+    from graph_api.patterns.library.dot_maps import folded_matmul
 
     print(f"  folded : {folded_matmul(graph, part.fusion.bindings)!r}")
     rng = np.random.default_rng(1)

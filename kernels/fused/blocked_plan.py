@@ -19,9 +19,9 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.enums import OpKind as K
 from graph_api.logical_tensor import LogicalTensor
-from kernels.plan import CompileRequest
-from kernels.reference import REFERENCE, RefContext
-from kernels.reference.eltwise import ELTWISE
+from graph_api.kernels.plan import CompileRequest
+from graph_api.kernels.reference import REFERENCE, RefContext
+from graph_api.kernels.reference.eltwise import ELTWISE
 
 _PER_IMAGE = {K.AvgPool, K.MaxPool, K.Interpolate, K.BatchNormInference, K.GroupNorm, K.TypeCast,
               K.BiasAdd, K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum}

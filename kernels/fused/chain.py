@@ -7,7 +7,7 @@ through its single consumers: ops of the post-op table
 (``graph_api.postops``), BiasAdd, TypeCast to a float type, then
 StaticReshape / StaticTranspose / Reorder.  The covered chain becomes one
 epilogue program; the layout ops become the store's offsets
-(``kernels.store``).  Ops the walk does not cover run as reference steps
+(``graph_api.kernels.store``).  Ops the walk does not cover run as reference steps
 before (producers of the head's or chain's operands) or after (Select,
 Dropout, Quantize tails); the plan's name lists them.
 """
@@ -19,7 +19,7 @@ from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.postops import POST_OPS
-from kernels.plan import ComposedPlan, CompileRequest
+from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
 from .epilogue import _ROUND_STEP, bind, chain_program
 
@@ -140,7 +140,7 @@ class ChainPlan:
     kernel = "chain"
 
     def __init__(self, request: CompileRequest, walk: Walk, head_inputs, head_steps=()):
-        from kernels import store
+        from graph_api.kernels import store
 
         lts = request.lts
         self.request, self.walk, self._store = request, walk, store
@@ -196,7 +196,7 @@ class ChainPlan:
 
     def epilogue(self, arrays, R=None, N=None):
         """The epilogue program; built once when no step reads an operand tensor."""
-        from kernels import wmatmul as wm
+        from graph_api.kernels import wmatmul as wm
 
         R = self.R if R is None else R
         N = self.N if N is None else N

@@ -4,7 +4,7 @@ L2-resident output block.
 
 Per image ``n`` the plan computes the first Convolution's output block
 ``[OC, P]`` (channels first whatever the data format) with
-:mod:`kernels.conv`, then every later op of the partition (post-ops, a fused
+:mod:`graph_api.kernels.conv`, then every later op of the partition (post-ops, a fused
 depthwise Convolution, TypeCast, Quantize) on blocks, and writes the blocks of
 the partition outputs into place.  Chain ops run through their own reference
 kernels on the block, so each one computes and rounds exactly as the unfused
@@ -17,7 +17,7 @@ with ``a = gamma / sqrt(var + eps)``, in f64), when the conv output is f32.
 
 int8 (s8/u8 data and s8 weights, no TypeCasts, per-tensor data and per-tensor
 or per-output-channel weight scales, weight zero points 0): the products
-``(x - zp_x) * w`` are integers and are summed exactly (:func:`kernels.conv.int_gemm`),
+``(x - zp_x) * w`` are integers and are summed exactly (:func:`graph_api.kernels.conv.int_gemm`),
 then scaled once by ``scale_x * scale_w[oc]``.  Other quantized forms (f8,
 TypeCasts to bf16, a weight Quantize) dequantize through the reference ops
 first and run the float path on the dequantized values, as the reference does.
@@ -36,12 +36,12 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
-from kernels import conv as cv
-from kernels.plan import CompileRequest, dequantized_inputs
-from kernels.reference import REFERENCE, RefContext
-from kernels.reference._common import pads, spatial_list, to_ncx
-from kernels.reference.conv import weights_to_oix
-from kernels.reference.eltwise import ELTWISE
+from graph_api.kernels import conv as cv
+from graph_api.kernels.plan import CompileRequest, dequantized_inputs
+from graph_api.kernels.reference import REFERENCE, RefContext
+from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
+from graph_api.kernels.reference.conv import weights_to_oix
+from graph_api.kernels.reference.eltwise import ELTWISE
 
 _BINARY = {K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum}
 _INT8 = {DataType.s8: (-128, 127), DataType.u8: (0, 255)}

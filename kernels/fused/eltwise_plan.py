@@ -3,13 +3,13 @@
 Serves single ops and the small post-op patterns (``eltwise_post_ops``,
 ``binary_post_ops``, ``softmax_post_ops``, ``layernorm_post_ops``,
 ``reduction_post_ops``, ``reciprocal_multiply``, ``typecast_quantize``,
-``reorder_sum``) as one :class:`~kernels.fused.chain.ChainPlan` each:
+``reorder_sum``) as one :class:`~graph_api.kernels.fused.chain.ChainPlan` each:
 
 * element-wise head (unary op, binary op whose operand 0 or 1 already has the
   output shape, TypeCast, Reorder, BiasAdd): no head pass at all; the walk
   starts at that input and the op is the epilogue's first step
   (``numba_eltwise``);
-* SoftMax / LayerNorm / RMSNorm over trailing axes: ``kernels.norm``'s
+* SoftMax / LayerNorm / RMSNorm over trailing axes: ``graph_api.kernels.norm``'s
   row kernel with the chain as its epilogue, one pass (``numba_norm``);
   other axes, LogSoftmax and ``inf_as_zero`` in f32 numpy (``numpy_f32_norm``);
 * reductions: numpy in f32 (pairwise sums), then the chain (``numpy_f32_reduce``);
@@ -30,7 +30,7 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.enums import OpKind as K
 from graph_api.postops import POST_OPS
-from kernels.plan import CompileRequest
+from graph_api.kernels.plan import CompileRequest
 
 from .chain import OKIND, ChainPlan, Walk, run_steps
 
@@ -73,7 +73,7 @@ class FormulaPlan(ChainPlan):
     kernel = "numpy_f32"
 
     def __init__(self, request, walk):
-        from kernels.plan import ComposedPlan
+        from graph_api.kernels.plan import ComposedPlan
 
         head = walk.head
         self.step = next(s for s in ComposedPlan(request).steps if s[1].id == head.id)
@@ -88,7 +88,7 @@ class ReducePlan(ChainPlan):
     kernel = "numpy_f32_reduce"
 
     def __init__(self, request, walk):
-        from kernels.reference.reduce import reduce_axes
+        from graph_api.kernels.reference.reduce import reduce_axes
 
         head = walk.head
         self.src = head.inputs[0].id
@@ -98,7 +98,7 @@ class ReducePlan(ChainPlan):
         super().__init__(request, walk, [lt.id for lt in head.inputs])
 
     def head(self, arrays):
-        from kernels.reference.reduce import reduce_axes
+        from graph_api.kernels.reference.reduce import reduce_axes
 
         x = _f32(arrays[self.src])
         axes = self.axes
@@ -175,7 +175,7 @@ class NormPlan(ChainPlan):
         return y
 
     def run(self, arrays, outputs) -> None:
-        from kernels import norm
+        from graph_api.kernels import norm
 
         x = arrays[self.src]
         self._stats(_f32(x), arrays)
@@ -262,7 +262,7 @@ class DirectPlan:
     name = "numpy_direct"
 
     def __init__(self, request: CompileRequest):
-        from kernels.plan import ComposedPlan
+        from graph_api.kernels.plan import ComposedPlan
 
         self.request = request
         self.steps = ComposedPlan(request).steps

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kernels.plan import ComposedPlan, CompileRequest
+from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
 
 class HybridPlan:

@@ -26,7 +26,7 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
-from kernels.plan import CompileRequest, dequantized_inputs
+from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 
 from .chain import OKIND, ChainPlan, Walk
 from .epilogue import _ROUND_STEP
@@ -81,7 +81,7 @@ class MatmulPlan(ChainPlan):
         return x, xmax
 
     def run(self, arrays, outputs) -> None:
-        from kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
+        from graph_api.kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
 
         (a, amax), (b, bmax) = self._operand(arrays, 0), self._operand(arrays, 1)
         if not amax * bmax * max(a.shape[-1], 1) < _SAFE:  # NaN compares False

@@ -6,11 +6,11 @@
 
 Each call streams its packed weights once; the activation is read from L1/L2.
 Float weights (any of the three) run f32 BLAS with the same epilogues
-(:class:`~kernels.fused.wmatmul_plan.DenseLinear`).
+(:class:`~graph_api.kernels.fused.wmatmul_plan.DenseLinear`).
 """
 from __future__ import annotations
 
-from kernels.plan import CompileRequest
+from graph_api.kernels.plan import CompileRequest
 
 from .epilogue import bind, chain_program
 from .hybrid import HybridPlan

@@ -14,7 +14,7 @@ as in the fused reference).
 from __future__ import annotations
 
 from graph_api.tensor import Tensor
-from kernels.plan import ComposedPlan, CompileRequest, dequantized_inputs
+from graph_api.kernels.plan import ComposedPlan, CompileRequest, dequantized_inputs
 
 
 class _RefStep:

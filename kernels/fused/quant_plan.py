@@ -1,4 +1,4 @@
-"""DynamicQuantize / DynamicDequantize single ops on ``kernels.quantize``.
+"""DynamicQuantize / DynamicDequantize single ops on ``graph_api.kernels.quantize``.
 
 Groups of ``G`` consecutive elements along the last axis (``group_shape``
 ``[1, .., 1, G]``) and per-tensor parameters (one group per row, the scale
@@ -13,14 +13,14 @@ import numpy as np
 
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
-from kernels.plan import CompileRequest
+from graph_api.kernels.plan import CompileRequest
 
 _INT = {DataType.s8: "s8", DataType.u8: "u8", DataType.s4: "s4", DataType.u4: "u4"}
 _OUT = {DataType.f32: "f32", DataType.bf16: "bf16", DataType.f16: "f16"}
 
 
 def _group(op, x_shape, s_shape) -> int | str:
-    from kernels.reference.quant import group_shape
+    from graph_api.kernels.reference.quant import group_shape
 
     C = x_shape[-1] if x_shape else 1
     if op.attrs["qtype"] == "per_tensor":
@@ -55,7 +55,7 @@ class QuantPlan:
         return np.broadcast_to(a, (self.rows,)) if self.per_tensor else a
 
     def execute(self, inputs: dict, outputs: dict) -> None:
-        from kernels import quantize
+        from graph_api.kernels import quantize
 
         s = self._param(inputs, self.s_id)
         z = None if self.z_id is None else self._param(inputs, self.z_id)

@@ -1,4 +1,4 @@
-"""K and V operands of an SDPA partition, as ``kernels.sdpa`` reads them.
+"""K and V operands of an SDPA partition, as ``graph_api.kernels.sdpa`` reads them.
 
 Which tensor feeds K or V (through DynamicDequantize [-> TypeCast] for
 compressed caches), its memory layout read off the strides (dense
@@ -14,7 +14,7 @@ import numpy as np
 
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
-from kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
+from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
 
 _FLOATS = {DataType.f32: "f32", DataType.bf16: "bf16", DataType.f16: "f16"}
 _INTS = {DataType.s4: "s4", DataType.u4: "u4", DataType.s8: "s8", DataType.u8: "u8"}
@@ -74,7 +74,7 @@ class Operand:
 
 def _group(deq, src_lt, scale_lt, d_axis: int):
     """Group size along D, or a reason."""
-    from kernels.reference.quant import group_shape
+    from graph_api.kernels.reference.quant import group_shape
 
     qtype = deq.attrs.get("qtype", "per_tensor")
     shape, D = src_lt.shape, src_lt.shape[d_axis]
@@ -148,8 +148,8 @@ def _params(array, op: Operand, transposed: bool, shape4):
 
 
 def make_kv(op: Operand, inputs, fetch, shape4, allow_bhds: bool):
-    """A ``kernels.sdpa.KV`` for this execute's tensors (no copy when the layout allows)."""
-    from kernels import sdpa as SD
+    """A ``graph_api.kernels.sdpa.KV`` for this execute's tensors (no copy when the layout allows)."""
+    from graph_api.kernels import sdpa as SD
 
     if op.packed:
         data, transposed = inputs[op.data_id].get_data_handle(), op.packed == "bhds"

@@ -1,6 +1,6 @@
-"""SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``) on the Numba kernel of ``kernels.sdpa``.
+"""SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``) on the Numba kernel of ``graph_api.kernels.sdpa``.
 
-The whole partition becomes one ``kernels.sdpa.sdpa`` call plus numpy
+The whole partition becomes one ``graph_api.kernels.sdpa.sdpa`` call plus numpy
 reshapes/transposes of its output::
 
     Q ─[q_reshape]─┐
@@ -80,8 +80,8 @@ from graph_api.check import EPS
 from graph_api.config import log
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
-from kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
-from kernels.plan import ComposedPlan, CompileRequest
+from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
+from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
 from .hybrid import HybridPlan
 from .wmatmul_plan import zero_size_reason
@@ -389,7 +389,7 @@ class SdpaCore:
         out[dead] = 0
 
     def __call__(self, inputs, arrays):
-        from kernels import sdpa as SD
+        from graph_api.kernels import sdpa as SD
 
         g, sc = self.geo, self.scores
         scale = 1.0

@@ -1,4 +1,4 @@
-"""Weight-compressed MatMul partitions on the Numba kernels of ``kernels.wmatmul``.
+"""Weight-compressed MatMul partitions on the Numba kernels of ``graph_api.kernels.wmatmul``.
 
 Covers ``DynamicDequantize(W int4/int8) [-> TypeCast] -> MatMul [+bias] ->
 post-ops [-> TypeCast]`` with W two-dimensional ([K, N], or [N, K] with
@@ -25,8 +25,8 @@ from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
-from kernels.bits import RND_BF16, RND_F16, rounding_code
-from kernels.plan import CompileRequest
+from graph_api.kernels.bits import RND_BF16, RND_F16, rounding_code
+from graph_api.kernels.plan import CompileRequest
 
 from .epilogue import bind, chain_program
 from .hybrid import HybridPlan
@@ -122,7 +122,7 @@ class Linear:
         return np.broadcast_to(a, shape)
 
     def __call__(self, x2d, inputs, post=(), out_dtype="f32"):
-        from kernels import wmatmul as wm
+        from graph_api.kernels import wmatmul as wm
 
         w_buf = inputs[self.w_id].get_data_handle()
         scales = self._params(inputs[self.s_id])
@@ -163,7 +163,7 @@ class DenseLinear:
         return self.cache.get([tensor], build) if self.constant else build()
 
     def __call__(self, x2d, inputs, post=(), out_dtype="f32"):
-        from kernels import wmatmul as wm
+        from graph_api.kernels import wmatmul as wm
 
         xf = self.fpmath.round_input(x2d, self.x_dtype)
         w, wmax = self._weights(inputs[self.w_id])
@@ -218,7 +218,7 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
     """A :class:`Linear` for a compressed-weight MatMul (a :class:`DenseLinear`
     for float weights), or the reason it cannot be one.  ``any_out``: the
     MatMul output may be bf16/f16 (no epilogue follows; the store rounds)."""
-    from kernels import wmatmul as wm
+    from graph_api.kernels import wmatmul as wm
 
     lts = request.lts
     ops = {op.id: op for op in request.ops}

@@ -6,7 +6,7 @@ Element-wise gradients follow oneDNN's ``math_utils.hpp`` ``*_bwd`` formulas
 forward dst), including their branches at the edges (``clip_v2_bwd`` is 0 at
 ``min`` and ``max``; ``hardsigmoid_bwd`` is 0 where ``alpha x + beta`` is 0 or
 1).  Everything is evaluated in float64 and rounded once to the output type,
-as the forward kernels in :mod:`kernels.reference.eltwise`.
+as the forward kernels in :mod:`graph_api.kernels.reference.eltwise`.
 
 Normalization gradients use the *given* mean and variance (as oneDNN does; it
 never recomputes them)::

@@ -2,7 +2,7 @@
 gradients, pooling gradients, InterpolateBackward.
 
 Everything runs on canonical arrays (NCX data, OIX weights, as
-:mod:`kernels.reference.conv`), sums in float64 rounded once to the output
+:mod:`graph_api.kernels.reference.conv`), sums in float64 rounded once to the output
 type.  With ``p = y * s + k * d`` the padded coordinate of output cell ``y``
 and kernel tap ``k`` (source index ``p - pads_begin``):
 
@@ -113,7 +113,7 @@ def conv_weights_core(x, dy, groups, strides, dilations, begin, kernel):
 
 
 def oix_to_format(w: np.ndarray, fmt: str) -> np.ndarray:
-    """Inverse of :func:`kernels.reference.conv.weights_to_oix`."""
+    """Inverse of :func:`graph_api.kernels.reference.conv.weights_to_oix`."""
     if fmt == "XIO":
         return np.moveaxis(w, (0, 1), (-1, -2))
     if fmt == "XOI":

@@ -211,7 +211,7 @@ def test_the_real_op_f32_ci_batch_passes_every_present_case():
 
 
 def test_a_crash_in_one_case_fails_that_case_and_the_batch_goes_on(inputs, monkeypatch):
-    from kernels.reference import REFERENCE
+    from graph_api.kernels.reference import REFERENCE
 
     def crash(op, inputs_, out_lts, ctx):
         raise ZeroDivisionError("boom")

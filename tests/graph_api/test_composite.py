@@ -13,7 +13,7 @@ from graph_api import composite as C
 from graph_api.composite import LIBRARY, Decomposition, composite_op
 from graph_api.composite_inline import expand
 from graph_api.composite_library import Builder
-from kernels.reference import RefContext
+from graph_api.kernels.reference import RefContext
 
 
 @pytest.fixture(autouse=True)

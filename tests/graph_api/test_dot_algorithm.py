@@ -18,7 +18,7 @@ from graph_api import OpKind as K
 from graph_api import dot_algorithm
 from graph_api.errors import InvalidGraphOp, Unimplemented
 from graph_api.rewrite import rebuild
-from kernels.reference import REFERENCE, RefContext
+from graph_api.kernels.reference import REFERENCE, RefContext
 from tests.patterns import graphs
 
 U = 2.0**-24  # f32 unit roundoff

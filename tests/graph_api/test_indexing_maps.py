@@ -19,7 +19,7 @@ from graph_api import DataType as dt
 from graph_api import OpKind as K
 from graph_api import indexing_maps
 from graph_api.errors import InvalidGraphOp
-from kernels.reference import REFERENCE, RefContext
+from graph_api.kernels.reference import REFERENCE, RefContext
 
 SIZES = {"b": 2, "m": 3, "n": 4, "k": 5}
 NAMES = {"dB": "b", "d0": "m", "d1": "n", "d2": "k"}
@@ -251,7 +251,7 @@ def test_a_transpose_folds_into_the_maps_one_partition_no_copy():
     graph = folding_graph(post=True, algorithm="bf16_6x")
     parts = graph.get_partitions()
     assert [p.get_kind() for p in parts] == ["matmul_indexing_maps"]
-    from patterns.library.dot_maps import folded_matmul
+    from graph_api.patterns.library.dot_maps import folded_matmul
 
     folded = folded_matmul(graph, parts[0].fusion.bindings)
     assert [lt.id for lt in folded.inputs] == [0, 1]  # reads the transpose's source
@@ -266,7 +266,7 @@ def test_a_transpose_folds_into_the_maps_one_partition_no_copy():
 
 def test_folded_default_maps_are_dropped():
     graph = folding_graph(transpose_b=True, b_src=(5, 4))  # transpose of a transpose_b operand
-    from patterns.library.dot_maps import folded_matmul
+    from graph_api.patterns.library.dot_maps import folded_matmul
 
     part = graph.get_partitions()[0]
     folded = folded_matmul(graph, part.fusion.bindings)
@@ -304,7 +304,7 @@ def test_a_unit_reshape_folds_as_a_batch_broadcast():
     g.finalize()
     parts = g.get_partitions()
     assert [p.get_kind() for p in parts] == ["matmul_indexing_maps"]
-    from patterns.library.dot_maps import folded_matmul
+    from graph_api.patterns.library.dot_maps import folded_matmul
 
     assert folded_matmul(g, parts[0].fusion.bindings).attrs["indexing_maps"][0] == m4("d0", "d2")
     rng = np.random.default_rng(7)

@@ -20,7 +20,7 @@ from graph_api.logical_tensor import LogicalTensor
 from graph_api.op import Op
 from graph_api.opset import OP_SCHEMAS
 from graph_api.schema import verify_op
-from kernels.reference import REFERENCE, RefContext
+from graph_api.kernels.reference import REFERENCE, RefContext
 
 H = 1e-5
 RTOL, ATOL = 1e-6, 1e-8

@@ -15,7 +15,7 @@ import pytest
 
 from graph_api.enums import OpKind
 from graph_api.opset import OP_SCHEMAS
-from kernels.reference.backward_window import interpolation_matrix
+from graph_api.kernels.reference.backward_window import interpolation_matrix
 
 from .test_backward import make_op, numeric_vjp, run64
 

@@ -8,7 +8,7 @@ import pytest
 import graph_api as ga
 from graph_api.check import compare
 from graph_api.fill import fill_inputs
-from kernels import conv as cv
+from graph_api.kernels import conv as cv
 
 from ..patterns import cnn_graphs as cg
 from ..patterns.builder import K, dt
@@ -153,8 +153,8 @@ def test_constant_weights_are_prepared_once_and_variable_weights_every_time():
         xv = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
         wv = RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
         # a lone Convolution is a single-op partition: compile the conv pattern's plan directly
-        from kernels.fused.conv_plan import build
-        from kernels.plan import CompileRequest
+        from graph_api.kernels.fused.conv_plan import build
+        from graph_api.kernels.plan import CompileRequest
         request = CompileRequest("conv_post_ops", part.ops, dict(graph.tensors), [0, 1], [2],
                                  graph.fpmath, {})
         plan = build(request)

@@ -4,11 +4,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels import numba_setup  # noqa: F401  (configures Numba before numba is imported)
+from graph_api.kernels import numba_setup  # noqa: F401  (configures Numba before numba is imported)
 from numba import njit  # noqa: E402
 
-from kernels import bits, norm, quantize
-from kernels import wmatmul as W
+from graph_api.kernels import bits, norm, quantize
+from graph_api.kernels import wmatmul as W
 from graph_api.dtypes import round_to_tf32
 
 SPECIAL = np.array([0.0, -0.0, 1.0, -1.5, 3.1415927, 1e-40, -1e-45, 65504.0, 65520.0, 1e38,
@@ -134,7 +134,7 @@ def test_numba_cache_folder_follows_every_kernel_source(monkeypatch):
     import os
     from pathlib import Path
 
-    from kernels import numba_setup
+    from graph_api.kernels import numba_setup
 
     if "NUMBA_CACHE_DIR" not in numba_setup.APPLIED:
         pytest.skip("NUMBA_CACHE_DIR was set by the user")

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels import sdpa as SD
+from graph_api.kernels import sdpa as SD
 
 
 def pack4(q):

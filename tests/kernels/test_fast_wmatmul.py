@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels import wmatmul as W
-from kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32
+from graph_api.kernels import wmatmul as W
+from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32
 
 U = 2.0 ** -24
 RANGES = {"s4": (-8, 7), "u4": (0, 15), "s8": (-128, 127), "u8": (0, 255)}

@@ -15,7 +15,7 @@ from graph_api import DataType as dt
 from graph_api import OpKind as K
 from graph_api import fill
 from graph_api.check import compare
-from kernels.fused import sdpa_plan
+from graph_api.kernels.fused import sdpa_plan
 
 HS = ga.PropertyType.host_scalar
 NAME = lambda d: d.name  # noqa: E731  (test ids)

@@ -216,7 +216,7 @@ def test_concurrent_execution_from_python_threads():
     partitions at once (the workqueue layer would abort); results agree."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from kernels.numba_setup import numba
+    from graph_api.kernels.numba_setup import numba
 
     b = Builder()
     w = b.compressed_weight(dt.s4, 256, 256, True)

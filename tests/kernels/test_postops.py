@@ -11,10 +11,10 @@ from graph_api.logical_tensor import LogicalTensor
 from graph_api.op import Op
 from graph_api.opset import OP_SCHEMAS
 from graph_api.partition import INPLACE_KINDS
-from kernels import wmatmul as W
-from kernels.fused import epilogue
-from kernels.reference import REFERENCE, RefContext
-from patterns.library import common
+from graph_api.kernels import wmatmul as W
+from graph_api.kernels.fused import epilogue
+from graph_api.kernels.reference import REFERENCE, RefContext
+from graph_api.patterns.library import common
 
 #: attributes for rows that need some (others use the schema defaults)
 ATTRS = {K.Clamp: {"min": -0.5, "max": 1.25}, K.Elu: {"alpha": 0.7}, K.LeakyReLU: {"alpha": 0.1},

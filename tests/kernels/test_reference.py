@@ -19,7 +19,7 @@ from graph_api.errors import Unimplemented
 from graph_api.fpmath import FPMath
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.op import Op
-from kernels.reference import REFERENCE, TABLES, RefContext
+from graph_api.kernels.reference import REFERENCE, TABLES, RefContext
 from tests.cases.op_cases import EXACT, OP_CASES
 from tests.cases.records import bf16_rne, f16_rne, tf32_rne
 

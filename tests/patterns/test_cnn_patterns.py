@@ -76,9 +76,9 @@ def test_canonical_graph_is_one_fused_partition(pattern, factory):
 
 @pytest.fixture
 def reference_plans_only(monkeypatch):
-    import kernels.registry
+    from graph_api.kernels import registry
 
-    monkeypatch.setattr(kernels.registry, "KERNELS", {})
+    monkeypatch.setattr(registry, "KERNELS", {})
 
 
 @pytest.mark.parametrize("factory", [pytest.param(f, id=i) for i, _, f in CNN_CANONICAL])
@@ -221,9 +221,9 @@ def test_two_conv_blocks_give_two_partitions():
 
 
 def test_int8_concat_needs_one_quantization_for_inputs_and_output():
-    from patterns.library.cnn import CONCAT_QUANTIZED
-    from patterns.matcher import Trace
-    from patterns.partitioner import find_fusion
+    from graph_api.patterns.library.cnn import CONCAT_QUANTIZED
+    from graph_api.patterns.matcher import Trace
+    from graph_api.patterns.partitioner import find_fusion
 
     graph = cg.concat_quantized(same=False)
     assert kinds(graph) == ["single op"] * 5

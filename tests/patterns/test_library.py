@@ -4,7 +4,7 @@ import pytest
 
 import graph_api as ga
 from graph_api.config import settings
-from patterns.library import BY_NAME, PATTERNS
+from graph_api.patterns.library import BY_NAME, PATTERNS
 
 from . import graphs as gr
 from .builder import K, assert_same_as_debug, dt, kinds, the_fusion

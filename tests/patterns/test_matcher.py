@@ -2,9 +2,9 @@
 import pytest
 
 import graph_api as ga
-from patterns.matcher import Trace, iter_matches
-from patterns.partitioner import partition_graph
-from patterns.pattern import (ENTRY, Body, Check, In, Input, Node, Pattern, Repeat, attr_is,
+from graph_api.patterns.matcher import Trace, iter_matches
+from graph_api.patterns.partitioner import partition_graph
+from graph_api.patterns.pattern import (ENTRY, Body, Check, In, Input, Node, Pattern, Repeat, attr_is,
                               in_dtype)
 
 from .builder import G, K, dt
@@ -176,7 +176,7 @@ def test_intermediate_used_outside_is_rejected_unless_the_node_allows_it():
     graph = g.done()
     assert all(p is None for p, _ in parts(graph, MM_RELU))
     trace = Trace()
-    from patterns.partitioner import find_fusion
+    from graph_api.patterns.partitioner import find_fusion
     assert find_fusion(graph, MM_RELU, 1, {}, {}, trace) is None
     assert "used by op 2 outside the match" in trace.reason
     allowed = Pattern("p", 9, [Node("mm", K.MatMul, escape=(0,)), Node("act", K.ReLU, [In("mm", 0)])])
@@ -209,7 +209,7 @@ def test_a_match_that_would_close_a_cycle_through_another_partition_is_rejected(
     second = Pattern("second", 9, [Node("m1", K.ReLU, escape=(0,)), Node("m2", K.Add, [In("m1", 0)])])
     assert ("second", [0, 4]) in parts(graph, second)
     assert parts(graph, first, second) == [(None, [0]), ("first", [1, 2, 3]), (None, [4])]
-    from patterns.partitioner import find_fusion
+    from graph_api.patterns.partitioner import find_fusion
     trace = Trace()
     owner = {1: "f", 2: "f", 3: "f"}
     assert find_fusion(graph, second, 4, owner, {1: "first", 2: "first", 3: "first"}, trace) is None
@@ -291,7 +291,7 @@ def test_a_tensor_marked_by_an_end_op_of_the_match_may_leave():
     g.op(K.ReLU, e)
     graph = g.done()
     graph.output_ids.append(e.id)  # as oneDNN declares it (End marks an output)
-    from patterns.partitioner import escaping
+    from graph_api.patterns.partitioner import escaping
     match = next(iter_matches(graph, pat, 2))
     assert match.bindings == {"e": 0, "end": 1, "act": 2}
     assert escaping(graph, match) is None
