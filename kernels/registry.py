@@ -90,7 +90,7 @@ def _shuffle(request):
     return blocked_plan.build_shuffle(request)
 
 
-def _backward(request):
+def _f32_single(request):
     from .fused import backward_plan
 
     return backward_plan.build(request)
@@ -149,7 +149,10 @@ SINGLE_OP: dict = {
         "ReduceProd ReduceSum BatchNormInference GroupNorm Dropout").split()},
     OpKind.DynamicQuantize: _dynamic_quant,
     OpKind.DynamicDequantize: _dynamic_quant,
-    **{kind: _backward for kind in OpKind if "Backward" in kind.name},
+    **{kind: _f32_single for kind in OpKind if "Backward" in kind.name},
+    OpKind.Convolution: _conv,
+    OpKind.ConvTranspose: _conv,
+    **{OpKind[k]: _f32_single for k in "AvgPool MaxPool Interpolate BatchNormForwardTraining".split()},
 }
 
 

@@ -18,7 +18,9 @@ does everything in f64, so results agree within a few f32 ulps of the terms.
   f32 arrays (strided numpy, one pass per kernel tap).
 
 A fused ``batchnorm_bwd_relu_bwd`` partition runs the two computations in
-order on in-memory f32 arrays (:class:`ChainBackwardPlan`).
+order on in-memory f32 arrays (:class:`ChainBackwardPlan`).  :class:`F32Plan`
+also runs the lone forward pooling, Interpolate and BatchNormForwardTraining
+partitions (:mod:`.forward_window_plan`).
 """
 from __future__ import annotations
 
@@ -184,8 +186,8 @@ def _widen(lt, fpmath, rounds: bool):
     return dtypes.to_f32
 
 
-class BackwardPlan:
-    """One backward op: inputs widened to f32, ``compute``, outputs rounded on write."""
+class F32Plan:
+    """One op: inputs widened to f32, ``compute``, outputs rounded on write."""
 
     def __init__(self, request: CompileRequest, kernel: str, compute, rounded_inputs=()):
         self.request = request
@@ -208,7 +210,8 @@ class BackwardPlan:
 def _shape_input(kind) -> int | None:
     """The optional s32 shape input of a kind (read at compile time, not computed on)."""
     return {K.ConvolutionBackwardData: 2, K.ConvolutionBackwardWeights: 2,
-            K.ConvTransposeBackwardWeights: 2, K.AvgPoolBackward: 1, K.InterpolateBackward: 2}.get(kind)
+            K.ConvTransposeBackwardWeights: 2, K.AvgPoolBackward: 1, K.InterpolateBackward: 2,
+            K.Interpolate: 1}.get(kind)
 
 
 #: op kind -> (kernel name, prepare(op, lts) -> compute(list of f32 arrays))
@@ -223,28 +226,29 @@ PREPARE = {
 }
 
 
+def _tables():
+    """(prepare table, fpmath-rounded input ports by kind) of every f32 single-op plan."""
+    from . import backward_window_plan, forward_window_plan
+
+    return [(PREPARE, {}), (backward_window_plan.PREPARE, backward_window_plan.ROUNDED_INPUTS),
+            (forward_window_plan.PREPARE, {})]
+
+
 def _prepare(op, request):
     """(kernel name, compute, fpmath-rounded input ports) for one op, or a reason."""
-    from . import backward_window_plan as window
-
-    if op.kind in window.PREPARE:
-        kernel, prepare = window.PREPARE[op.kind]
-        rounded = window.ROUNDED_INPUTS.get(op.kind, ())
-    elif op.kind in PREPARE:
-        (kernel, prepare), rounded = PREPARE[op.kind], ()
-    else:
-        return f"{op.kind.name} (op {op.id}) has no f32 backward plan"
+    table, rounded = next(((t, r) for t, r in _tables() if op.kind in t), (None, None))
+    if table is None:
+        return f"{op.kind.name} (op {op.id}) has no f32 plan"
     for lt in op.outputs:
         if dtypes.info(request.lts[lt.id].dtype).kind != "float":
             return f"{op.kind.name} (op {op.id}) output {lt.id} is not a float"
-    compute = prepare(op, request.lts)
-    if isinstance(compute, str):
-        return compute
-    return kernel, compute, rounded
+    kernel, prepare = table[op.kind]
+    return kernel, prepare(op, request.lts), rounded.get(op.kind, ())
 
 
 def build(request: CompileRequest):
-    """A single backward op's :class:`BackwardPlan`, or a reason."""
+    """A single op's :class:`F32Plan` (a backward kind, or a lone pooling,
+    Interpolate or BatchNormForwardTraining of :mod:`.forward_window_plan`), or a reason."""
     op = request.ops[0]
     prepared = _prepare(op, request)
     if isinstance(prepared, str):
@@ -253,7 +257,7 @@ def build(request: CompileRequest):
     port = _shape_input(op.kind)
     if port is not None and len(op.inputs) > port:  # the shape is known at compile time
         compute = _dropping(compute, port)
-    return BackwardPlan(request, kernel, compute, rounded)
+    return F32Plan(request, kernel, compute, rounded)
 
 
 def _dropping(compute, port):
@@ -267,7 +271,7 @@ class ChainBackwardPlan:
 
     def __init__(self, request: CompileRequest, steps: list):
         self.request = request
-        self.steps = steps  # (op, BackwardPlan)
+        self.steps = steps  # (op, F32Plan)
         self.name = "f32_backward_chain[" + ",".join(p.name for _, p in steps) + "]"
         self.round = {lt.id: request.lts[lt.id].dtype for op, _ in steps for lt in op.outputs
                       if request.lts[lt.id].dtype != DataType.f32}
