@@ -41,7 +41,7 @@ from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
 from graph_api.kernels.reference.conv import weights_to_oix
-from graph_api.kernels.reference.eltwise import ELTWISE
+from graph_api.kernels.reference.eltwise import ELTWISE, clamp
 
 _BINARY = {K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum}
 _INT8 = {DataType.s8: (-128, 127), DataType.u8: (0, 255)}
@@ -218,6 +218,9 @@ def _run_block_op(op, in_blocks, out_lt, ctx):
     if op.kind == K.ReLU and in_blocks[0].dtype == np.float32 and out_lt.dtype == F32:
         x = in_blocks[0]  # relu is exact: the f32 form equals the reference's f64 formula
         return np.where(x > 0, x, x * np.float32(0))
+    if op.kind == K.Clamp and in_blocks[0].dtype == np.float32 and out_lt.dtype == F32:
+        # clamp only selects x, min or max (f32 values): the f32 form equals the f64 reference
+        return clamp(in_blocks[0], np.float32(op.attrs["min"]), np.float32(op.attrs["max"]))
     if op.kind == K.BatchNormInference:
         x = in_blocks[0].astype(np.float64)
         gamma, beta, mean, var = (b.astype(np.float64).reshape(-1, 1) for b in in_blocks[1:5])
