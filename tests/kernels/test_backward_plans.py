@@ -12,8 +12,8 @@ Tolerance: :func:`graph_api.check.compare`, ``|got - ref| <= rtol (|ref| + max|r
 f32: rtol 2e-5.  The f32 plans round each elementwise step (a few 6e-8 ulps)
 and sum up to a few hundred terms in f32 BLAS order (sqrt(n) ulps of the term
 magnitude, ~1e-6 of max|ref|); the max|ref| term covers the cancelling sums
-of the norm and softmax gradients.  bf16: the same plans round once to bf16,
-so they differ from the reference by at most one bf16 ulp (2^-8 relative)
+of the norm and softmax gradients.  bf16 (and f16): the plans round once to the type,
+so they differ from the reference by at most one ulp of it (bf16: 2^-8 relative)
 where the f32 value sits by a rounding boundary; compare allows 4 ulps.
 """
 from __future__ import annotations
@@ -31,7 +31,9 @@ from ..patterns.builder import G, dt
 from .test_backward import ELTWISE, away_from, make_op
 from .test_backward_window import CONV, DECONV, INTERP, POOL, inferred
 
-DTYPES = [dt.f32, dt.bf16]
+DTYPES = [dt.f32, dt.bf16, dt.f16]
+#: where the statistics vectors share the data's type: their T2 is f32 or bf16 only
+NORM_DTYPES = [dt.f32, dt.bf16]
 
 
 def _run(graph, feeds):
@@ -169,7 +171,7 @@ def test_batch_norm_gradients(fmt, gamma, dtype):
     compare_fast_and_reference(make, dict(enumerate(arrays)), "numpy_f32_norm_bwd", dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("begin_norm_axis,affine", [(-1, True), (1, True), (-1, False)])
 def test_layer_norm_gradients(begin_norm_axis, affine, dtype):
     shape = (3, 4, 40)

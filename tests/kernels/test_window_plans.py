@@ -18,7 +18,7 @@ from graph_api.enums import OpKind as K
 
 from ..patterns.builder import dt
 from .test_backward import make_op
-from .test_backward_plans import DTYPES, check_against_reference
+from .test_backward_plans import DTYPES, NORM_DTYPES, check_against_reference
 from .test_backward_window import CONV, DECONV, INTERP, POOL, inferred
 
 
@@ -76,7 +76,7 @@ def test_lone_interpolate(mode, ctm, src_shape, size, dtype):
                             "numpy_f32_interpolate")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", NORM_DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("fmt,affine", [("NCX", True), ("NXC", False)])
 def test_lone_batchnorm_training(fmt, affine, dtype):
     shape = (4, 5, 6, 7) if fmt == "NCX" else (4, 6, 7, 5)
