@@ -90,6 +90,18 @@ def _shuffle(request):
     return blocked_plan.build_shuffle(request)
 
 
+def _f32_single(request):
+    from .fused import backward_plan
+
+    return backward_plan.build(request)
+
+
+def _backward_chain(request):
+    from .fused import backward_plan
+
+    return backward_plan.build_chain(request)
+
+
 #: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
@@ -121,6 +133,7 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("interpolate_post_ops", "*", "*"): _blocked,
     ("concat_quantized", "*", "*"): _blocked,
     ("shuffle", "*", "*"): _shuffle,
+    ("batchnorm_bwd_relu_bwd", "*", "*"): _backward_chain,
 }
 
 
@@ -136,6 +149,10 @@ SINGLE_OP: dict = {
         "ReduceProd ReduceSum BatchNormInference GroupNorm Dropout").split()},
     OpKind.DynamicQuantize: _dynamic_quant,
     OpKind.DynamicDequantize: _dynamic_quant,
+    **{kind: _f32_single for kind in OpKind if "Backward" in kind.name},
+    OpKind.Convolution: _conv,
+    OpKind.ConvTranspose: _conv,
+    **{OpKind[k]: _f32_single for k in "AvgPool MaxPool Interpolate BatchNormForwardTraining".split()},
 }
 
 

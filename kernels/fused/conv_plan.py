@@ -41,7 +41,7 @@ from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
 from graph_api.kernels.reference.conv import weights_to_oix
-from graph_api.kernels.reference.eltwise import ELTWISE
+from graph_api.kernels.reference.eltwise import ELTWISE, clamp
 
 _BINARY = {K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum}
 _INT8 = {DataType.s8: (-128, 127), DataType.u8: (0, 255)}
@@ -89,7 +89,7 @@ class ConvStage:
         geo = self.geo
         if geo.deconv:
             w2 = cv.deconv_weights(w, geo.groups)
-        elif geo.depthwise and self.int8 is None:
+        elif self.direct_depthwise:
             w2 = w.reshape(geo.out_channels, -1)
         else:
             w2 = w.reshape(geo.groups, geo.out_channels // geo.groups, -1)
@@ -99,6 +99,14 @@ class ConvStage:
             self.cache.clear()
             self.cache[key] = out
         return out
+
+    @property
+    def direct_depthwise(self) -> bool:
+        """Depthwise on the tap-by-tap kernel: always in float; in int8 when every
+        partial sum of the prod(K) integer products is exact in f32 (<= chunk terms)."""
+        if not self.geo.depthwise:
+            return False
+        return self.int8 is None or int(np.prod(self.geo.kernel)) <= self.int8["chunk"]
 
     def _columns(self, xp, buf: dict):
         """im2col into this stage's buffer, reused from image to image."""
@@ -118,7 +126,10 @@ class ConvStage:
             y = y.astype(np.float32) if exact is None else (y * self.int8["scale"]).astype(np.float32)
         elif self.int8 is not None:
             xs = x_img.astype(np.float32) - np.float32(self.int8["x_zp"])
-            y = cv.int_gemm(self._columns(cv.pad_image(xs, geo), buf), w2, self.int8["chunk"])
+            if self.direct_depthwise:  # exact: integer partial sums below 2^24
+                y = cv.conv_depthwise(cv.pad_image(xs, geo), w2, geo).astype(np.float64)
+            else:
+                y = cv.int_gemm(self._columns(cv.pad_image(xs, geo), buf), w2, self.int8["chunk"])
             y = (y * self.int8["scale"]).astype(np.float32)
         else:
             xp = cv.pad_image(self.round_x(x_img), geo)
@@ -207,6 +218,9 @@ def _run_block_op(op, in_blocks, out_lt, ctx):
     if op.kind == K.ReLU and in_blocks[0].dtype == np.float32 and out_lt.dtype == F32:
         x = in_blocks[0]  # relu is exact: the f32 form equals the reference's f64 formula
         return np.where(x > 0, x, x * np.float32(0))
+    if op.kind == K.Clamp and in_blocks[0].dtype == np.float32 and out_lt.dtype == F32:
+        # clamp only selects x, min or max (f32 values): the f32 form equals the f64 reference
+        return clamp(in_blocks[0], np.float32(op.attrs["min"]), np.float32(op.attrs["max"]))
     if op.kind == K.BatchNormInference:
         x = in_blocks[0].astype(np.float64)
         gamma, beta, mean, var = (b.astype(np.float64).reshape(-1, 1) for b in in_blocks[1:5])

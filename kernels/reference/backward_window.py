@@ -53,11 +53,11 @@ def _scatter(buf, values, offsets, strides, out_sp):
     buf[tuple(index)] += values
 
 
-def _padded_buffer(lead, in_sp, begin, extent):
+def _padded_buffer(lead, in_sp, begin, extent, dtype=np.float64):
     """Zeros covering the source at ``begin`` and every window; returns the
     buffer and the per-dim slice where the source lies."""
     size = [max(e, b + i) for e, b, i in zip(extent, begin, in_sp)]
-    return np.zeros(tuple(lead) + tuple(size)), [slice(b, b + i) for b, i in zip(begin, in_sp)]
+    return np.zeros(tuple(lead) + tuple(size), dtype), [slice(b, b + i) for b, i in zip(begin, in_sp)]
 
 
 def _end_pads(in_sp, begin, extent):
@@ -197,46 +197,57 @@ def _pool_geometry(op, in_sp, out_sp, dilated: bool):
     return kernel, strides, dilations, begin, _extent(out_sp, strides, kernel, dilations)
 
 
+def avg_pool_grad(op, dy, src_shape):
+    """AvgPool's gradient of canonical ``dy`` (N, C, out...) to ``src_shape``, in
+    ``dy``'s float type (f64 here, f32 in the fast plan)."""
+    in_sp, out_sp = list(src_shape[2:]), list(dy.shape[2:])
+    kernel, strides, dilations, begin, extent = _pool_geometry(op, in_sp, out_sp, False)
+    if op.attrs["exclude_pad"]:
+        inside = pad_spatial(np.ones((1, 1) + tuple(in_sp), dy.dtype), begin, _end_pads(in_sp, begin, extent))
+        divisor = sum(window(inside, k, strides, out_sp) for k in _taps(kernel))
+    else:
+        divisor = dy.dtype.type(np.prod(kernel))
+    share = dy / divisor
+    buf, where = _padded_buffer(src_shape[:2], in_sp, begin, extent, dy.dtype)
+    for k in _taps(kernel):
+        _scatter(buf, share, list(k), strides, out_sp)
+    return buf[(Ellipsis,) + tuple(where)]
+
+
 def avg_pool_backward(op, inputs, out_lts, ctx):
     """diff_src[p - pb] += diff_dst[y] / divisor[y]; divisor = window cells inside
     the source (exclude_pad) or the kernel volume (inputs: diff_dst[, src_shape])."""
     fmt = op.attrs.get("data_format", "NXC")
-    dy = to_ncx(f64(inputs[0]), fmt)
-    src_shape = ncx_shape(out_lts[0].shape, fmt)
-    in_sp, out_sp = list(src_shape[2:]), list(dy.shape[2:])
-    kernel, strides, dilations, begin, extent = _pool_geometry(op, in_sp, out_sp, False)
-    if op.attrs["exclude_pad"]:
-        inside = pad_spatial(np.ones((1, 1) + tuple(in_sp)), begin, _end_pads(in_sp, begin, extent))
-        divisor = sum(window(inside, k, strides, out_sp) for k in _taps(kernel))
-    else:
-        divisor = float(np.prod(kernel))
-    share = dy / divisor
-    buf, where = _padded_buffer(src_shape[:2], in_sp, begin, extent)
-    for k in _taps(kernel):
-        _scatter(buf, share, list(k), strides, out_sp)
-    return [finish(from_ncx(buf[(Ellipsis,) + tuple(where)], fmt), out_lts[0])]
+    dx = avg_pool_grad(op, to_ncx(f64(inputs[0]), fmt), ncx_shape(out_lts[0].shape, fmt))
+    return [finish(from_ncx(dx, fmt), out_lts[0])]
 
 
-def max_pool_backward(op, inputs, out_lts, ctx):
-    """diff_src[first argmax of the window] += diff_dst[y] (inputs: src, diff_dst)."""
-    fmt = op.attrs.get("data_format", "NXC")
-    x, dy = to_ncx(f64(inputs[0]), fmt), to_ncx(f64(inputs[1]), fmt)
+def max_pool_grad(op, x, dy):
+    """MaxPool's gradient: canonical ``x`` and ``dy`` of one float type, the result in it."""
     in_sp, out_sp = list(x.shape[2:]), list(dy.shape[2:])
     kernel, strides, dilations, begin, extent = _pool_geometry(op, in_sp, out_sp, True)
     xp = pad_spatial(x, begin, _end_pads(in_sp, begin, extent), value=-np.inf)
     taps = list(_taps(kernel))
-    best = np.full(dy.shape, -np.inf)
+    best = np.full(dy.shape, -np.inf, x.dtype)
     arg = np.zeros(dy.shape, np.int64)
     for t, k in enumerate(taps):
         view = window(xp, [kk * d for kk, d in zip(k, dilations)], strides, out_sp)
         better = view > best
         best = np.where(better, view, best)
         arg = np.where(better, t, arg)
-    buf, where = _padded_buffer(x.shape[:2], in_sp, begin, extent)
+    buf, where = _padded_buffer(x.shape[:2], in_sp, begin, extent, dy.dtype)
+    zero = dy.dtype.type(0)
     for t, k in enumerate(taps):
-        _scatter(buf, np.where(arg == t, dy, 0.0), [kk * d for kk, d in zip(k, dilations)],
+        _scatter(buf, np.where(arg == t, dy, zero), [kk * d for kk, d in zip(k, dilations)],
                  strides, out_sp)
-    return [finish(from_ncx(buf[(Ellipsis,) + tuple(where)], fmt), out_lts[0])]
+    return buf[(Ellipsis,) + tuple(where)]
+
+
+def max_pool_backward(op, inputs, out_lts, ctx):
+    """diff_src[first argmax of the window] += diff_dst[y] (inputs: src, diff_dst)."""
+    fmt = op.attrs.get("data_format", "NXC")
+    dx = max_pool_grad(op, to_ncx(f64(inputs[0]), fmt), to_ncx(f64(inputs[1]), fmt))
+    return [finish(from_ncx(dx, fmt), out_lts[0])]
 
 
 # ------------------------------------------------------------ interpolate
@@ -255,16 +266,20 @@ def interpolation_matrix(o_size: int, i_size: int, mode: str, ctm: str) -> np.nd
     return a
 
 
+def interpolate_grad(op, dy, in_sp):
+    """``A^T dy`` along every spatial dim of canonical ``dy``, in its float type."""
+    mode, ctm = op.attrs["mode"], op.attrs.get("coordinate_transformation_mode", "half_pixel")
+    for axis, i_size in enumerate(in_sp, start=2):
+        a = interpolation_matrix(dy.shape[axis], i_size, mode, ctm).astype(dy.dtype)
+        dy = np.moveaxis(np.tensordot(a.T, np.moveaxis(dy, axis, 0), axes=1), 0, axis)
+    return dy
+
+
 def interpolate_backward(op, inputs, out_lts, ctx):
     """diff_src = A^T diff_dst along every spatial dim (inputs: src, diff_dst[, sizes])."""
     fmt = op.attrs.get("data_format", "NXC")
-    dy = to_ncx(f64(inputs[1]), fmt)
-    in_sp = ncx_shape(out_lts[0].shape, fmt)[2:]
-    mode, ctm = op.attrs["mode"], op.attrs.get("coordinate_transformation_mode", "half_pixel")
-    for axis, i_size in enumerate(in_sp, start=2):
-        a = interpolation_matrix(dy.shape[axis], i_size, mode, ctm)
-        dy = np.moveaxis(np.tensordot(a.T, np.moveaxis(dy, axis, 0), axes=1), 0, axis)
-    return [finish(from_ncx(dy, fmt), out_lts[0])]
+    dx = interpolate_grad(op, to_ncx(f64(inputs[1]), fmt), ncx_shape(out_lts[0].shape, fmt)[2:])
+    return [finish(from_ncx(dx, fmt), out_lts[0])]
 
 
 BACKWARD_WINDOW = {

@@ -2,8 +2,9 @@
 
 oneDNN fuses one backward pair on the CPU: the ReLU gradient feeding the
 BatchNorm gradient (``fp_bnorm_bwd_relu_bwd``, priority 8.8, training builds).
-The partition runs the composed reference plan (the two numpy gradients in
-order), which is what the unfused ops compute.
+The partition runs both gradients in f32 on in-memory arrays, in order
+(``kernels/fused/backward_plan.py``, ``ChainBackwardPlan``), which is what the
+unfused ops compute.
 """
 from __future__ import annotations
 

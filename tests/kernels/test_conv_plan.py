@@ -107,6 +107,33 @@ def test_int8_conv_accumulates_exactly_then_scales_once():
     np.testing.assert_array_equal(got, want)
 
 
+def test_conv_clamp_block_shortcut_equals_the_reference_bit_for_bit():
+    """Clamp on f32 blocks (a shortcut past its f64 reference kernel) selects values only."""
+    graph = cg.conv(post=("clamp",))
+    feeds = fill_inputs(graph, 5)
+    fused = ga.run_graph(graph, feeds)
+    assert [r.compiled.plan.name for r in fused.partitions] == ["conv_im2col_blas"]
+    conv_only = ga.run_graph(cg.conv(post=()), feeds)
+    y = next(iter(conv_only.outputs[t] for t in cg.conv(post=()).output_ids))
+    want = np.where(y > -1.0, y, np.float32(-1.0))
+    want = np.where(want < 2.0, want, np.float32(2.0))
+    assert (want == -1.0).any() and (want == 2.0).any()
+    np.testing.assert_array_equal(next(iter(fused.outputs[t] for t in graph.output_ids)), want)
+
+
+def test_int8_depthwise_conv_on_the_tap_kernel_is_exact():
+    """9 taps of |(x - zp) w| <= 252 * 128: every f32 partial sum is an exact integer."""
+    graph = cg.quantized_conv(src_dt=dt.u8, src_zp=3, per_channel=True, bias=False, post=(),
+                              quant_out=False, groups=cg.C)
+    x_id, w_id = _inputs(graph)
+    x = RNG.integers(0, 256, graph.tensors[x_id].shape).astype(np.uint8)
+    w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
+    got = next(iter(_run(graph, {x_id: x, w_id: w}).values()))
+    acc = direct_conv(x.astype(np.int64) - 3, w.astype(np.int64), pad=1, groups=cg.C)
+    scales = np.array([0.5 * (1 + i % 3) for i in range(cg.C)]) * 0.25
+    np.testing.assert_array_equal(got, (acc * scales.reshape(1, -1, 1, 1)).astype(np.float32))
+
+
 def test_exact_integer_gemm_splits_long_reductions():
     J = 5000  # > exact_chunk(255, 128) = 514: several chunks
     cols = RNG.integers(-255, 256, (1, J, 7)).astype(np.float32)

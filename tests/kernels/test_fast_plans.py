@@ -25,14 +25,6 @@ from tests.patterns.builder import dt
 
 #: op kinds whose single-op partitions still run the reference, and why
 SINGLE_OP_REFERENCE = {
-    ga.OpKind.Convolution: "a lone Convolution: the conv plan serves the conv patterns only",
-    ga.OpKind.ConvTranspose: "a lone ConvTranspose: the conv plan serves the conv patterns only",
-    ga.OpKind.AvgPool: "a lone pooling op: the image-blocked plan serves the pooling patterns only",
-    ga.OpKind.MaxPool: "a lone pooling op: the image-blocked plan serves the pooling patterns only",
-    ga.OpKind.Interpolate: "a lone Interpolate: the image-blocked plan serves its patterns only",
-    ga.OpKind.BatchNormForwardTraining: "training statistics outputs: no fast kernel yet",
-    **{kind: "backward (training) op: numpy reference kernel only, no fast plan yet (issue 15)"
-       for kind in ga.OpKind if "Backward" in kind.name},
     ga.OpKind.End: "no kernel (unsupported, as in oneDNN)",
     ga.OpKind.Wildcard: "no kernel (unsupported, as in oneDNN)",
 }

@@ -114,8 +114,10 @@ def test_image_blocked_plans_are_bit_identical_to_the_debug_policy(factory):
         # refused by the image-blocked plan: the unfused ops run (per-op fast plans,
         # or the reference where an op has none), never a plan that mixes images wrongly
         assert plan == "reference" or plan.startswith("per_op_fast"), plan
-    else:
-        assert plan == "image_blocked"
+        # each op on its single-op plan, as the debug policy runs it
+        assert_same_as_debug(graph, exact=True)
+        return
+    assert plan == "image_blocked"
     # the image-blocked plan runs the reference kernels image by image
     assert_same_as_debug(graph, exact=True, debug_on_reference=True)
 
