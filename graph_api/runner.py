@@ -118,13 +118,25 @@ class CompiledGraph:
             self.steps.append((part, compiled, list(part.input_ids), outs))
         self.produced = produced
         self.feed_key = _feed_key(self.input_lts)
+        #: input id -> (the array fed last, the Tensor viewing it), reused while the same array is fed
+        self._wrapped: dict[int, tuple] = {}
 
     def _input_tensors(self, feeds) -> dict[int, Tensor]:
         tensors = {}
+        wrapped = self._wrapped
         for tid, lt in self.input_lts.items():
             if tid not in feeds:
                 raise InvalidArguments(f"run_graph: no value for graph input tensor {tid}")
-            tensors[tid] = _tensor(lt, feeds[tid], self.engine)
+            value = feeds[tid]
+            last = wrapped.get(tid)
+            if last is not None and last[0] is value:  # the same array again: its Tensor is a view of it
+                tensors[tid] = last[1]
+                continue
+            tensor = tensors[tid] = _tensor(lt, value, self.engine)
+            if isinstance(value, np.ndarray) and tensor.is_view_of(value):
+                wrapped[tid] = (value, tensor)
+            else:
+                wrapped.pop(tid, None)
         return tensors
 
     def run(self, feeds: dict, repeat: int = 1) -> list[float]:
