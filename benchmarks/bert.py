@@ -134,6 +134,70 @@ def torch_encoder(graph_info, feeds):
     return run
 
 
+def ort_encoder(graph_info, feeds):
+    """The same encoder as an ONNX graph (opset 20: LayerNormalization, Gelu) in
+    ONNX Runtime, weights from ``feeds``; returns run(), or None without ORT."""
+    from benchmarks import peers
+
+    if not peers.have_ort():
+        return None
+    from onnx import TensorProto, helper
+    import onnxruntime as ort
+
+    g, x_id, mask_id, out_id, consts, scale_id, d = graph_info
+    ids = [t for t in sorted(consts) if t != scale_id]
+    B, S, Hd = g.tensors[x_id].shape
+    heads = Hd // d
+    inits, nodes, names = [], [], iter(range(10 ** 6))
+
+    def init(name, array):
+        array = np.asarray(array)
+        kind = TensorProto.INT64 if array.dtype == np.int64 else TensorProto.FLOAT
+        inits.append(helper.make_tensor(name, kind, array.shape, array.tobytes(), raw=True))
+        return name
+
+    def node(kind, ins, **attrs):
+        out = f"t{next(names)}"
+        nodes.append(helper.make_node(kind, ins, [out], **attrs))
+        return out
+
+    for tid in ids:
+        init(f"c{tid}", feeds[tid])
+    init("scale", feeds[scale_id].reshape(()))
+    init("heads_shape", np.array([B, S, heads, d], np.int64))
+    init("hidden_shape", np.array([B, S, Hd], np.int64))
+    it = iter(ids)
+    x = "x"
+    for _ in range(len(ids) // 16):
+        def linear(src):
+            return node("Add", [node("MatMul", [src, f"c{next(it)}"]), f"c{next(it)}"])
+
+        def heads_of(t):
+            return node("Transpose", [node("Reshape", [t, "heads_shape"])], perm=[0, 2, 1, 3])
+
+        q, k, v = (heads_of(linear(x)) for _ in range(3))
+        s = node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])])
+        p = node("Softmax", [node("Add", [node("Div", [s, "scale"]), "mask"])], axis=-1)
+        c = node("Reshape", [node("Transpose", [node("MatMul", [p, v])], perm=[0, 2, 1, 3]), "hidden_shape"])
+        h = node("LayerNormalization", [node("Add", [linear(c), x]), f"c{next(it)}", f"c{next(it)}"],
+                 axis=-1, epsilon=1e-12)
+        f = node("Gelu", [linear(h)])
+        x = node("LayerNormalization", [node("Add", [linear(f), h]), f"c{next(it)}", f"c{next(it)}"],
+                 axis=-1, epsilon=1e-12)
+    graph = helper.make_graph(
+        nodes, "bert", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, Hd]),
+                        helper.make_tensor_value_info("mask", TensorProto.FLOAT, [B, 1, 1, S])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [B, S, Hd])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 10  # onnx 1.23 writes 14, which ONNX Runtime rejects
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    inputs = {"x": feeds[x_id], "mask": feeds[mask_id]}
+    return lambda: session.run(None, inputs)[0]
+
+
 def bench_bert(rows, quick=False, peers_on=True, shapes=((8, 64),)):
     from benchmarks import peers
 
@@ -158,6 +222,11 @@ def bench_bert(rows, quick=False, peers_on=True, shapes=((8, 64),)):
             err = float(np.abs(got - want).max())
             tt = _best(run, reps)
             rows.append((label, "hot", "torch f32 eager", tt * 1e3, tt / t, f"max |diff| {err:.1e}"))
+        run = ort_encoder(info, feeds) if peers_on else None
+        if run is not None:
+            err = float(np.abs(compiled(tensors)[out_id] - run()).max())
+            tt = _best(run, reps)
+            rows.append((label, "hot", "onnxruntime", tt * 1e3, tt / t, f"max |diff| {err:.1e}"))
     return rows
 
 

@@ -344,3 +344,25 @@ def bench_decoder_layer(rows, quick=False):
     rows.append(("decoder-layer decode step (hidden 2048, 16/4 heads, KV 2048, int4)", "hot",
                  "project", t * 1e3, 1.0, f"{1 / t:.1f} tokens/s; kernels {kernels}"))
     return rows
+
+
+def bench_graph_overhead(rows):
+    """A 20-partition chain of tiny element-wise ops (4x4 f32, debug policy: one
+    op per partition) through ``CompiledGraph``: the runtime's cost per partition
+    (the issue's goal: < 20 us)."""
+    import graph_api as ga
+
+    g = ga.Graph()
+    kinds = [ga.OpKind.ReLU, ga.OpKind.Abs, ga.OpKind.Tanh, ga.OpKind.Sigmoid, ga.OpKind.Exp]
+    x = ga.LogicalTensor(0, ga.DataType.f32, [4, 4])
+    for i in range(20):
+        y = ga.LogicalTensor(i + 1, ga.DataType.f32, [4, 4])
+        g.add_op(ga.Op(i, kinds[i % len(kinds)], [x], [y]))
+        x = y
+    g.finalize()
+    feeds = {0: np.ones((4, 4), np.float32)}
+    compiled = ga.compile_graph(g, feeds, policy=ga.PartitionPolicy.debug)
+    t = timeit(lambda i: compiled(feeds), 1, 2000, 50) / len(compiled.steps)
+    rows.append(("per-partition overhead: 20-partition graph of 4x4 element-wise ops", "hot", "project",
+                 t * 1e3, 1.0, f"{t * 1e6:.1f} us per partition"))
+    return rows

@@ -309,20 +309,24 @@ _install_op_methods()
 
 # ---------------------------------------------------------------- the compiled model
 class CompiledModel:
-    """The whole graph, ready to run many times.
+    """The whole graph, ready to run many times: a thin front of
+    :func:`graph_api.runner.compile_graph` (one :class:`~graph_api.runner.CompiledGraph`
+    per input-shape signature: partitions compiled once, intermediates
+    allocated once, layout-only partitions as views).
 
     ``model(*arrays)`` feeds the builder's inputs in creation order and returns
     the outputs (one array, or a tuple); ``model.run({value_or_id: array})``
-    returns ``{id: array}`` for every output.  Partitions come from one
-    ``get_partitions()``; each is compiled once per input-shape signature and
-    the constants are wrapped in tensors once, so kernels that prepare constant
-    weights do it on the first call only.
+    returns ``{id: array}`` for every output (new arrays, yours to keep).
+    Partitions come from one ``get_partitions()``; the constants are wrapped in
+    tensors once, so kernels that prepare constant weights do it on the first
+    call only.
     """
 
     def __init__(self, graph: Graph, inputs, outputs, constants, policy):
         self.graph = graph
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self.policy = policy
         self.partitions = graph.get_partitions(policy)
         unsupported = [p for p in self.partitions if not p.is_supported()]
         if unsupported:
@@ -332,7 +336,6 @@ class CompiledModel:
         self.stream = Stream(self.engine)
         self._constants = {tid: Tensor(graph.tensors[tid], self.engine, array)
                            for tid, array in constants.items() if tid in graph.input_ids}
-        self._compiled: dict[tuple, list] = {}
         #: partition id -> the kernel (plan) it runs, for the shapes compiled last
         self.kernels: dict[int, str] = {}
 
@@ -346,6 +349,8 @@ class CompiledModel:
 
     def run(self, feeds: dict) -> dict[int, np.ndarray]:
         """Run on ``feeds`` (keys: ``Value`` or tensor id) -> ``{output id: array}``."""
+        from .runner import compile_graph
+
         values = {}
         for key, array in feeds.items():
             tid = key.id if isinstance(key, Value) else int(key)
@@ -357,28 +362,11 @@ class CompiledModel:
         missing = [t for t in self.graph.input_ids if t not in values]
         if missing:
             raise InvalidArguments(f"no value for graph inputs {missing}")
-        for part, compiled, out_lts in self._plan(values):
-            ins = [values[t] for t in part.input_ids]
-            outs = [Tensor(lt, self.engine) for lt in out_lts]
-            compiled.execute(self.stream, ins, outs)
-            values.update((t.lt.id, t) for t in outs)
-        return {v.id: values[v.id].numpy() for v in self.outputs}
-
-    def _plan(self, values) -> list:
-        key = tuple(values[t].get_logical_tensor().shape for t in self.graph.input_ids)
-        plan = self._compiled.get(key)
-        if plan is None:
-            plan, known = [], {t: values[t].get_logical_tensor() for t in self.graph.input_ids}
-            for part in self.partitions:
-                in_lts = [known[t] for t in part.input_ids]
-                compiled = part.compile(in_lts, [self.graph.tensors[t] for t in part.output_ids],
-                                        self.engine)
-                out_lts = [compiled.query_logical_tensor(t) for t in part.output_ids]
-                known.update((lt.id, lt) for lt in out_lts)
-                plan.append((part, compiled, out_lts))
-                self.kernels[part.id] = compiled.plan.name
-            self._compiled[key] = plan
-        return plan
+        compiled = compile_graph(self.graph, values, self.policy, self.partitions)
+        compiled.run(values)
+        self.kernels = {part.id: comp.plan.name for part, comp, _, _ in compiled.steps}
+        return {v.id: compiled.produced[v.id].numpy().copy() if v.id in compiled.produced
+                else values[v.id].numpy().copy() for v in self.outputs}
 
 
 def _input_tensor(lt: LogicalTensor, array, engine) -> Tensor:

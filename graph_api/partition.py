@@ -274,6 +274,9 @@ class CompiledPartition:
         self.compile_ms = 0.0
         self.last_execute_ms = 0.0
         self._memories_checked: tuple = ()
+        #: port id -> the LogicalTensor object of the Tensor last accepted there
+        self._accepted: dict[int, LogicalTensor] = {}
+        self._bound: dict[int, Tensor] | None = None
 
     @property
     def lts(self) -> dict[int, LogicalTensor]:
@@ -302,9 +305,12 @@ class CompiledPartition:
         return []
 
     def _bound_tensors(self) -> dict[int, Tensor]:
-        """The constants this partition carries (inlined Composite decompositions)."""
-        values = getattr(self.partition.graph, "bound_constants", {})
-        return {t: Tensor(self.lts[t], None, values[t]) for t in self.partition.bound_ids}
+        """The constants this partition carries (inlined Composite decompositions),
+        wrapped once: constant data, so kernels may keep what they prepared from it."""
+        if self._bound is None:
+            values = getattr(self.partition.graph, "bound_constants", {})
+            self._bound = {t: Tensor(self.lts[t], None, values[t]) for t in self.partition.bound_ids}
+        return self._bound
 
     def _match(self, tensors, ids, what) -> dict[int, Tensor]:
         if not isinstance(tensors, (list, tuple)):
@@ -318,43 +324,56 @@ class CompiledPartition:
                     f"partition {self.partition.id}: execute {what} must be Tensors, got {type(t).__name__}")
             by_id[t.lt.id] = t
         matched = {}
+        accepted = self._accepted
         for tid in ids:
             t = by_id.get(tid)
-            expected = self.lts[tid]
             if t is None:
                 raise InvalidArguments(f"partition {self.partition.id}: {what} tensor {tid} is missing")
-            if t.lt.dtype != expected.dtype:
-                raise InvalidDataType(
-                    f"partition {self.partition.id}: {what} tensor {tid} is {t.lt.dtype.name}, "
-                    f"compiled for {expected.dtype.name}")
-            if tuple(t.lt.shape) != tuple(expected.shape):
-                raise InvalidShape(
-                    f"partition {self.partition.id}: {what} tensor {tid} has shape {list(t.lt.shape)}, "
-                    f"compiled for {list(expected.shape)}")
-            if expected.property != PropertyType.host_scalar and \
-                    not _same_strides(expected.shape, t.lt.strides, expected.strides):
-                raise InvalidArguments(
-                    f"partition {self.partition.id}: {what} tensor {tid} has strides {list(t.lt.strides)}, "
-                    f"compiled for {list(expected.strides)}")
+            # a Tensor's logical tensor never changes (LogicalTensors are values, never
+            # mutated), so one that passed the checks below passes them again
+            if accepted.get(tid) is not t.lt:
+                self._check_tensor(t, tid, what)
+                accepted[tid] = t.lt
             matched[tid] = t
         return matched
+
+    def _check_tensor(self, t: Tensor, tid: int, what: str) -> None:
+        """The tensor's data type, shape and layout are the compiled ones."""
+        expected = self.lts[tid]
+        if t.lt.dtype != expected.dtype:
+            raise InvalidDataType(
+                f"partition {self.partition.id}: {what} tensor {tid} is {t.lt.dtype.name}, "
+                f"compiled for {expected.dtype.name}")
+        if tuple(t.lt.shape) != tuple(expected.shape):
+            raise InvalidShape(
+                f"partition {self.partition.id}: {what} tensor {tid} has shape {list(t.lt.shape)}, "
+                f"compiled for {list(expected.shape)}")
+        if expected.property != PropertyType.host_scalar and \
+                not _same_strides(expected.shape, t.lt.strides, expected.strides):
+            raise InvalidArguments(
+                f"partition {self.partition.id}: {what} tensor {tid} has strides {list(t.lt.strides)}, "
+                f"compiled for {list(expected.strides)}")
 
     def _check_outputs(self, outs: dict[int, Tensor], ins: dict[int, Tensor]) -> None:
         """Outputs must be writable, must not overlap themselves, each other or
         an input; an output that is exactly an input's memory (in place) is
         allowed when it is the only output, since every plan reads all inputs
         before it stores."""
-        pid = self.partition.id
-        for tid, t in outs.items():
-            if not t.memory().flags.writeable:
-                raise InvalidArguments(f"partition {pid}: output tensor {tid} is over read-only memory")
+        memories = [t.memory() for t in outs.values()]
+        for tid, m in zip(outs, memories):
+            if not m.flags.writeable:
+                raise InvalidArguments(f"partition {self.partition.id}: output tensor {tid} is over read-only memory")
         # the layout checks depend only on the arrays (immutable in shape and
         # strides); weak references to the arrays last checked let a loop that
         # re-executes on the same tensors pay them once, without keeping them alive
-        memories = [t.memory() for t in outs.values()] + [t.memory() for t in ins.values()]
+        memories += [t.memory() for t in ins.values()]
         last = self._memories_checked
-        if len(last) == len(memories) and all(r() is m for r, m in zip(last, memories)):
-            return
+        if len(last) == len(memories):
+            for r, m in zip(last, memories):
+                if r() is not m:
+                    break
+            else:
+                return
         self._check_layouts(outs, ins)
         self._memories_checked = tuple(weakref.ref(m) for m in memories)
 
@@ -384,6 +403,11 @@ class CompiledPartition:
     def _stage(self, tensors: dict[int, Tensor], what: str) -> dict[int, Tensor]:
         """Direct tensors for the plan: others are copied (inputs) or get private
         memory that is stored back through the user's strides (outputs)."""
+        for t in tensors.values():
+            if not t.is_direct():
+                break
+        else:
+            return tensors
         staged = {}
         for tid, t in tensors.items():
             if t.is_direct():
@@ -404,7 +428,8 @@ class CompiledPartition:
         if stream is not None and not isinstance(stream, Stream):
             raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
         ins = self._match(inputs, self.partition.input_ids, "input")
-        ins.update(self._bound_tensors())
+        if self.partition.bound_ids:
+            ins.update(self._bound_tensors())
         outs = self._match(outputs, self.request.output_ids, "output")
         self._check_outputs(outs, ins)
         plan_ins, plan_outs = self._stage(ins, "input"), self._stage(outs, "output")
@@ -417,8 +442,9 @@ class CompiledPartition:
             if plan_outs[tid] is not t:
                 t.write(plan_outs[tid].numpy())
         self.last_execute_ms = (time.perf_counter() - start) * 1e3
-        log(f"exec,partition {self.partition.id},{self.partition.get_kind()},"
-            f"kernel={self.plan.name},fpmath={self.request.fpmath},{self.last_execute_ms:.3f} ms")
+        if settings.verbose:  # (formatting the line costs more than a tiny kernel)
+            log(f"exec,partition {self.partition.id},{self.partition.get_kind()},"
+                f"kernel={self.plan.name},fpmath={self.request.fpmath},{self.last_execute_ms:.3f} ms")
         if reference is not None:
             self._check_against_reference(reference, outs)
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes
+from .config import log
 from .engine import Engine, Stream
-from .enums import PartitionPolicy, PropertyType
+from .enums import LayoutType, OpKind, PartitionPolicy, PropertyType
 from .errors import InvalidArguments, Unimplemented
 from .logical_tensor import LogicalTensor, dense_strides
 from .memory import check_graph
@@ -71,6 +72,41 @@ def _tensor(lt: LogicalTensor, value, engine) -> Tensor:
     return tensor
 
 
+#: single-op partitions that only re-describe their input's memory: run as views when possible
+VIEW_KINDS = {OpKind.StaticReshape, OpKind.StaticTranspose, OpKind.Reorder}
+
+
+def _view(part, compiled, produced: dict, graph_outputs, engine) -> Tensor | None:
+    """The output of a lone StaticReshape / StaticTranspose / Reorder (same type) as a
+    zero-copy strided view of its input, when that input is memory this graph
+    allocated and the layout allows it (numpy's rules: a reshape of a strided
+    tensor may need a copy); else None and the partition runs.  A graph output
+    keeps the layout it was compiled for, so it is a view only when that layout
+    is the view's."""
+    if len(part.ops) != 1 or part.ops[0].kind not in VIEW_KINDS:
+        return None
+    op = part.ops[0]
+    src = produced.get(op.inputs[0].id)
+    out_lt = compiled.query_logical_tensor(op.outputs[0].id)
+    if src is None or src.packed or not src.is_direct() or src.lt.dtype != out_lt.dtype:
+        return None
+    x = src.numpy()
+    if op.kind == OpKind.StaticTranspose:
+        y = np.transpose(x, [int(o) % x.ndim for o in op.attrs["order"]]) if x.ndim else x
+    else:
+        try:
+            y = np.reshape(x, tuple(out_lt.shape), copy=False)
+        except ValueError:  # this layout needs a copy
+            return None
+    strides = tuple(s // y.itemsize for s in y.strides)
+    if any(s < 0 for s in strides) or y.__array_interface__["data"][0] != x.__array_interface__["data"][0]:
+        return None
+    if out_lt.id in graph_outputs and not all(a == b for d, a, b in zip(y.shape, strides, out_lt.strides) if d > 1):
+        return None
+    lt = LogicalTensor(out_lt.id, out_lt.dtype, tuple(y.shape), strides, LayoutType.strided, out_lt.property)
+    return Tensor(lt, engine, src.buffer, offset=0)
+
+
 class CompiledGraph:
     """Every partition of a graph compiled for the shapes of one set of feeds.
 
@@ -80,6 +116,10 @@ class CompiledGraph:
     is handed to the consuming partitions, so nothing is copied between
     partitions.  Constant inputs fed as the same arrays stay prepared inside
     the kernels (weights converted/repacked once, keyed by buffer address).
+
+    A lone StaticReshape / StaticTranspose / Reorder between partitions is
+    a zero-copy view (:func:`_view`) and does not run; the partitions reading
+    it are compiled for its strides.
 
     Calling it returns the graph's outputs as arrays that are *reused* by the
     next call (copy what you keep).
@@ -102,6 +142,8 @@ class CompiledGraph:
         check_graph(graph, self.partitions, {tid: _shape_of(graph.tensors[tid], feeds[tid]) for tid in graph.input_ids})
         produced: dict[int, Tensor] = {}
         self.steps = []
+        #: indexes of steps whose output is a view of their input (nothing runs)
+        self.views: set[int] = set()
         self.compile_ms = []
         for part in self.partitions:
             if not part.is_supported():
@@ -112,19 +154,38 @@ class CompiledGraph:
             # part.graph: the graph the partition was cut from (with Composite ops inlined)
             compiled = part.compile(in_lts, [part.graph.tensors[t] for t in part.output_ids], self.engine)
             self.compile_ms.append((time.perf_counter() - start) * 1e3)
-            outs = [Tensor(compiled.query_logical_tensor(t), self.engine) for t in part.output_ids]
+            view = _view(part, compiled, produced, set(graph.output_ids), self.engine)
+            if view is not None:
+                self.views.add(len(self.steps))
+                log(f"view,partition {part.id},{part.get_kind()},tensor {view.lt.id} is a view of "
+                    f"tensor {part.input_ids[0]} with strides {list(view.lt.strides)}: not run")
+                outs = [view]
+            else:
+                outs = [Tensor(compiled.query_logical_tensor(t), self.engine) for t in part.output_ids]
             for t in outs:
                 produced[t.lt.id] = t
             self.steps.append((part, compiled, list(part.input_ids), outs))
         self.produced = produced
         self.feed_key = _feed_key(self.input_lts)
+        #: input id -> (the array fed last, the Tensor viewing it), reused while the same array is fed
+        self._wrapped: dict[int, tuple] = {}
 
     def _input_tensors(self, feeds) -> dict[int, Tensor]:
         tensors = {}
+        wrapped = self._wrapped
         for tid, lt in self.input_lts.items():
             if tid not in feeds:
                 raise InvalidArguments(f"run_graph: no value for graph input tensor {tid}")
-            tensors[tid] = _tensor(lt, feeds[tid], self.engine)
+            value = feeds[tid]
+            last = wrapped.get(tid)
+            if last is not None and last[0] is value:  # the same array again: its Tensor is a view of it
+                tensors[tid] = last[1]
+                continue
+            tensor = tensors[tid] = _tensor(lt, value, self.engine)
+            if isinstance(value, np.ndarray) and tensor.is_view_of(value):
+                wrapped[tid] = (value, tensor)
+            else:
+                wrapped.pop(tid, None)
         return tensors
 
     def run(self, feeds: dict, repeat: int = 1) -> list[float]:
@@ -132,7 +193,10 @@ class CompiledGraph:
         tensors = self._input_tensors(feeds)
         tensors.update(self.produced)
         times = []
-        for part, compiled, in_ids, outs in self.steps:
+        for i, (part, compiled, in_ids, outs) in enumerate(self.steps):
+            if i in self.views:
+                times.append(0.0)
+                continue
             ins = [tensors[t] for t in in_ids]
             best = float("inf")
             for _ in range(max(1, repeat)):

@@ -330,6 +330,14 @@ class Tensor:
         """The user memory this tensor reads and writes (mirror or flat buffer)."""
         return self._mirror if self._mirror is not None else self.buffer
 
+    def is_view_of(self, array: np.ndarray) -> bool:
+        """True when this tensor reads and writes ``array``'s own memory, element
+        for element (no mirror, no conversion, no self-overlapping layout)."""
+        return (self._mirror is None and not self.packed and array.dtype == self.buffer.dtype
+                and not self_overlapping(self.lt.shape, self.lt.strides)
+                and self.numpy().__array_interface__["data"][0] == array.__array_interface__["data"][0]
+                and self.numpy().strides == array.strides)
+
     def is_direct(self) -> bool:
         """True when the flat buffer is C-contiguous and is the tensor's memory."""
         return self._mirror is None and self.buffer.flags.c_contiguous

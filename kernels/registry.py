@@ -28,6 +28,16 @@ def _matmul(request):
     return matmul_plan.build(request)
 
 
+def _quantized_matmul(request):
+    from .fused import matmul_plan, qmatmul_plan
+
+    plan = qmatmul_plan.build(request)
+    if isinstance(plan, str):  # the f32 BLAS plan, dequantizing ops as reference steps
+        log(f"refused,{request.pattern},int_gemm_epilogue,{plan}")
+        return matmul_plan.build(request)
+    return plan
+
+
 def _eltwise(request):
     from .fused import eltwise_plan
 
@@ -111,7 +121,7 @@ KERNELS: dict[tuple[str, str, str], Builder] = {
     ("matmul_transpose", "*", "*"): _matmul,
     ("binary_matmul_binary", "*", "*"): _matmul,
     ("matmul_dropout", "*", "*"): _matmul,
-    ("matmul_quantized", "*", "*"): _matmul,
+    ("matmul_quantized", "*", "*"): _quantized_matmul,
     **{(name, "*", "*"): _eltwise for name in (
         "binary_post_ops", "eltwise_post_ops", "softmax_post_ops", "layernorm_post_ops",
         "reduction_post_ops", "reciprocal_multiply", "typecast_quantize", "reorder_sum", "x8_reorder")},

@@ -196,14 +196,14 @@ class ChainPlan:
 
     def epilogue(self, arrays, R=None, N=None):
         """The epilogue program; built once when no step reads an operand tensor."""
-        from graph_api.kernels import wmatmul as wm
-
         R = self.R if R is None else R
         N = self.N if N is None else N
         key = (R, N)
         cached = self.__dict__.get("_ep_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
+        from graph_api.kernels import wmatmul as wm
+
         ep = wm.make_epilogue(bind(self.steps, lambda tid: arrays[tid], self.shape, R, N), R, N)
         if not any(isinstance(arg, int) for _, arg in self.steps):
             self._ep_cache = (key, ep)

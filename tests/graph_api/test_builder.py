@@ -123,5 +123,5 @@ def test_int4_weight_compressed_matmul_model_runs_many_times():
         # strict f32: |error| <= K * eps * sum|x||w| (a K-term f32 dot product's bound)
         bound = k * 2.0 ** -24 * (np.abs(xa) @ np.abs(w64).T)
         assert got.shape == (m, n) and np.all(np.abs(got - want) <= bound)
-    assert len(model._compiled) == 2
+    assert len(model.graph._compiled_graphs) == 2  # compile_graph: one per input-shape signature
     assert y.id in model.run({x: xa})

@@ -53,3 +53,107 @@ def test_new_shapes_compile_a_new_graph():
     b = ga.compile_graph(g, {0: np.zeros((3, 8), np.float32)})
     assert a is not b
     np.testing.assert_array_equal(b({0: np.zeros((3, 8), np.float32)})[1], np.zeros((3, 8)))
+
+
+def test_a_fed_array_is_wrapped_once_and_read_each_call():
+    """The compiled graph keeps the Tensor viewing a fed array; the values are read
+    each call (in-place changes count), and another array gets its own Tensor."""
+    g = _two_partitions()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 6)).astype(np.float32)
+    cg = ga.compile_graph(g, {0: x, 1: w})
+
+    def want(xv):
+        h = np.maximum(xv.astype(np.float64) @ w, 0)
+        e = np.exp(h - h.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    # f32 GEMM + f32 softmax vs f64: a few f32 ulps of the O(1) values
+    np.testing.assert_allclose(cg({0: x, 1: w})[4], want(x), rtol=1e-5, atol=1e-6)
+    x *= -1.0  # same array, new values
+    np.testing.assert_allclose(cg({0: x, 1: w})[4], want(x), rtol=1e-5, atol=1e-6)
+    strided = np.asfortranarray(rng.standard_normal((4, 8)).astype(np.float32))  # copied in, not viewed
+    np.testing.assert_allclose(cg({0: strided, 1: w})[4], want(strided), rtol=1e-5, atol=1e-6)
+    strided *= 2.0
+    np.testing.assert_allclose(cg({0: strided, 1: w})[4], want(strided), rtol=1e-5, atol=1e-6)
+
+
+def test_execute_checks_every_call_after_a_successful_one():
+    """What execute caches (accepted logical tensors, checked layouts) never lets a
+    wrong tensor through: each misuse after a good call is still a typed error."""
+    g = ga.Graph()
+    x, y = ga.LogicalTensor(0, dt.f32, [4, 4]), ga.LogicalTensor(1, dt.f32, [4, 4])
+    g.add_op(ga.Op(0, K.Tanh, [x], [y]))
+    g.finalize()
+    (part,) = g.get_partitions()
+    engine = ga.Engine()
+    stream = ga.Stream(engine)
+    cp = part.compile([x], [y], engine)
+    good_in = ga.Tensor(x, engine, np.ones((4, 4), np.float32))
+    good_out = ga.Tensor(y, engine)
+    cp.execute(stream, [good_in], [good_out])
+    np.testing.assert_allclose(good_out.numpy(), np.tanh(np.ones((4, 4))), rtol=1e-6)
+    misuse = {
+        "shape": ([ga.Tensor(ga.LogicalTensor(0, dt.f32, [2, 8]), engine)], [good_out], ga.InvalidShape),
+        "dtype": ([ga.Tensor(ga.LogicalTensor(0, dt.bf16, [4, 4]), engine)], [good_out], ga.InvalidDataType),
+        "strides": ([ga.Tensor(ga.LogicalTensor(0, dt.f32, [4, 4], [1, 4]), engine)], [good_out],
+                    ga.InvalidArguments),
+        "missing": ([], [good_out], ga.InvalidArguments),
+        "overlap": ([good_in], [ga.Tensor(y, engine, good_in.buffer[::-1])], ga.InvalidArguments),
+    }
+    for name, (ins, outs, error) in misuse.items():
+        try:
+            cp.execute(stream, ins, outs)
+        except error:
+            continue
+        raise AssertionError(f"{name}: no {error.__name__}")
+    good_out.buffer.flags.writeable = False
+    try:
+        cp.execute(stream, [good_in], [good_out])
+    except ga.InvalidArguments:
+        pass
+    else:
+        raise AssertionError("read-only output accepted")
+
+
+def _layout_chain():
+    """Tanh -> StaticTranspose -> MatMul -> StaticReshape -> ReLU, and a
+    StaticTranspose -> StaticReshape branch whose reshape needs a copy."""
+    g = ga.Graph()
+    lt = lambda i, shape: ga.LogicalTensor(i, dt.f32, shape)
+    g.add_op(ga.Op(0, K.Tanh, [lt(0, [2, 3, 4])], [lt(1, [2, 3, 4])]))
+    g.add_op(ga.Op(1, K.StaticTranspose, [lt(1, [2, 3, 4])], [lt(2, [2, 4, 3])], attrs={"order": [0, 2, 1]}))
+    g.add_op(ga.Op(2, K.MatMul, [lt(2, [2, 4, 3]), ga.LogicalTensor(3, dt.f32, [3, 5])], [lt(4, [2, 4, 5])]))
+    g.add_op(ga.Op(3, K.StaticReshape, [lt(4, [2, 4, 5])], [lt(5, [8, 5])],
+                   attrs={"shape": [8, 5], "special_zero": False}))
+    g.add_op(ga.Op(4, K.ReLU, [lt(5, [8, 5])], [lt(6, [8, 5])]))
+    g.add_op(ga.Op(5, K.StaticReshape, [lt(2, [2, 4, 3])], [lt(7, [2, 12])],
+                   attrs={"shape": [2, 12], "special_zero": False}))
+    g.finalize()
+    return g
+
+
+def test_layout_partitions_between_partitions_are_views():
+    g = _layout_chain()
+    rng = np.random.default_rng(2)
+    feeds = {0: rng.standard_normal((2, 3, 4)).astype(np.float32),
+             3: rng.standard_normal((3, 5)).astype(np.float32)}
+    cg = ga.compile_graph(g, feeds, policy=ga.PartitionPolicy.debug)
+    kinds = {i: step[0].ops[0].kind for i, step in enumerate(cg.steps)}
+    viewed = sorted(kinds[i].name for i in cg.views)
+    # the transpose and the dense reshape are views; the reshape of the transposed
+    # (non-dense) tensor needs a copy, so that partition runs
+    assert viewed == ["StaticReshape", "StaticTranspose"]
+    assert np.shares_memory(cg.produced[2].numpy(), cg.produced[1].numpy())
+    assert np.shares_memory(cg.produced[5].numpy(), cg.produced[4].numpy())
+    assert not np.shares_memory(cg.produced[7].numpy(), cg.produced[2].numpy())
+    out = cg(feeds)
+    t = np.tanh(feeds[0].astype(np.float64)).transpose(0, 2, 1)
+    mm = t @ feeds[3]
+    # f32 tanh (a few ulps) and an f32 GEMM of K=3 vs float64
+    np.testing.assert_allclose(out[6], np.maximum(mm.reshape(8, 5), 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[7], t.reshape(2, 12), rtol=1e-6, atol=1e-6)
+    run = ga.run_graph(g, feeds, policy=ga.PartitionPolicy.debug)  # the same through run_graph
+    np.testing.assert_array_equal(run.outputs[6], out[6])
+    np.testing.assert_array_equal(run.outputs[2], out[7].reshape(2, 4, 3))
