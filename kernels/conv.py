@@ -102,7 +102,7 @@ def im2col(xp: np.ndarray, geo: Geometry, buf: np.ndarray | None = None) -> np.n
 def conv_gemm(cols: np.ndarray, w2: np.ndarray) -> np.ndarray:
     """``[OC, P]`` = per group ``w2[g] @ cols[g]`` (f32 BLAS)."""
     y = np.matmul(w2, cols)
-    return y.reshape(-1, y.shape[-1])
+    return y.reshape(y.shape[0] * y.shape[1], y.shape[-1])  # explicit: -1 fails on empty arrays
 
 
 def conv_depthwise(xp: np.ndarray, wk: np.ndarray, geo: Geometry) -> np.ndarray:
