@@ -46,6 +46,7 @@ convert to bf16/f16 bits.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
@@ -61,7 +62,7 @@ from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, 
                           round_code, i8_to_f32, load_row_f32)
 
 CB = 64  #: bytes per block row (128 int4 columns)
-PANEL = 1024  #: prefill panel width (columns; a K x 1024 f32 panel is L3-resident)
+PANEL_BYTES = 64 << 20  #: prefill: f32 bytes of one dequantized panel (K x width)
 DECODE_MAX_M = 8
 _PF_ROWS = 32  #: software prefetch distance in block rows (32 * 64 B = 2 KiB)
 
@@ -1016,31 +1017,51 @@ def _scales_zps(spec, scales, zps):
     return sc, np.ascontiguousarray(np.asarray(zps).astype(np.float32)).reshape(sh), True
 
 
+_scratch = threading.local()  #: per-thread reusable panel buffer (no page faults per call)
+
+
+def _panel_buffer(size: int) -> np.ndarray:
+    buf = getattr(_scratch, "panel", None)
+    if buf is None or buf.size < size:
+        buf = _scratch.panel = np.empty(size, np.float32)
+    return buf[:size]
+
+
 def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
-    """Panels of PANEL columns: dequantize (parallel, exact f32) then sgemm
-    (``exact``: float64 sums rounded once, as the reference MatMul)."""
+    """Panels of up to PANEL_BYTES: dequantize (parallel, exact f32) then one
+    sgemm per panel (``exact``: float64 sums rounded once, as the reference
+    MatMul).
+
+    Few wide panels: every multi-threaded OpenBLAS call pays a thread wake-up
+    and B-packing start, which on a loaded 2-core machine cost more than the
+    GEMM itself for 1024-column panels (4x the CPU time of one call at
+    M = 128).  The panel buffer is kept per thread and reused, so its pages
+    are not faulted in again on every call.
+    """
     M, K = xf.shape
     N = spec.N
     bits4 = spec.kind in (S4, U4)
     use_blk = prepared is not None and bits4
-    # int4 prepared/natural: whole blocks per panel (2 * cbw columns each)
-    step = max(1, PANEL // (2 * prepared.cbw)) * 2 * prepared.cbw if use_blk else PANEL
-    panel = np.empty((K, step), np.float32)
-    tile = np.empty((M, step), np.float32)
+    unit = 2 * prepared.cbw if use_blk else 128  # int4 prepared/natural: whole blocks per panel
+    ncols = prepared.nblk * unit if use_blk else -(-N // 128) * 128
+    step = max(unit, PANEL_BYTES // (4 * max(K, 1)) // unit * unit)
+    npanels = -(-ncols // step)
+    step = -(-ncols // (npanels * unit)) * unit  # panels of (nearly) equal width
+    panel = _panel_buffer(K * min(step, ncols)).reshape(K, min(step, ncols))
+    direct = not exact and okind == OUT_F32 and ep.ops.shape[0] == 0 and ncols == N and step >= N
+    tile = out if direct else np.empty((M, min(step, ncols)), np.float32)
     if prepared is not None and not bits4:
         w, scales, zps = prepared.src
     if not use_blk:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         wf = _flat(w, bits4)
-    for n0 in range(0, N, step):
-        width = min(step, -(-(N - n0) // 128) * 128)
-        if use_blk:
-            width = min(step, prepared.nblk * 2 * prepared.cbw - n0)
-        pv, tv = (panel, tile) if width == step else (panel[:, :width], tile[:, :width])
+    for n0 in range(0, ncols, step):
+        width = min(step, ncols - n0)
+        pv, tv = (panel, tile) if width == panel.shape[1] else (panel[:, :width], tile[:, :width])
         if use_blk:
             pw = prepared
             _dequant_panel_blk(pw.w, pw.wbs, pw.wks, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs,
-                               pw.zmode, np.float32(pw.zc), spec.group, n0 // (2 * pw.cbw), rnd_w, pv)
+                               pw.zmode, np.float32(pw.zc), spec.group, n0 // unit, rnd_w, pv)
         else:
             _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group,
                            sc, zp, has_zp, n0, rnd_w, pv)
@@ -1049,4 +1070,5 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
                 tv[...] = np.matmul(xf.astype(np.float64), pv.astype(np.float64))
         else:
             np.matmul(xf, pv, out=tv)
-        _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        if not direct:
+            _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
