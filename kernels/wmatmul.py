@@ -15,29 +15,35 @@ the dequantized product by the usual accumulation bound
 ``~ (G + K/G) * 2**-24 * sum |x w|``.
 
 Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
-``transpose_b``):
+``transpose_b``).  Scales are ``[K/G, N/G_N]``: groups run along K, along N
+(``WeightSpec.group_n``, oneDNN's ``group_shape [1, G_N]``) or both.
 
 * **blocked** (fastest; made by :func:`prepare` once per constant weight):
-  ``wb[NBLK, K, CB]`` bytes, ``CB = 64``: block ``b`` holds columns
-  ``b*128 .. b*128+127``; byte ``j`` of row ``k`` has column ``2j`` in its low
-  nibble, ``2j+1`` in its high nibble.  Each thread streams whole blocks.
-* **natural [K, N]** (packed row-major, scales ``[K/G, N]``): the same kernel
-  runs on a strided view of the user's buffer (``N % 128 == 0``); other N use
-  the blocked kernel on the aligned part and the generic kernel on the tail.
+  block ``b`` holds ``2 * cbw`` int4 columns (``cbw`` = 64..256 bytes per
+  row, as many as divide N) for every ``k``, one contiguous stream; byte ``j``
+  of a row has column ``2j`` in its low nibble, ``2j+1`` in its high nibble;
+  one scale (and zero point) per column and group.  int8: 128 columns, one
+  byte each.  Each thread streams whole blocks.
+* **natural [K, N]** (packed row-major, ``N % 128 == 0``, groups along K): the
+  same kernels address the user's buffer in place (see
+  :class:`PreparedWeight`: flat arrays with block and row strides, so both
+  layouts share one compiled signature); other N use the generic kernel.
 * **natural [N, K]** (transpose_b, groups ``[1, G]``): one row per output
   column; :func:`prepare` repacks it to blocked (a transpose of nibbles).  The
   direct (non-constant weight) path dequantizes panels and uses BLAS for
   M > 8 and a K-reduction kernel for decode.
 
 Paths: decode (M <= 8): GEMV streaming the packed weights once, N blocks (and
-K splits when there are few blocks) over threads; activation prep and the
-epilogue run serially for small outputs (one thread launch per call).
-Prefill: per panel of ``PANEL`` columns, a parallel exact dequantization into
-an L3-resident f32 panel (BLAS tiles it for L2 itself), then numpy's BLAS
-``sgemm`` on it (dequantization amortised over M), then the epilogue.  The
-Numba team and OpenBLAS's pool alternate; set ``OPENBLAS_THREAD_TIMEOUT=4``
-before numpy is imported, otherwise OpenBLAS workers spin ~2**28 cycles after
-each call and slow the next Numba launch (the benchmark suite sets it).
+K splits when there are few blocks) over threads; M > 1 unpacks each weight
+row once for all M rows.  Activation prep and the epilogue run serially for
+small outputs (one thread launch per call).  Each kernel has one compiled
+signature (runtime masks and strides instead of specialisations).
+Prefill: panels of up to ``PANEL_BYTES`` f32 (one panel for K = N = 4096),
+a parallel exact dequantization, then one numpy BLAS ``sgemm`` per panel
+(dequantization amortised over M), then the epilogue.  The Numba team and
+OpenBLAS's pool alternate; set ``OPENBLAS_THREAD_TIMEOUT=4`` before numpy is
+imported, otherwise OpenBLAS workers spin ~2**28 cycles after each call and
+slow the next Numba launch (the benchmark suite sets it).
 
 Post-ops are an *epilogue program* (see :func:`make_epilogue`): int-coded ops
 with per-op scalars and an operand view ``(offset, stride_m, stride_n)`` into
@@ -61,7 +67,6 @@ from numba.extending import intrinsic
 from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
                           round_code, i8_to_f32, load_row_f32)
 
-CB = 64  #: bytes per block row (128 int4 columns)
 PANEL_BYTES = 64 << 20  #: prefill: f32 bytes of one dequantized panel (K x width)
 DECODE_MAX_M = 8
 _PF_ROWS = 32  #: software prefetch distance in block rows (32 * 64 B = 2 KiB)
@@ -394,6 +399,24 @@ def _store_part(part, s, blk, accE, accO):
             part[s, m, base + 2 * j + 1] = accO[m, j]
 
 
+@njit(inline="always", cache=True)
+def _rows4(w0, w1, w2, w3, x0, x1, x2, x3, xm, pE, pO, cbw):
+    """p[c] += x0 * u0[c] + .. + x3 * u3[c] (sequential FMAs) for both nibbles of 4 rows."""
+    for c in range(cbw):
+        b0 = w0[c]
+        b1 = w1[c]
+        b2 = w2[c]
+        b3 = w3[c]
+        a = fma32(x0, nib_x(b0, xm, False), pE[0, c])
+        a = fma32(x1, nib_x(b1, xm, False), a)
+        a = fma32(x2, nib_x(b2, xm, False), a)
+        pE[0, c] = fma32(x3, nib_x(b3, xm, False), a)
+        a = fma32(x0, nib_x(b0, xm, True), pO[0, c])
+        a = fma32(x1, nib_x(b1, xm, True), a)
+        a = fma32(x2, nib_x(b2, xm, True), a)
+        pO[0, c] = fma32(x3, nib_x(b3, xm, True), a)
+
+
 @njit(cache=True)
 def _blk4_m1(xf, xs, w, wo, wks, cbw, xm, sc, zf, so, sgs, zmode, zc, G, g0, g1, part, s, blk):
     """One block, groups g0..g1, M == 1 (see :func:`_gemv4_m1`)."""
@@ -417,19 +440,10 @@ def _blk4_m1(xf, xs, w, wo, wks, cbw, xm, sc, zf, so, sgs, zmode, zc, G, g0, g1,
             w1 = w[r0 + wks:r0 + wks + cbw]
             w2 = w[r0 + 2 * wks:r0 + 2 * wks + cbw]
             w3 = w[r0 + 3 * wks:r0 + 3 * wks + cbw]
-            for c in range(cbw):
-                b0 = w0[c]
-                b1 = w1[c]
-                b2 = w2[c]
-                b3 = w3[c]
-                a = fma32(x0, nib_x(b0, xm, False), pE[0, c])
-                a = fma32(x1, nib_x(b1, xm, False), a)
-                a = fma32(x2, nib_x(b2, xm, False), a)
-                pE[0, c] = fma32(x3, nib_x(b3, xm, False), a)
-                a = fma32(x0, nib_x(b0, xm, True), pO[0, c])
-                a = fma32(x1, nib_x(b1, xm, True), a)
-                a = fma32(x2, nib_x(b2, xm, True), a)
-                pO[0, c] = fma32(x3, nib_x(b3, xm, True), a)
+            if xm == 0:  # prepared copies: the same loop with a literal mask (no XOR: 4 of ~34 ops)
+                _rows4(w0, w1, w2, w3, x0, x1, x2, x3, np.uint8(0), pE, pO, cbw)
+            else:
+                _rows4(w0, w1, w2, w3, x0, x1, x2, x3, xm, pE, pO, cbw)
             k += _U
         while k < g * G + G:  # groups that are not a multiple of _U rows
             x0 = xf[0, k]
@@ -601,7 +615,7 @@ def _wval(w, idx, bits4, signed):
 
 
 @njit(parallel=True, cache=True)
-def _dequant_panel(w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n0, rnd, panel):
+def _dequant_panel(w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n0, rnd, panel):
     """panel[k, j] = round((q[k, n0+j] - z) * s) for j < panel width (exact f32).
 
     ``w`` is the user's flat buffer: [K, N] (``trans`` False, scales [K/G, N])
@@ -619,12 +633,12 @@ def _dequant_panel(w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n0, rnd, pa
                     continue
                 if trans:
                     q = _wval(w, n * K + k, bits4, signed)
-                    s = sc[n, g]
-                    z = zp[n, g] if has_zp else np.float32(0.0)
+                    s = sc[n // Gn, g]
+                    z = zp[n // Gn, g] if has_zp else np.float32(0.0)
                 else:
                     q = _wval(w, k * N + n, bits4, signed)
-                    s = sc[g, n]
-                    z = zp[g, n] if has_zp else np.float32(0.0)
+                    s = sc[g, n // Gn]
+                    z = zp[g, n // Gn] if has_zp else np.float32(0.0)
                 panel[k, j] = round_code((q - z) * s, rnd)
 
 
@@ -662,7 +676,7 @@ def _dequant_panel_blk(w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, b0,
 
 
 @njit(parallel=True, cache=True)
-def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n_lo, out):
+def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n_lo, out):
     """out[m, n - n_lo] for n in n_lo..N: any layout, one column per work item.
 
     Used for tails (N not a multiple of 128 in the [K, N] layout) and the
@@ -675,13 +689,13 @@ def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n_lo, ou
             for g in range(K // G):
                 p = np.float32(0.0)
                 if trans:
-                    s = sc[n, g]
-                    z = zp[n, g] if has_zp else np.float32(0.0)
+                    s = sc[n // Gn, g]
+                    z = zp[n // Gn, g] if has_zp else np.float32(0.0)
                     for k in range(g * G, g * G + G):
                         p = fma32(xf[m, k], _wval(w, n * K + k, bits4, signed) - z, p)
                 else:
-                    s = sc[g, n]
-                    z = zp[g, n] if has_zp else np.float32(0.0)
+                    s = sc[g, n // Gn]
+                    z = zp[g, n // Gn] if has_zp else np.float32(0.0)
                     for k in range(g * G, g * G + G):
                         p = fma32(xf[m, k], _wval(w, k * N + n, bits4, signed) - z, p)
                 acc = fma32(s, p, acc)
@@ -739,6 +753,7 @@ class WeightSpec:
     N: int
     group: int  # G along K (K for per-channel)
     transposed: bool  # stored [N, K] (transpose_b) with scales [N, K/G]
+    group_n: int = 1  # columns sharing a scale: scales [K/G, N/group_n] (oneDNN group_shape [G, group_n])
 
 
 @dataclass
@@ -798,10 +813,11 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
     q = q.reshape(N, K).T if spec.transposed else q.reshape(K, N)
     sc = np.asarray(scales, np.float32)
     sc = sc.T if spec.transposed else sc  # -> [ng, N]
-    sc = sc.reshape(ng, N)
+    # groups along N: one scale per column in the copy (the kernels' layout)
+    sc = np.repeat(sc.reshape(ng, N // spec.group_n), spec.group_n, axis=1)
     zp = None if zps is None else np.asarray(zps).astype(np.float32)
     if zp is not None:
-        zp = (zp.T if spec.transposed else zp).reshape(ng, N)
+        zp = np.repeat((zp.T if spec.transposed else zp).reshape(ng, N // spec.group_n), spec.group_n, axis=1)
         if bits4 and signed:
             zp = zp + np.float32(8)  # s4 is stored as u = q + 8, so u - (z + 8) = q - z
     Np = -(-N // 128) * 128
@@ -962,7 +978,8 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     (_prep_x_serial if M * K < 65536 else _prep_x)(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
     ep = make_epilogue(post_ops, M, N)
     bits4 = spec.kind in (S4, U4)
-    if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0:
+    if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0 \
+            and spec.group_n == 1:
         prepared = _natural_blocked(w, spec, scales, zps)
     if not _fast_is_exact(xf, spec, scales, zps, prepared):
         _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
@@ -980,7 +997,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
             _gemv8(*args, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs, pw.zmode, G, part)
         finish(part, out, okind, ep)
         return out
-    if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0:
+    if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0 and spec.group_n == 1:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         raw = np.empty((M, N), np.float32)
         xe = np.ascontiguousarray(xf[:, 0::2])
@@ -996,7 +1013,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         raw = np.empty((M, N), np.float32)
         _gemv_generic(xf, _flat(w, bits4), bits4, spec.kind in (S4, S8), spec.transposed,
-                      K, N, G, sc, zp, has_zp, 0, raw)
+                      K, N, G, spec.group_n, sc, zp, has_zp, 0, raw)
         finish(raw[None], out, okind, ep)
         return out
     _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep)
@@ -1010,7 +1027,8 @@ def _flat(w, bits4):
 
 def _scales_zps(spec, scales, zps):
     sc = np.ascontiguousarray(np.asarray(scales).astype(np.float32))
-    sh = (spec.N, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, spec.N)
+    nn = spec.N // spec.group_n
+    sh = (nn, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, nn)
     sc = sc.reshape(sh)
     if zps is None:
         return sc, np.zeros((1, 1), np.float32), False
@@ -1063,7 +1081,7 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
             _dequant_panel_blk(pw.w, pw.wbs, pw.wks, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs,
                                pw.zmode, np.float32(pw.zc), spec.group, n0 // unit, rnd_w, pv)
         else:
-            _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group,
+            _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group, spec.group_n,
                            sc, zp, has_zp, n0, rnd_w, pv)
         if exact:
             with np.errstate(all="ignore"):
