@@ -51,6 +51,14 @@ def main(argv=None):
             n0 = len(rows)
             suite.bench_int4(rows, bw, K, N, G, kd, 1, args.quick, rng, peers_on)
             _print(rows[n0:])
+        for M in (() if args.quick else (4, 8)):  # weights read once for all rows
+            n0 = len(rows)
+            suite.bench_int4(rows, bw, 4096, 4096, 128, "s4", M, args.quick, rng, peers_on)
+            _print(rows[n0:])
+        for K, N, G, kd in (() if args.quick else ((4096, 4096, 128, "s8"), (4096, 11008, 32, "s8"))):
+            n0 = len(rows)
+            suite.bench_int8_decode(rows, bw, K, N, G, kd, 1, rng)
+            _print(rows[n0:])
     if want("prefill"):
         for M in ((128,) if args.quick else (32, 128, 512)):
             n0 = len(rows)

@@ -86,7 +86,7 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
     signed = kind == "s4"
     zp = kind == "u4"
     wbytes = K * N // 2 + (K // G) * N * 4 + ((K // G) * N // 2 if zp else 0)
-    decode = M == 1
+    decode = M <= WM.DECODE_MAX_M  # M = 2..8: speculative decoding / small batches, weights read once
     ncold = max(2, int((COLD_BYTES if not quick else 400 << 20) // wbytes)) if decode else 1
     copies = _weights(K, N, G, signed, zp, ncold, rng)
     spec = WM.WeightSpec(kind, K, N, G, True)
@@ -365,4 +365,30 @@ def bench_graph_overhead(rows):
     t = timeit(lambda i: compiled(feeds), 1, 2000, 50) / len(compiled.steps)
     rows.append(("per-partition overhead: 20-partition graph of 4x4 element-wise ops", "hot", "project",
                  t * 1e3, 1.0, f"{t * 1e6:.1f} us per partition"))
+    return rows
+
+
+def bench_int8_decode(rows, bw, K, N, G, kind, M, rng):
+    """s8/u8 weight decode ([N, K] int8 with f32 group scales): the project's
+    kernel cold/hot, and numpy f32 GEMV on pre-dequantized weights (hot)."""
+    wbytes = K * N + (K // G) * N * 4
+    ncold = max(2, int(COLD_BYTES // wbytes))
+    base = rng.integers(-128, 128, K * N).astype(np.int8 if kind == "s8" else np.uint8)
+    spec = WM.WeightSpec(kind, K, N, G, True)
+    sc = rng.random((N, K // G), dtype=np.float32) * 0.02 + 0.001
+    prepared = [WM.prepare(base ^ base.dtype.type(c % 97), spec, sc) for c in range(ncold)]
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    out = np.empty((M, N), np.float32)
+    label = f"int8 decode M={M} K={K} N={N} g{G} {kind}"
+    dense = (base.astype(np.float32).reshape(N, K) * np.repeat(sc, G, axis=1)).T.copy()
+    for mode, nc in (("cold", ncold), ("hot", 1)):
+        res = {"project (blocked, prepared)": timeit(
+            lambda i: WM.wmatmul(x, None, spec, prepared=prepared[i], out=out), nc, 60)}
+        if mode == "hot":
+            res["numpy f32 BLAS (pre-dequantized)"] = timeit(lambda i: x @ dense, 1, 20)
+        ref = res["project (blocked, prepared)"]
+        for name, t in res.items():
+            gbs = wbytes / t / 1e9
+            pct = 100 * gbs / (bw[0] if mode == "cold" else bw[1])
+            rows.append((label, mode, name, t * 1e3, t / ref, f"{gbs:.1f} GB/s ({pct:.0f}%)"))
     return rows

@@ -15,29 +15,35 @@ the dequantized product by the usual accumulation bound
 ``~ (G + K/G) * 2**-24 * sum |x w|``.
 
 Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
-``transpose_b``):
+``transpose_b``).  Scales are ``[K/G, N/G_N]``: groups run along K, along N
+(``WeightSpec.group_n``, oneDNN's ``group_shape [1, G_N]``) or both.
 
 * **blocked** (fastest; made by :func:`prepare` once per constant weight):
-  ``wb[NBLK, K, CB]`` bytes, ``CB = 64``: block ``b`` holds columns
-  ``b*128 .. b*128+127``; byte ``j`` of row ``k`` has column ``2j`` in its low
-  nibble, ``2j+1`` in its high nibble.  Each thread streams whole blocks.
-* **natural [K, N]** (packed row-major, scales ``[K/G, N]``): the same kernel
-  runs on a strided view of the user's buffer (``N % 128 == 0``); other N use
-  the blocked kernel on the aligned part and the generic kernel on the tail.
+  block ``b`` holds ``2 * cbw`` int4 columns (``cbw`` = 64..256 bytes per
+  row, as many as divide N) for every ``k``, one contiguous stream; byte ``j``
+  of a row has column ``2j`` in its low nibble, ``2j+1`` in its high nibble;
+  one scale (and zero point) per column and group.  int8: 128 columns, one
+  byte each.  Each thread streams whole blocks.
+* **natural [K, N]** (packed row-major, ``N % 128 == 0``, groups along K): the
+  same kernels address the user's buffer in place (see
+  :class:`PreparedWeight`: flat arrays with block and row strides, so both
+  layouts share one compiled signature); other N use the generic kernel.
 * **natural [N, K]** (transpose_b, groups ``[1, G]``): one row per output
   column; :func:`prepare` repacks it to blocked (a transpose of nibbles).  The
   direct (non-constant weight) path dequantizes panels and uses BLAS for
   M > 8 and a K-reduction kernel for decode.
 
 Paths: decode (M <= 8): GEMV streaming the packed weights once, N blocks (and
-K splits when there are few blocks) over threads; activation prep and the
-epilogue run serially for small outputs (one thread launch per call).
-Prefill: per panel of ``PANEL`` columns, a parallel exact dequantization into
-an L3-resident f32 panel (BLAS tiles it for L2 itself), then numpy's BLAS
-``sgemm`` on it (dequantization amortised over M), then the epilogue.  The
-Numba team and OpenBLAS's pool alternate; set ``OPENBLAS_THREAD_TIMEOUT=4``
-before numpy is imported, otherwise OpenBLAS workers spin ~2**28 cycles after
-each call and slow the next Numba launch (the benchmark suite sets it).
+K splits when there are few blocks) over threads; M > 1 unpacks each weight
+row once for all M rows.  Activation prep and the epilogue run serially for
+small outputs (one thread launch per call).  Each kernel has one compiled
+signature (runtime masks and strides instead of specialisations).
+Prefill: panels of up to ``PANEL_BYTES`` f32 (one panel for K = N = 4096),
+a parallel exact dequantization, then one numpy BLAS ``sgemm`` per panel
+(dequantization amortised over M), then the epilogue.  The Numba team and
+OpenBLAS's pool alternate; set ``OPENBLAS_THREAD_TIMEOUT=4`` before numpy is
+imported, otherwise OpenBLAS workers spin ~2**28 cycles after each call and
+slow the next Numba launch (the benchmark suite sets it).
 
 Post-ops are an *epilogue program* (see :func:`make_epilogue`): int-coded ops
 with per-op scalars and an operand view ``(offset, stride_m, stride_n)`` into
@@ -46,6 +52,7 @@ convert to bf16/f16 bits.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
@@ -53,13 +60,14 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
                           round_code, i8_to_f32, load_row_f32)
 
-CB = 64  #: bytes per block row (128 int4 columns)
-PANEL = 1024  #: prefill panel width (columns; a K x 1024 f32 panel is L3-resident)
+PANEL_BYTES = 64 << 20  #: prefill: f32 bytes of one dequantized panel (K x width)
 DECODE_MAX_M = 8
 _PF_ROWS = 32  #: software prefetch distance in block rows (32 * 64 B = 2 KiB)
 
@@ -326,140 +334,64 @@ def _prep_x(x, kind, rnd, G, xf, xs):
 
 
 # ------------------------------------------------------------ decode kernels
-@njit(inline="always", cache=True)
-def _block_m1(xf, xs, wb, blk, k0, k1, G, xm, sc, zf, zmode, pE, pO, accE, accO, part, s):
-    """One block, rows k0..k1 (group-aligned), M == 1; result into part[s, 0, cols]."""
-    K = wb.shape[1]
-    cbw = wb.shape[2]
-    for j in range(cbw):
-        accE[j] = 0.0
-        accO[j] = 0.0
-    for g in range(k0 // G, k1 // G):
-        for j in range(cbw):
-            pE[j] = 0.0
-            pO[j] = 0.0
-        kg = g * G
-        k = kg
-        while k + 4 <= kg + G:
-            x0 = xf[0, k]
-            x1 = xf[0, k + 1]
-            x2 = xf[0, k + 2]
-            x3 = xf[0, k + 3]
-            kp = min(k + _PF_ROWS, K - 4)
-            for q in range(0, cbw, 64):
-                prefetch(wb[blk, kp], q)
-                prefetch(wb[blk, kp + 1], q)
-                prefetch(wb[blk, kp + 2], q)
-                prefetch(wb[blk, kp + 3], q)
-            r0 = wb[blk, k]
-            r1 = wb[blk, k + 1]
-            r2 = wb[blk, k + 2]
-            r3 = wb[blk, k + 3]
-            for j in range(cbw):
-                a = pE[j]
-                a = fma32(x0, nib_x(r0[j], xm, False), a)
-                a = fma32(x1, nib_x(r1[j], xm, False), a)
-                a = fma32(x2, nib_x(r2[j], xm, False), a)
-                a = fma32(x3, nib_x(r3[j], xm, False), a)
-                pE[j] = a
-                c = pO[j]
-                c = fma32(x0, nib_x(r0[j], xm, True), c)
-                c = fma32(x1, nib_x(r1[j], xm, True), c)
-                c = fma32(x2, nib_x(r2[j], xm, True), c)
-                c = fma32(x3, nib_x(r3[j], xm, True), c)
-                pO[j] = c
-            k += 4
-        while k < kg + G:
-            x0 = xf[0, k]
-            r0 = wb[blk, k]
-            for j in range(cbw):
-                pE[j] = fma32(x0, nib_x(r0[j], xm, False), pE[j])
-                pO[j] = fma32(x0, nib_x(r0[j], xm, True), pO[j])
-            k += 1
-        _group_scale(xs[0, g], sc[blk, g], zf, blk, g, zmode, pE, pO, accE, accO)
-    base = blk * 2 * cbw
-    for j in range(cbw):
-        part[s, 0, base + 2 * j] = accE[j]
-        part[s, 0, base + 2 * j + 1] = accO[j]
+# One compiled signature per kernel serves every weight layout: the weights,
+# scales and zero points are flat arrays, and a block's row ``k`` starts at
+# ``blk * wbs + k * wks`` (scales: group ``g`` at ``blk * sbs + g * sgs``), so
+# the prepared blocked copy and a zero-copy view of the user's [K, N] buffer
+# run the same machine code.  Rows are ``cbw`` bytes (a multiple of 64), read
+# through row slices (a slice's indices are provably in range: a flat index
+# ``w[r + c]`` carries Numba's negative-index wraparound and the loop stays
+# scalar).  The int4 M == 1 and M > 1 kernels are separate
+# functions, so a decode step compiles only the one it runs.
+_U = 4  #: rows per step of the int4 kernels (accumulators loaded/stored once per step)
+
+
+@intrinsic
+def _s8x(typingctx, b, sm):
+    """uint8 ``b`` as a signed (``sm = 0x80``) or unsigned (``sm = 0``) byte, as float32.
+
+    ``(b ^ sm) - sm`` in i32 lanes: one signature for s8 and u8 weights."""
+    sig = types.float32(b, sm)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        v, m = args
+        v = builder.zext(builder.trunc(v, ir.IntType(8)) if v.type.width > 8 else v, i32)
+        m = builder.zext(builder.trunc(m, ir.IntType(8)) if m.type.width > 8 else m, i32)
+        return builder.sitofp(builder.sub(builder.xor(v, m), m), ir.FloatType())
+
+    return sig, codegen
 
 
 @njit(inline="always", cache=True)
-def _group_scale(xsum, srow, zf, blk, g, zmode, pE, pO, accE, accO):
-    """acc += s * (p - z * xsum) for one group (z: 0, 8 or the zero point row)."""
-    if zmode == 0:
-        for j in range(pE.shape[0]):
-            accE[j] = fma32(srow[2 * j], pE[j], accE[j])
-            accO[j] = fma32(srow[2 * j + 1], pO[j], accO[j])
-    elif zmode == 2:
-        c = np.float32(8.0) * xsum
-        for j in range(pE.shape[0]):
-            accE[j] = fma32(srow[2 * j], pE[j] - c, accE[j])
-            accO[j] = fma32(srow[2 * j + 1], pO[j] - c, accO[j])
+def _scale_group(xsum, sc, zf, so, zmode, zc, pE, pO, accE, accO, r):
+    """acc[r] += s * (p[r] - z * xsum) for one group (z: the zero point array when
+    ``zmode == 1``, else the constant ``zc``: 0, or 8 for s4 read as q + 8)."""
+    cbw = pE.shape[1]
+    srow = sc[so:so + 2 * cbw]  # slices: indices provably in range, so the loops vectorise
+    if zmode == 1:
+        zrow = zf[so:so + 2 * cbw]
+        for c in range(cbw):
+            accE[r, c] = fma32(srow[2 * c], pE[r, c] - zrow[2 * c] * xsum, accE[r, c])
+            accO[r, c] = fma32(srow[2 * c + 1], pO[r, c] - zrow[2 * c + 1] * xsum, accO[r, c])
     else:
-        zrow = zf[blk, g]
-        for j in range(pE.shape[0]):
-            accE[j] = fma32(srow[2 * j], pE[j] - zrow[2 * j] * xsum, accE[j])
-            accO[j] = fma32(srow[2 * j + 1], pO[j] - zrow[2 * j + 1] * xsum, accO[j])
-
-
-@njit(parallel=True, cache=True)
-def _gemv4(xf, xs, wb, xm, sc, zf, zmode, G, part):
-    """int4 decode GEMV over blocked weights; part[S, M, NBLK*128] raw sums.
-
-    Work item = (block, K split); M rows are processed one after another from
-    an L1-resident unpacked row buffer when M > 1.
-    """
-    NBLK, K, cbw = wb.shape
-    S = part.shape[0]
-    M = xf.shape[0]
-    ng = K // G
-    gps = (ng + S - 1) // S
-    for t in prange(NBLK * S):
-        blk = t // S
-        s = t % S
-        k0 = min(s * gps, ng) * G
-        k1 = min((s + 1) * gps, ng) * G
-        pE = np.empty(cbw, np.float32)
-        pO = np.empty(cbw, np.float32)
-        accE = np.empty(cbw, np.float32)
-        accO = np.empty(cbw, np.float32)
-        if M == 1:
-            if xm == 0:
-                _block_m1(xf, xs, wb, blk, k0, k1, G, np.uint8(0), sc, zf, zmode,
-                          pE, pO, accE, accO, part, s)
-            else:
-                _block_m1(xf, xs, wb, blk, k0, k1, G, np.uint8(0x88), sc, zf, zmode,
-                          pE, pO, accE, accO, part, s)
-        else:
-            _block_mm(xf, xs, wb, blk, k0, k1, G, xm, sc, zf, zmode, part, s)
+        zx = zc * xsum
+        for c in range(cbw):
+            accE[r, c] = fma32(srow[2 * c], pE[r, c] - zx, accE[r, c])
+            accO[r, c] = fma32(srow[2 * c + 1], pO[r, c] - zx, accO[r, c])
 
 
 @njit(inline="always", cache=True)
-def _block_mm(xf, xs, wb, blk, k0, k1, G, xm, sc, zf, zmode, part, s):
-    """One block for M > 1: unpack each weight row once, then M vector FMAs."""
-    M = xf.shape[0]
-    cbw = wb.shape[2]
-    uE = np.empty(cbw, np.float32)
-    uO = np.empty(cbw, np.float32)
-    pE = np.empty((M, cbw), np.float32)
-    pO = np.empty((M, cbw), np.float32)
-    accE = np.zeros((M, cbw), np.float32)
-    accO = np.zeros((M, cbw), np.float32)
-    for g in range(k0 // G, k1 // G):
-        pE[:] = 0.0
-        pO[:] = 0.0
-        for k in range(g * G, g * G + G):
-            r = wb[blk, k]
-            for j in range(cbw):
-                uE[j] = nib_x(r[j], xm, False)
-                uO[j] = nib_x(r[j], xm, True)
-            for m in range(M):
-                xv = xf[m, k]
-                for j in range(cbw):
-                    pE[m, j] = fma32(xv, uE[j], pE[m, j])
-                    pO[m, j] = fma32(xv, uO[j], pO[m, j])
-        for m in range(M):
-            _group_scale(xs[m, g], sc[blk, g], zf, blk, g, zmode, pE[m], pO[m], accE[m], accO[m])
+def _prefetch_rows(w, r, wks, cbw, n):
+    """Prefetch ``n`` block rows from offset ``r`` (every 64-byte line)."""
+    for i in range(n):
+        for q in range(0, cbw, 64):
+            prefetch(w, r + i * wks + q)
+
+
+@njit(inline="always", cache=True)
+def _store_part(part, s, blk, accE, accO):
+    M, cbw = accE.shape
     base = blk * 2 * cbw
     for m in range(M):
         for j in range(cbw):
@@ -467,43 +399,207 @@ def _block_mm(xf, xs, wb, blk, k0, k1, G, xm, sc, zf, zmode, part, s):
             part[s, m, base + 2 * j + 1] = accO[m, j]
 
 
+@njit(inline="always", cache=True)
+def _rows4(w0, w1, w2, w3, x0, x1, x2, x3, xm, pE, pO, cbw):
+    """p[c] += x0 * u0[c] + .. + x3 * u3[c] (sequential FMAs) for both nibbles of 4 rows."""
+    for c in range(cbw):
+        b0 = w0[c]
+        b1 = w1[c]
+        b2 = w2[c]
+        b3 = w3[c]
+        a = fma32(x0, nib_x(b0, xm, False), pE[0, c])
+        a = fma32(x1, nib_x(b1, xm, False), a)
+        a = fma32(x2, nib_x(b2, xm, False), a)
+        pE[0, c] = fma32(x3, nib_x(b3, xm, False), a)
+        a = fma32(x0, nib_x(b0, xm, True), pO[0, c])
+        a = fma32(x1, nib_x(b1, xm, True), a)
+        a = fma32(x2, nib_x(b2, xm, True), a)
+        pO[0, c] = fma32(x3, nib_x(b3, xm, True), a)
+
+
+@njit(cache=True)
+def _blk4_m1(xf, xs, w, wo, wks, cbw, xm, sc, zf, so, sgs, zmode, zc, G, g0, g1, part, s, blk):
+    """One block, groups g0..g1, M == 1 (see :func:`_gemv4_m1`)."""
+    K = xf.shape[1]
+    pE = np.empty((1, cbw), np.float32)
+    pO = np.empty((1, cbw), np.float32)
+    accE = np.zeros((1, cbw), np.float32)
+    accO = np.zeros((1, cbw), np.float32)
+    for g in range(g0, g1):
+        pE[0, :] = 0.0
+        pO[0, :] = 0.0
+        k = g * G
+        while k + _U <= g * G + G:
+            x0 = xf[0, k]
+            x1 = xf[0, k + 1]
+            x2 = xf[0, k + 2]
+            x3 = xf[0, k + 3]
+            r0 = wo + k * wks
+            _prefetch_rows(w, wo + min(k + _PF_ROWS, K - _U) * wks, wks, cbw, _U)
+            w0 = w[r0:r0 + cbw]
+            w1 = w[r0 + wks:r0 + wks + cbw]
+            w2 = w[r0 + 2 * wks:r0 + 2 * wks + cbw]
+            w3 = w[r0 + 3 * wks:r0 + 3 * wks + cbw]
+            if xm == 0:  # prepared copies: the same loop with a literal mask (no XOR: 4 of ~34 ops)
+                _rows4(w0, w1, w2, w3, x0, x1, x2, x3, np.uint8(0), pE, pO, cbw)
+            else:
+                _rows4(w0, w1, w2, w3, x0, x1, x2, x3, xm, pE, pO, cbw)
+            k += _U
+        while k < g * G + G:  # groups that are not a multiple of _U rows
+            x0 = xf[0, k]
+            w0 = w[wo + k * wks:wo + k * wks + cbw]
+            for c in range(cbw):
+                b0 = w0[c]
+                pE[0, c] = fma32(x0, nib_x(b0, xm, False), pE[0, c])
+                pO[0, c] = fma32(x0, nib_x(b0, xm, True), pO[0, c])
+            k += 1
+        _scale_group(xs[0, g], sc, zf, so + g * sgs, zmode, zc, pE, pO, accE, accO, 0)
+    _store_part(part, s, blk, accE, accO)
+
+
 @njit(parallel=True, cache=True)
-def _gemv8(xf, xs, wb, sc, zf, zmode, G, part):
-    """int8 decode GEMV; wb[NBLK, K, 128] int8/uint8, lanes = columns."""
-    NBLK, K, W = wb.shape
+def _gemv4_m1(xf, xs, w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, part):
+    """int4 decode GEMV, M == 1: part[S, 1, NBLK*2*cbw] raw sums.
+
+    Work item = (block, K split).  Byte ``j`` of a block row holds columns
+    ``2j`` (low nibble) and ``2j+1`` (high); per group, sequential f32 FMAs
+    over k into ``pE``/``pO`` (even/odd columns), then ``acc += s * (p - z *
+    sum(x))``.  Rows go four at a time: the partial sums are loaded and stored
+    once per four rows, and the weights are prefetched ``_PF_ROWS`` ahead.
+    The block body is its own (serial) function: the parallel region stays
+    small, which keeps Numba's parfor passes, and so the compile, short.
+    """
     S = part.shape[0]
-    M = xf.shape[0]
+    NBLK = part.shape[2] // (2 * cbw)
+    ng = xf.shape[1] // G
+    gps = (ng + S - 1) // S
+    for t in prange(NBLK * S):
+        blk = t // S
+        s = t % S
+        _blk4_m1(xf, xs, w, blk * wbs, wks, cbw, xm, sc, zf, blk * sbs, sgs, zmode, zc, G,
+                 min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+
+
+@njit(cache=True)
+def _blk4_rows(xf, xs, w, wo, wks, cbw, xm, sc, zf, so, sgs, zmode, zc, G, g0, g1, part, s, blk):
+    """One block for 1 < M <= DECODE_MAX_M: four weight rows are unpacked once
+    into L1 (``u``), then each activation row takes its 4 x 2 FMAs per byte
+    from there (partial sums loaded and stored once per four rows)."""
+    M, K = xf.shape
+    u = np.empty((2 * _U, cbw), np.float32)  # rows 0..3 low nibbles, then high
+    pE = np.empty((M, cbw), np.float32)
+    pO = np.empty((M, cbw), np.float32)
+    accE = np.zeros((M, cbw), np.float32)
+    accO = np.zeros((M, cbw), np.float32)
+    for g in range(g0, g1):
+        pE[:] = 0.0
+        pO[:] = 0.0
+        k = g * G
+        while k < g * G + G:
+            n = _U if k + _U <= g * G + G else 1
+            _prefetch_rows(w, wo + min(k + _PF_ROWS, K - n) * wks, wks, cbw, n)
+            for i in range(n):
+                wr = w[wo + (k + i) * wks:wo + (k + i) * wks + cbw]
+                ue = u[i]
+                uo = u[_U + i]
+                for c in range(cbw):
+                    ue[c] = nib_x(wr[c], xm, False)
+                    uo[c] = nib_x(wr[c], xm, True)
+            if n == _U:
+                e0, e1, e2, e3 = u[0], u[1], u[2], u[3]
+                o0, o1, o2, o3 = u[4], u[5], u[6], u[7]
+                for m in range(M):
+                    x0 = xf[m, k]
+                    x1 = xf[m, k + 1]
+                    x2 = xf[m, k + 2]
+                    x3 = xf[m, k + 3]
+                    pe = pE[m]
+                    po = pO[m]
+                    for c in range(cbw):
+                        pe[c] = fma32(x3, e3[c], fma32(x2, e2[c], fma32(x1, e1[c], fma32(x0, e0[c], pe[c]))))
+                        po[c] = fma32(x3, o3[c], fma32(x2, o2[c], fma32(x1, o1[c], fma32(x0, o0[c], po[c]))))
+            else:
+                e0, o0 = u[0], u[_U]
+                for m in range(M):
+                    x0 = xf[m, k]
+                    pe = pE[m]
+                    po = pO[m]
+                    for c in range(cbw):
+                        pe[c] = fma32(x0, e0[c], pe[c])
+                        po[c] = fma32(x0, o0[c], po[c])
+            k += n
+        for m in range(M):
+            _scale_group(xs[m, g], sc, zf, so + g * sgs, zmode, zc, pE, pO, accE, accO, m)
+    _store_part(part, s, blk, accE, accO)
+
+
+@njit(parallel=True, cache=True)
+def _gemv4_rows(xf, xs, w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, part):
+    """:func:`_gemv4_m1` for 1 < M <= DECODE_MAX_M: the weights are read from
+    memory (and unpacked) once for all M rows (:func:`_blk4_rows`)."""
+    S = part.shape[0]
+    NBLK = part.shape[2] // (2 * cbw)
+    ng = xf.shape[1] // G
+    gps = (ng + S - 1) // S
+    for t in prange(NBLK * S):
+        blk = t // S
+        s = t % S
+        _blk4_rows(xf, xs, w, blk * wbs, wks, cbw, xm, sc, zf, blk * sbs, sgs, zmode, zc, G,
+                   min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+
+
+@njit(parallel=True, cache=True)
+def _gemv8(xf, xs, w, wbs, wks, sm, sc, zf, sbs, sgs, zmode, G, part):
+    """int8 decode GEMV; block rows of 128 bytes (one column each, s8 or u8 by
+    ``sm``), addressed like :func:`_gemv4_m1`; part[S, M, NBLK*128]."""
+    S, M = part.shape[0], part.shape[1]
+    K = xf.shape[1]
+    NBLK = part.shape[2] // 128
     ng = K // G
     gps = (ng + S - 1) // S
     for t in prange(NBLK * S):
         blk = t // S
         s = t % S
-        p = np.empty((M, W), np.float32)
-        acc = np.zeros((M, W), np.float32)
+        wo = blk * wbs
+        p = np.empty((M, 128), np.float32)
+        acc = np.zeros((M, 128), np.float32)
         for g in range(min(s * gps, ng), min((s + 1) * gps, ng)):
             p[:] = 0.0
-            for k in range(g * G, g * G + G):
-                kp = min(k + 16, K - 1)
-                prefetch(wb[blk, kp], 0)
-                r = wb[blk, k]
-                for m in range(M):
-                    xv = xf[m, k]
-                    for j in range(W):
-                        p[m, j] = fma32(xv, i8_to_f32(r[j]), p[m, j])
-            srow = sc[blk, g]
+            k = g * G
+            while k < g * G + G:
+                r0 = wo + k * wks
+                if k + 2 <= g * G + G:  # two rows per step: p loaded and stored once
+                    _prefetch_rows(w, wo + min(k + 16, K - 2) * wks, wks, 128, 2)
+                    w0 = w[r0:r0 + 128]
+                    w1 = w[r0 + wks:r0 + wks + 128]
+                    for m in range(M):
+                        x0 = xf[m, k]
+                        x1 = xf[m, k + 1]
+                        for j in range(128):
+                            a = fma32(x0, _s8x(w0[j], sm), p[m, j])
+                            p[m, j] = fma32(x1, _s8x(w1[j], sm), a)
+                    k += 2
+                else:
+                    w0 = w[r0:r0 + 128]
+                    for m in range(M):
+                        x0 = xf[m, k]
+                        for j in range(128):
+                            p[m, j] = fma32(x0, _s8x(w0[j], sm), p[m, j])
+                    k += 1
+            so = blk * sbs + g * sgs
+            srow = sc[so:so + 128]
             for m in range(M):
                 xsum = xs[m, g]
                 if zmode == 1:
-                    zrow = zf[blk, g]
-                    for j in range(W):
+                    zrow = zf[so:so + 128]
+                    for j in range(128):
                         acc[m, j] = fma32(srow[j], p[m, j] - zrow[j] * xsum, acc[m, j])
                 else:
-                    for j in range(W):
+                    for j in range(128):
                         acc[m, j] = fma32(srow[j], p[m, j], acc[m, j])
         for m in range(M):
-            for j in range(W):
-                part[s, m, blk * W + j] = acc[m, j]
-
+            for j in range(128):
+                part[s, m, blk * 128 + j] = acc[m, j]
 
 # ------------------------------------------------------ generic (any layout)
 @njit(inline="always", cache=True)
@@ -519,7 +615,7 @@ def _wval(w, idx, bits4, signed):
 
 
 @njit(parallel=True, cache=True)
-def _dequant_panel(w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n0, rnd, panel):
+def _dequant_panel(w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n0, rnd, panel):
     """panel[k, j] = round((q[k, n0+j] - z) * s) for j < panel width (exact f32).
 
     ``w`` is the user's flat buffer: [K, N] (``trans`` False, scales [K/G, N])
@@ -537,47 +633,50 @@ def _dequant_panel(w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n0, rnd, pa
                     continue
                 if trans:
                     q = _wval(w, n * K + k, bits4, signed)
-                    s = sc[n, g]
-                    z = zp[n, g] if has_zp else np.float32(0.0)
+                    s = sc[n // Gn, g]
+                    z = zp[n // Gn, g] if has_zp else np.float32(0.0)
                 else:
                     q = _wval(w, k * N + n, bits4, signed)
-                    s = sc[g, n]
-                    z = zp[g, n] if has_zp else np.float32(0.0)
+                    s = sc[g, n // Gn]
+                    z = zp[g, n // Gn] if has_zp else np.float32(0.0)
                 panel[k, j] = round_code((q - z) * s, rnd)
 
 
 @njit(parallel=True, cache=True)
-def _dequant_panel_blk(wb, xm, sc, zf, zmode, b0, rnd, panel):
-    """Dequantize blocks b0.. of the blocked int4 layout into panel[K, 128*nb].
+def _dequant_panel_blk(w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, b0, rnd, panel):
+    """Dequantize int4 blocks b0.. (addressed as in :func:`_gemv4_m1`) into
+    panel[K, 2*cbw*nb].
 
     Exact f32 ``(u - z) * s`` per element (z = 8 for s4, the zero point, or 0);
     branch-free inner loops over a block row (vectorised), rounding pass after.
     """
-    K = wb.shape[1]
-    G = K // sc.shape[1]
-    nbk = panel.shape[1] // (2 * CB)
+    K = panel.shape[0]
+    nbk = panel.shape[1] // (2 * cbw)
     nk = (K + 31) // 32
     for t in prange(nk * nbk):
         c = t // nbk
         bb = t % nbk
         blk = b0 + bb
-        zc = np.full(2 * CB, 8.0 if zmode == 2 else 0.0, np.float32)
+        zrow = np.full(2 * cbw, zc, np.float32)
         for k in range(c * 32, min(c * 32 + 32, K)):
-            g = k // G
-            r = wb[blk, k]
-            srow = sc[blk, g]
-            zrow = zf[blk, g] if zmode == 1 else zc
-            prow = panel[k, bb * 2 * CB:(bb + 1) * 2 * CB]
-            for j in range(CB):
-                prow[2 * j] = (nib_x(r[j], xm, False) - zrow[2 * j]) * srow[2 * j]
-                prow[2 * j + 1] = (nib_x(r[j], xm, True) - zrow[2 * j + 1]) * srow[2 * j + 1]
+            so = blk * sbs + (k // G) * sgs
+            r = blk * wbs + k * wks
+            wr = w[r:r + cbw]
+            srow = sc[so:so + 2 * cbw]
+            if zmode == 1:
+                zrow[:] = zf[so:so + 2 * cbw]
+            prow = panel[k, bb * 2 * cbw:(bb + 1) * 2 * cbw]
+            for j in range(cbw):
+                b = wr[j]
+                prow[2 * j] = (nib_x(b, xm, False) - zrow[2 * j]) * srow[2 * j]
+                prow[2 * j + 1] = (nib_x(b, xm, True) - zrow[2 * j + 1]) * srow[2 * j + 1]
             if rnd != 0:
-                for j in range(2 * CB):
+                for j in range(2 * cbw):
                     prow[j] = round_code(prow[j], rnd)
 
 
 @njit(parallel=True, cache=True)
-def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n_lo, out):
+def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n_lo, out):
     """out[m, n - n_lo] for n in n_lo..N: any layout, one column per work item.
 
     Used for tails (N not a multiple of 128 in the [K, N] layout) and the
@@ -590,13 +689,13 @@ def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, sc, zp, has_zp, n_lo, ou
             for g in range(K // G):
                 p = np.float32(0.0)
                 if trans:
-                    s = sc[n, g]
-                    z = zp[n, g] if has_zp else np.float32(0.0)
+                    s = sc[n // Gn, g]
+                    z = zp[n // Gn, g] if has_zp else np.float32(0.0)
                     for k in range(g * G, g * G + G):
                         p = fma32(xf[m, k], _wval(w, n * K + k, bits4, signed) - z, p)
                 else:
-                    s = sc[g, n]
-                    z = zp[g, n] if has_zp else np.float32(0.0)
+                    s = sc[g, n // Gn]
+                    z = zp[g, n // Gn] if has_zp else np.float32(0.0)
                     for k in range(g * G, g * G + G):
                         p = fma32(xf[m, k], _wval(w, k * N + n, bits4, signed) - z, p)
                 acc = fma32(s, p, acc)
@@ -654,20 +753,40 @@ class WeightSpec:
     N: int
     group: int  # G along K (K for per-channel)
     transposed: bool  # stored [N, K] (transpose_b) with scales [N, K/G]
+    group_n: int = 1  # columns sharing a scale: scales [K/G, N/group_n] (oneDNN group_shape [G, group_n])
 
 
 @dataclass
 class PreparedWeight:
-    """Kernel-friendly copy of a constant weight (see module doc, 'blocked')."""
+    """Weights, scales and zero points as the decode kernels address them.
+
+    Block ``b`` (``2 * cbw`` int4 columns, or ``cbw`` int8 columns) of row
+    ``k`` starts at byte ``b * wbs + k * wks`` of the flat ``w``; the scales
+    (and zero points) of group ``g`` at ``b * sbs + g * sgs`` of the flat
+    ``sc`` (``zf``), one per column.  :func:`prepare` makes a blocked copy
+    (``wks = cbw``: a block is one contiguous stream); a [K, N] user buffer is
+    used as it is (``wks = N / 2``).
+    """
 
     spec: WeightSpec
-    wb: np.ndarray  # [NBLK, K, CB] uint8 (int4) or [NBLK, K, 128] int8/uint8
-    sc: np.ndarray  # [NBLK, K/G, 128] f32
-    zf: np.ndarray  # [NBLK, K/G, 128] f32 or [1,1,1] dummy
-    zmode: int  # 0 none, 1 zf, 2 constant 8 (s4 stored XOR 0x88)
-    xm: int  # XOR mask for int4 bytes (0 after prepare)
+    w: np.ndarray  # flat uint8
+    wbs: int
+    wks: int
+    cbw: int  # bytes per block row: 64 (int4) or 128 (int8) when blocked
+    nblk: int
+    sc: np.ndarray  # flat f32
+    zf: np.ndarray  # flat f32 zero points (s4: + 8), or a 1-element dummy
+    sbs: int
+    sgs: int
+    zmode: int  # 1: zero points in zf; else the constant zc
+    zc: float  # 8 for s4 without zero points (nibbles read as q + 8), else 0
+    xm: int  # XOR mask: 0x88 turns s4 nibbles into q + 8; 0x80 reads int8 as signed
     src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
     bounds: tuple | None = None  # (max |scale|, max |zero point|) for :func:`_fast_is_exact`
+
+    @property
+    def blocked(self) -> bool:
+        return self.wks == self.cbw
 
 
 def _unpack4(w, count, signed):
@@ -694,66 +813,74 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
     q = q.reshape(N, K).T if spec.transposed else q.reshape(K, N)
     sc = np.asarray(scales, np.float32)
     sc = sc.T if spec.transposed else sc  # -> [ng, N]
-    sc = sc.reshape(ng, N)
+    # groups along N: one scale per column in the copy (the kernels' layout)
+    sc = np.repeat(sc.reshape(ng, N // spec.group_n), spec.group_n, axis=1)
     zp = None if zps is None else np.asarray(zps).astype(np.float32)
     if zp is not None:
-        zp = (zp.T if spec.transposed else zp).reshape(ng, N)
+        zp = np.repeat((zp.T if spec.transposed else zp).reshape(ng, N // spec.group_n), spec.group_n, axis=1)
         if bits4 and signed:
             zp = zp + np.float32(8)  # s4 is stored as u = q + 8, so u - (z + 8) = q - z
     Np = -(-N // 128) * 128
-    nblk = Np // 128
     if bits4:
+        cols = 128 * _block_units(Np // 128)
+        nblk = Np // cols
         u = (q + 8) if signed else q  # s4 -> q + 8 (matches XOR 0x88 of the nibble)
         u = np.pad(u, ((0, 0), (0, Np - N))).astype(np.uint8)
         byte = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)  # [K, Np/2]
-        wb = np.ascontiguousarray(byte.reshape(K, nblk, CB).transpose(1, 0, 2))
-        zmode = 1 if zp is not None else (2 if signed else 0)
+        cbw, xm, zc = cols // 2, 0, 8.0 if signed and zp is None else 0.0
+        wb = np.ascontiguousarray(byte.reshape(K, nblk, cbw).transpose(1, 0, 2))
     else:
-        dt = np.int8 if signed else np.uint8
-        qq = np.pad(q, ((0, 0), (0, Np - N))).astype(dt)
-        wb = np.ascontiguousarray(qq.reshape(K, nblk, 128).transpose(1, 0, 2))
-        zmode = 1 if zp is not None else 0
-    scp = np.ascontiguousarray(np.pad(sc, ((0, 0), (0, Np - N))).reshape(ng, nblk, 128)
+        cols = 128
+        nblk = Np // cols
+        qq = np.pad(q, ((0, 0), (0, Np - N))).astype(np.int8 if signed else np.uint8)
+        wb = np.ascontiguousarray(qq.reshape(K, nblk, 128).transpose(1, 0, 2)).view(np.uint8)
+        cbw, xm, zc = 128, 0x80 if signed else 0, 0.0
+    scp = np.ascontiguousarray(np.pad(sc, ((0, 0), (0, Np - N))).reshape(ng, nblk, cols)
                                .transpose(1, 0, 2))
     if zp is not None:
-        zf = np.ascontiguousarray(np.pad(zp, ((0, 0), (0, Np - N))).reshape(ng, nblk, 128)
-                                  .transpose(1, 0, 2))
+        zf = np.ascontiguousarray(np.pad(zp, ((0, 0), (0, Np - N))).reshape(ng, nblk, cols)
+                                  .transpose(1, 0, 2)).reshape(-1)
     else:
-        zf = np.zeros((1, 1, 1), np.float32)
-    return PreparedWeight(spec, wb, scp, zf, zmode, 0, (w, scales, zps), param_bounds(sc, zp))
+        zf = np.zeros(1, np.float32)
+    return PreparedWeight(spec, wb.reshape(-1), K * cbw, cbw, cbw, nblk, scp.reshape(-1), zf,
+                          ng * cols, cols, 1 if zp is not None else 0, zc, xm, (w, scales, zps),
+                          param_bounds(sc, zp))
+
+
+def _block_units(n128: int) -> int:
+    """128-column units per int4 block: up to 4 (512 columns), dividing ``n128``.
+
+    Wide blocks make each vector loop of the decode kernels run 4-16 iterations
+    per four rows, so the loop set-up (and LLVM's runtime alias checks) is paid
+    once per 512 weights... per 2048; 64-byte rows ran ~30% slower."""
+    return next(d for d in (4, 3, 2, 1) if n128 % d == 0)
 
 
 def natural_chunk(N: int) -> int:
     """Bytes per row chunk for the natural [K, N] int4 layout: the largest
-    multiple of 16 dividing N/2 up to 768 (wide chunks avoid the cache-set
+    multiple of 64 dividing N/2 up to 768 (wide chunks avoid the cache-set
     conflicts of reading 64 B from rows N/2 bytes apart); 0 if none."""
     half = N // 2
-    if N % 32 or N == 0:
+    if N % 128 or N == 0:
         return 0
-    return max(d for d in range(16, min(768, half) + 1, 16) if half % d == 0)
+    return max(d for d in range(64, min(768, half) + 1, 64) if half % d == 0)
 
 
 def _natural_blocked(w, spec: WeightSpec, scales, zps):
-    """Zero-copy blocked views of a natural [K, N] int4 weight (N % 32 == 0)."""
+    """The user's natural [K, N] int4 buffer addressed as blocks (N % 128 == 0), no copy."""
     K, N, G = spec.K, spec.N, spec.group
     cb = natural_chunk(N)
-    nblk = N // (2 * cb)
-    b = np.asarray(w, np.uint8).reshape(-1)
-    wb = np.lib.stride_tricks.as_strided(b, (nblk, K, cb), (cb, N // 2, 1))
     sc = np.ascontiguousarray(np.asarray(scales).astype(np.float32)).reshape(K // G, N)
-    scv = np.lib.stride_tricks.as_strided(sc, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
+    zp = None
     if zps is not None:
         zp = np.ascontiguousarray(np.asarray(zps).astype(np.float32).reshape(K // G, N))
         if spec.kind == S4:
             zp = zp + np.float32(8)  # the nibbles are read XOR 0x88 (u = q + 8)
-        zfv = np.lib.stride_tricks.as_strided(zp, (nblk, K // G, 2 * cb), (8 * cb, N * 4, 4))
-        zmode = 1
-    else:
-        zfv = np.zeros((1, 1, 1), np.float32)
-        zmode = 2 if spec.kind == S4 else 0
-    xm = 0x88 if spec.kind == S4 else 0
-    return PreparedWeight(spec, wb, scv, zfv, zmode, xm, (w, scales, zps),
-                          param_bounds(sc, zp if zps is not None else None))
+    zf = zp.reshape(-1) if zp is not None else np.zeros(1, np.float32)
+    zc = 8.0 if spec.kind == S4 and zp is None else 0.0
+    return PreparedWeight(spec, _flat(w, True), cb, N // 2, cb, N // (2 * cb), sc.reshape(-1), zf,
+                          2 * cb, N, 1 if zp is not None else 0, zc, 0x88 if spec.kind == S4 else 0,
+                          (w, scales, zps), param_bounds(sc, zp))
 
 
 # ------------------------------------------------- inf / NaN / overflow guard
@@ -851,23 +978,26 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     (_prep_x_serial if M * K < 65536 else _prep_x)(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
     ep = make_epilogue(post_ops, M, N)
     bits4 = spec.kind in (S4, U4)
-    if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0:
+    if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0 \
+            and spec.group_n == 1:
         prepared = _natural_blocked(w, spec, scales, zps)
     if not _fast_is_exact(xf, spec, scales, zps, prepared):
         _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0 and prepared is not None:
         pw = prepared
-        nblk = pw.wb.shape[0]
-        S = _ksplits(nblk, ng)
-        part = np.empty((S, M, pw.sc.shape[0] * pw.sc.shape[2]), np.float32)
+        S = _ksplits(pw.nblk, ng)
+        cols = pw.nblk * (2 * pw.cbw if bits4 else pw.cbw)
+        part = np.empty((S, M, cols), np.float32)
+        args = (xf, xs, pw.w, pw.wbs, pw.wks)
         if bits4:
-            _gemv4(xf, xs, pw.wb, np.uint8(pw.xm), pw.sc, pw.zf, pw.zmode, G, part)
+            (_gemv4_m1 if M == 1 else _gemv4_rows)(*args, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs,
+                                                   pw.sgs, pw.zmode, np.float32(pw.zc), G, part)
         else:
-            _gemv8(xf, xs, pw.wb, pw.sc, pw.zf, pw.zmode, G, part)
+            _gemv8(*args, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs, pw.zmode, G, part)
         finish(part, out, okind, ep)
         return out
-    if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0:
+    if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0 and spec.group_n == 1:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         raw = np.empty((M, N), np.float32)
         xe = np.ascontiguousarray(xf[:, 0::2])
@@ -883,7 +1013,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         raw = np.empty((M, N), np.float32)
         _gemv_generic(xf, _flat(w, bits4), bits4, spec.kind in (S4, S8), spec.transposed,
-                      K, N, G, sc, zp, has_zp, 0, raw)
+                      K, N, G, spec.group_n, sc, zp, has_zp, 0, raw)
         finish(raw[None], out, okind, ep)
         return out
     _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep)
@@ -897,39 +1027,66 @@ def _flat(w, bits4):
 
 def _scales_zps(spec, scales, zps):
     sc = np.ascontiguousarray(np.asarray(scales).astype(np.float32))
-    sh = (spec.N, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, spec.N)
+    nn = spec.N // spec.group_n
+    sh = (nn, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, nn)
     sc = sc.reshape(sh)
     if zps is None:
         return sc, np.zeros((1, 1), np.float32), False
     return sc, np.ascontiguousarray(np.asarray(zps).astype(np.float32)).reshape(sh), True
 
 
+_scratch = threading.local()  #: per-thread reusable panel buffer (no page faults per call)
+
+
+def _panel_buffer(size: int) -> np.ndarray:
+    buf = getattr(_scratch, "panel", None)
+    if buf is None or buf.size < size:
+        buf = _scratch.panel = np.empty(size, np.float32)
+    return buf[:size]
+
+
 def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
-    """Panels of PANEL columns: dequantize (parallel, exact f32) then sgemm
-    (``exact``: float64 sums rounded once, as the reference MatMul)."""
+    """Panels of up to PANEL_BYTES: dequantize (parallel, exact f32) then one
+    sgemm per panel (``exact``: float64 sums rounded once, as the reference
+    MatMul).
+
+    Few wide panels: every multi-threaded OpenBLAS call pays a thread wake-up
+    and B-packing start, which on a loaded 2-core machine cost more than the
+    GEMM itself for 1024-column panels (4x the CPU time of one call at
+    M = 128).  The panel buffer is kept per thread and reused, so its pages
+    are not faulted in again on every call.
+    """
     M, K = xf.shape
     N = spec.N
     bits4 = spec.kind in (S4, U4)
-    panel = np.empty((K, PANEL), np.float32)
-    tile = np.empty((M, PANEL), np.float32)
-    use_blk = prepared is not None and bits4 and prepared.wb.shape[2] == CB
+    use_blk = prepared is not None and bits4
+    unit = 2 * prepared.cbw if use_blk else 128  # int4 prepared/natural: whole blocks per panel
+    ncols = prepared.nblk * unit if use_blk else -(-N // 128) * 128
+    step = max(unit, PANEL_BYTES // (4 * max(K, 1)) // unit * unit)
+    npanels = -(-ncols // step)
+    step = -(-ncols // (npanels * unit)) * unit  # panels of (nearly) equal width
+    panel = _panel_buffer(K * min(step, ncols)).reshape(K, min(step, ncols))
+    direct = not exact and okind == OUT_F32 and ep.ops.shape[0] == 0 and ncols == N and step >= N
+    tile = out if direct else np.empty((M, min(step, ncols)), np.float32)
     if prepared is not None and not bits4:
         w, scales, zps = prepared.src
     if not use_blk:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         wf = _flat(w, bits4)
-    for n0 in range(0, N, PANEL):
-        width = min(PANEL, -(-(N - n0) // 128) * 128)
-        pv, tv = (panel, tile) if width == PANEL else (panel[:, :width], tile[:, :width])
+    for n0 in range(0, ncols, step):
+        width = min(step, ncols - n0)
+        pv, tv = (panel, tile) if width == panel.shape[1] else (panel[:, :width], tile[:, :width])
         if use_blk:
-            _dequant_panel_blk(prepared.wb, np.uint8(prepared.xm), prepared.sc, prepared.zf,
-                               prepared.zmode, n0 // 128, rnd_w, pv)
+            pw = prepared
+            _dequant_panel_blk(pw.w, pw.wbs, pw.wks, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs,
+                               pw.zmode, np.float32(pw.zc), spec.group, n0 // unit, rnd_w, pv)
         else:
-            _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group,
+            _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group, spec.group_n,
                            sc, zp, has_zp, n0, rnd_w, pv)
         if exact:
             with np.errstate(all="ignore"):
                 tv[...] = np.matmul(xf.astype(np.float64), pv.astype(np.float64))
         else:
             np.matmul(xf, pv, out=tv)
-        _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        if not direct:
+            _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)

@@ -2,7 +2,7 @@
 
 Covers ``DynamicDequantize(W int4/int8) [-> TypeCast] -> MatMul [+bias] ->
 post-ops [-> TypeCast]`` with W two-dimensional ([K, N], or [N, K] with
-``transpose_b``), grouped along K (per_group), per channel (along N) or per
+``transpose_b``), grouped along K and/or N (per_group), per channel (along N) or per
 tensor.  Anything after the epilogue (Quantize/DynamicQuantize, Select) runs
 as reference steps.  Constant weights (with constant scales and zero points)
 are repacked once into the kernel's blocked layout and cached (see
@@ -37,21 +37,26 @@ _TYPE_RND = {DataType.bf16: RND_BF16, DataType.f16: RND_F16}
 
 
 def _group_layout(deq, w_shape, transposed: bool):
-    """(G along K, scale kind) or a reason."""
+    """(G along K, G along N, scale kind) or a reason.
+
+    Groups may run along K, along N (oneDNN's gated_mlp_int4 example: u4 [K, N]
+    weights with ``group_shape [1, 128]``) or both; the kernels index the
+    scales [K/G, N/G_N] (prepared copies hold one scale per column)."""
     n_axis = 0 if transposed else 1
     k_axis = 1 - n_axis
     qtype = deq.attrs.get("qtype", "per_tensor")
     if qtype == "per_group":
         gs = list(deq.attrs.get("group_shape", []))
-        if len(gs) != 2 or gs[n_axis] not in (1, w_shape[n_axis]):
-            return f"group_shape {gs} neither groups along K only nor spans all of N"
-        return gs[k_axis], "group"
+        if len(gs) != 2 or gs[k_axis] < 1 or gs[n_axis] < 1 or w_shape[k_axis] % gs[k_axis] \
+                or w_shape[n_axis] % gs[n_axis]:
+            return f"group_shape {gs} does not tile the weights {list(w_shape)}"
+        return gs[k_axis], gs[n_axis], "group"
     if qtype == "per_channel":
         axis = deq.attrs.get("axis", 1) % 2
         if axis != n_axis:
             return f"per_channel axis {axis} is not the N axis"
-        return w_shape[k_axis], "channel"
-    return w_shape[k_axis], "tensor"
+        return w_shape[k_axis], 1, "channel"
+    return w_shape[k_axis], 1, "tensor"
 
 
 def _source_key(tensor) -> tuple:
@@ -109,12 +114,13 @@ class Linear:
         return self.spec.N
 
     def _params(self, tensor):
-        """Scales/zps as the kernel's per-group array ([K/G, N] or [N, K/G])."""
+        """Scales/zps as the kernel's per-group array ([K/G, N/G_N] or [N/G_N, K/G])."""
         a = np.asarray(tensor.numpy())
         spec = self.spec
-        shape = (spec.N, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, spec.N)
-        if self.scale_kind == "group":  # [K/G, 1] when one group spans N (int4 per-tensor)
-            return a if a.shape == shape else np.broadcast_to(a, shape)
+        nn = spec.N // spec.group_n
+        shape = (nn, spec.K // spec.group) if spec.transposed else (spec.K // spec.group, nn)
+        if self.scale_kind == "group":
+            return a.reshape(shape)
         if self.scale_kind == "channel":
             a = a.reshape(-1, 1) if spec.transposed else a.reshape(1, -1)
         else:
@@ -241,7 +247,7 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
     layout = _group_layout(deq, wq.shape, transposed)
     if isinstance(layout, str):
         return layout
-    group, scale_kind = layout
+    group, group_n, scale_kind = layout
     x_lt = lts[mm.inputs[0].id]
     if x_lt.dtype not in _ACT:
         return f"activations {x_lt!r}"
@@ -260,7 +266,7 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
     z_id = deq.inputs[2].id if len(deq.inputs) > 2 else None
     constant = all(lts[t.id].property == PropertyType.constant for t in deq.inputs)
     return Linear(mm.inputs[0].id, deq.inputs[0].id, deq.inputs[1].id, z_id,
-                  wm.WeightSpec(_WEIGHT_KINDS[wq.dtype], K_, N, group, transposed), scale_kind,
+                  wm.WeightSpec(_WEIGHT_KINDS[wq.dtype], K_, N, group, transposed, group_n), scale_kind,
                   rnd_x, rnd_w, _ACT[x_lt.dtype], constant)
 
 

@@ -169,3 +169,30 @@ def test_dynamic_quantize_epilogue():
     qs = np.full((M, N // 64), 4.0, np.float32)
     got = W.wmatmul(x, w, spec, scu, quantize_out=("s8", qs, None, 64))
     np.testing.assert_array_equal(got, np.clip(np.rint(y / 4.0), -128, 127).astype(np.int8))
+
+
+@pytest.mark.parametrize("kind", ["s4", "u4", "u8"])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("M", [1, 4, 33])
+def test_groups_along_n(kind, trans, M):
+    """Scales [K/G, N/G_N] (oneDNN group_shape [G, G_N]); same bound as above:
+    the per-column scale is constant inside each K group, so the kernels'
+    summation order (and so the bound) is the one for groups along K only."""
+    rng = np.random.default_rng(hash((kind, trans, M)) % 2**32)
+    K, N, G, Gn = 128, 256, 32, 64
+    lo, hi = RANGES[kind]
+    q = rng.integers(lo, hi + 1, size=(K, N))
+    scn = (rng.random((K // G, N // Gn)) + 0.5).astype(np.float32)
+    zn = rng.integers(lo, hi + 1, size=(K // G, N // Gn)) if kind[0] == "u" else None
+    sc = np.repeat(scn, Gn, axis=1)
+    z = None if zn is None else np.repeat(zn, Gn, axis=1)
+    stored = q.T if trans else q
+    w = pack4(stored) if kind in ("s4", "u4") else stored.astype(np.uint8)
+    scu = np.ascontiguousarray(scn.T) if trans else scn
+    zu = None if zn is None else (np.ascontiguousarray(zn.T) if trans else zn)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    spec = W.WeightSpec(kind, K, N, G, trans, Gn)
+    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    terms = K if M > W.DECODE_MAX_M else G + K // G
+    check(W.wmatmul(x, w, spec, scu, zu), r, b, terms)
+    check(W.wmatmul(x, None, spec, prepared=W.prepare(w, spec, scu, zu)), r, b, terms)

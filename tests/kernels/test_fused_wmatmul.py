@@ -42,11 +42,16 @@ class Builder:
         return out
 
     def compressed_weight(self, wdt, k, n, transposed, qtype="per_group", group=32, zps=False,
-                          scale_dt=dt.f32, prop=C):
+                          scale_dt=dt.f32, prop=C, groups_kn=None, zp_dt=None):
+        """``groups_kn``: (group along K, group along N) of a per_group weight."""
         shape = [n, k] if transposed else [k, n]
         lo, hi = INT_RANGE[wdt]
         w = self.input(wdt, shape, self.rng.integers(lo, hi + 1, shape), prop)
-        if qtype == "per_group":
+        if groups_kn is not None:
+            gk, gn = groups_kn
+            sshape = [n // gn, k // gk] if transposed else [k // gk, n // gn]
+            attrs = dict(qtype="per_group", group_shape=[gn, gk] if transposed else [gk, gn])
+        elif qtype == "per_group":
             sshape = [n, k // group] if transposed else [k // group, n]
             attrs = dict(qtype="per_group", group_shape=[1, group] if transposed else [group, 1])
         elif qtype == "per_channel":
@@ -56,7 +61,7 @@ class Builder:
             sshape, attrs = [1], dict(qtype="per_tensor")
         ins = [w, self.input(scale_dt, sshape, self.rng.uniform(0.005, 0.02, sshape), prop)]
         if zps:
-            zdt = dt.u4 if wdt == dt.u4 else dt.u8 if wdt == dt.u8 else dt.s8
+            zdt = zp_dt or (dt.u4 if wdt == dt.u4 else dt.u8 if wdt == dt.u8 else dt.s8)
             zlo, zhi = INT_RANGE.get(zdt, (0, 15))
             ins.append(self.input(zdt, sshape, self.rng.integers(max(zlo, 0), min(zhi, 15) + 1, sshape), prop))
         return self.op(K.DynamicDequantize, ins, scale_dt, shape, **attrs)
@@ -198,6 +203,39 @@ def test_gated_mlp_with_int4_weights(act, m):
     up = b.op(K.MatMul, [x, uw], dt.f32, [m, f], transpose_b=True)
     prod = b.op(K.Multiply, [gate, up], dt.f32, [m, f])
     b.op(K.MatMul, [prod, dw], dt.f32, [m, h], transpose_b=True)
+    fused = b.run("numba_gated_mlp")
+    assert len(fused.partitions) == 1
+
+
+@pytest.mark.parametrize("groups_kn", [(1, 128), (32, 64), (64, 256)])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 33])
+def test_groups_along_n_take_the_fast_plan(groups_kn, transposed, m):
+    b = Builder()
+    k, n = 128, 256
+    w = b.compressed_weight(dt.u4, k, n, transposed, zps=True, groups_kn=groups_kn)
+    x = b.input(dt.f32, [m, k])
+    b.op(K.MatMul, [x, w], dt.f32, [m, n], transpose_b=transposed)
+    b.run("numba_wmatmul")
+
+
+@pytest.mark.parametrize("fpmath,apply_to_int", [("strict", False), ("f16", True)])
+@pytest.mark.parametrize("m", [1, 9])
+def test_gated_mlp_int4_example_layout(fpmath, apply_to_int, m):
+    """oneDNN's gated_mlp_int4 example / benchdnn case: u4 [K, N] weights, f16
+    scales, u8 zero points, group_shape [1, 128] (groups along N)."""
+    b = Builder(fpmath, apply_to_int)
+    h, f = 128, 256
+    x = b.input(dt.f16, [m, h])
+    weight = lambda k, n: b.compressed_weight(dt.u4, k, n, False, zps=True, scale_dt=dt.f16,
+                                               groups_kn=(1, 128), zp_dt=dt.u8)
+    gate = b.op(K.MatMul, [x, weight(h, f)], dt.f32, [m, f])
+    s = b.op(K.Sigmoid, [gate], dt.f32, [m, f])
+    gate = b.op(K.Multiply, [gate, s], dt.f32, [m, f])
+    up = b.op(K.MatMul, [x, weight(h, f)], dt.f32, [m, f])
+    prod = b.op(K.Multiply, [gate, up], dt.f32, [m, f])
+    prod = b.op(K.TypeCast, [prod], dt.f16, [m, f])
+    b.op(K.MatMul, [prod, weight(f, h)], dt.f16, [m, h])
     fused = b.run("numba_gated_mlp")
     assert len(fused.partitions) == 1
 
