@@ -32,11 +32,12 @@ from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest, ComposedPlan
 from graph_api.kernels.registry import select_plan
 from graph_api.kernels.scratch import arena as scratch_arena
-from graph_api.patterns.explain import explain as explain_partitions
+from graph_api.patterns import explain as pattern_explain
+from graph_api.kernels.composite import FAST_COMPOSITES
 from graph_api.patterns.partitioner import partition_graph
 
-__all__ = ["CompileRequest", "Compiled", "compile_plan", "explain_partitions", "partition_graph",
-           "reference_plan", "scratch_arena"]
+__all__ = ["CompileRequest", "Compiled", "compile_plan", "explain_partitions", "fast_composite",
+           "partition_graph", "reference_plan", "scratch_arena"]
 
 #: placeholder values the warm-up run feeds, by dtype kind: nonzero and in range for every
 #: op (no division by zero, log of a positive number, a dropout probability inside (0, 1))
@@ -52,6 +53,19 @@ class Compiled:
 
     plan: object
     scratch_bytes: int
+
+
+def explain_partitions(graph, decisions=(), patterns=None) -> pattern_explain.Explanations:
+    """Why ops of ``graph`` (Composite ops already decided) were not fused, and what
+    became of each Composite op (``decisions``: inlined, or kept for its fast kernel)."""
+    result = pattern_explain.explain(graph, patterns)
+    result.update(pattern_explain.composites(decisions))
+    return result
+
+
+def fast_composite(key: tuple):
+    """The fast kernel registered for a Composite (name, version), or None."""
+    return FAST_COMPOSITES.get(key)
 
 
 def reference_plan(request: CompileRequest) -> ComposedPlan:

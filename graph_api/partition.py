@@ -8,6 +8,7 @@ import weakref
 import numpy as np
 
 from . import backend
+from .check import compare
 from .config import log, settings
 from .engine import Engine, Stream
 from .dtypes import DataType
@@ -20,6 +21,7 @@ from .infer import merge_shapes, propagate
 from .logical_tensor import LogicalTensor, dense_strides
 from .memory import check_partition
 from .op import Op
+from .opset import OP_SCHEMAS
 from .partition_cache import CACHE
 from .tensor import Tensor, self_overlapping
 
@@ -156,8 +158,6 @@ class Partition:
         ``inputs``/``outputs`` are logical tensors matched to ports by id;
         outputs may have unknown dims and layout ``any`` (dense strided is chosen).
         """
-        from .opset import OP_SCHEMAS
-
         reason = self.unsupported_reason()
         if reason:
             raise InvalidArguments(f"partition {self.id} is not supported and cannot compile: {reason}")
@@ -472,8 +472,6 @@ class CompiledPartition:
         return backend.reference_plan(self.request).run_arrays({tid: t.numpy().copy() for tid, t in ins.items()})
 
     def _check_against_reference(self, arrays, outs) -> None:
-        from .check import compare
-
         for tid, tensor in outs.items():
             verdict = compare(arrays[tid], tensor.numpy(), self.lts[tid].dtype, self.request.fpmath,
                               self.request.ops)

@@ -72,9 +72,9 @@ def build(request: CompileRequest, single_op_builder):
         plan = None
         builder = single_op_builder(op.kind)
         if builder is not None:
-            told = {"int_inputs": int_inputs[op.id]} if int_inputs.get(op.id) else {}
             sub = CompileRequest(None, [op], request.lts, [lt.id for lt in op.inputs],
-                                 [lt.id for lt in op.outputs], request.fpmath, told)
+                                 [lt.id for lt in op.outputs], request.fpmath,
+                                 int_inputs=int_inputs.get(op.id) or None)
             plan = builder(sub)
             if isinstance(plan, str):
                 plan = None
