@@ -25,8 +25,8 @@ if (not _os.path.isdir(_os.path.join(__path__[0], "kernels"))
 
 from .config import get_memory_budget, set_memory_budget
 from .dtypes import DataType
-from .engine import Engine, Stream
-from .enums import EngineKind, FPMathMode, LayoutType, OpKind, PartitionPolicy, PropertyType
+from .engine import Allocator, Engine, Stream, make_engine_with_allocator
+from .enums import EngineKind, FPMathMode, LayoutType, OpAttr, OpKind, PartitionPolicy, PropertyType
 from .errors import (ExecutionError, GraphError, InvalidArguments, InvalidDataType, InvalidGraph,
                      InvalidGraphOp, InvalidShape, OutOfMemory, Status, Unimplemented)
 from .fpmath import FPMath
@@ -51,4 +51,5 @@ __all__ = [
     "get_memory_budget", "set_memory_budget",
     "CompiledGraph", "compile_graph",
     "get_compiled_partition_cache_capacity", "set_compiled_partition_cache_capacity",
+    "Allocator", "make_engine_with_allocator", "OpAttr",
 ]

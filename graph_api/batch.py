@@ -44,6 +44,9 @@ from .enums import FPMathMode, OpKind, PropertyType
 from .errors import GraphError, InvalidArguments, Unimplemented
 from .fpmath import FPMath
 from .logical_tensor import LogicalTensor
+from .json_io import load
+from .graph import Graph
+from .opset import OP_SCHEMAS
 
 #: the knobs a batch line may set (``--reset``, ``--case``, ``--batch`` are actions)
 KNOBS = ("in-shapes", "op-attrs", "op-kind", "dt", "tensor-property", "attr-fpmath", "mb",
@@ -229,8 +232,6 @@ def _new_input(lt, spec: str) -> LogicalTensor:
 
 
 def _attr_value(op, name: str, text: str, spec: str):
-    from .opset import OP_SCHEMAS
-
     attr = OP_SCHEMAS[op.kind].attr_by_name.get(name)
     if attr is None:
         raise BatchError(f"--op-attrs={spec}: op {op.id} ({op.kind.name}) has no attribute {name!r}")
@@ -338,8 +339,6 @@ def rewrite_op_kinds(graph, spec: str):
         if op.id in kinds:
             op.kind = kinds[op.id]
 
-    from .graph import Graph
-
     new = Graph(graph.engine_kind, graph.fpmath.mode, graph.fpmath.apply_to_int)
     for op in graph.ops.values():
         if op.id in removed:
@@ -446,7 +445,6 @@ def _count(text: str, knob: str, least: int) -> int:
 def run_case(case: Case, root: Path, max_elements: int = MAX_ELEMENTS) -> Outcome:
     """Load, rewrite, partition, execute and check one case."""
     from .cli import Prepared, execute, runnable
-    from .json_io import load
 
     path = Path(root) / case.path
     if not path.is_file():

@@ -39,6 +39,7 @@ from .fpmath import FPMath
 from .json_io import load
 from .memory import check_graph
 from .runner import GraphRun, run_graph
+from .batch import run_batch
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 
@@ -214,23 +215,9 @@ NO_EXPLANATION = "no pattern library explanation available"
 
 
 def explanations(graph):
-    """Why ops were not fused, from the pattern library if it offers it.
-
-    Tries ``graph.explain_partitions()`` then ``graph_api.patterns.explain(graph)``.
-    Returns a dict op id -> reason, a list of lines, or None.
-    """
-    explain = getattr(graph, "explain_partitions", None)
-    if explain is None:
-        try:
-            from graph_api import patterns
-
-            library_explain = getattr(patterns, "explain", None)
-        except ImportError:
-            library_explain = None
-        if library_explain is None:
-            return None
-        explain = lambda: library_explain(graph)  # noqa: E731
-    result = explain()
+    """Why ops were not fused (``graph.explain_partitions()``): a dict op id ->
+    reason, a list of lines, or None."""
+    result = graph.explain_partitions()
     if result is None or isinstance(result, dict):
         return result
     if isinstance(result, str):
@@ -317,8 +304,6 @@ def cmd_run(args) -> int:
 
 
 def cmd_run_batch(args) -> int:
-    from .batch import run_batch
-
     if args.file is not None:
         raise InvalidArguments(f"give either a graph file ({args.file}) or --batch, not both")
     summary = run_batch(args.batch, args.inputs_root)

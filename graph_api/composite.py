@@ -39,7 +39,7 @@ from .errors import GraphError, InvalidArguments, InvalidGraph, InvalidGraphOp, 
 from .infer import propagate
 from .logical_tensor import UNKNOWN_DIM, LogicalTensor
 from .op import Op
-from .schema import Attr, OpSchema
+from .schema import Attr, OpSchema, check_attrs
 
 #: the attribute kinds a composite's own attributes may have (first fitting kind wins)
 ANY_ATTR_KIND = "string|s64|f32|bool|s64[]|f32[]"
@@ -171,7 +171,6 @@ class Decomposition:
     def _normalized(self, op: Op) -> Op:
         """A copy with the schema's attribute defaults written in (no cross-op checks yet)."""
         from .opset import OP_SCHEMAS
-        from .schema import check_attrs
 
         if not isinstance(op, Op):
             raise InvalidArguments(f"{self.label}: ops must be Op objects, got {type(op).__name__}")
@@ -537,21 +536,3 @@ def infer_shapes(op, in_shapes) -> list:
             raise InvalidGraphOp(f"{op_label(op)}: output {i} (tensor {lt.id}) is declared "
                                  f"{_port_text(lt)} but {dec.label} gives {list(shape)} for output port {i}")
     return shapes
-
-
-# ====================================================================== reference
-def run_reference(op, inputs, out_lts, ctx) -> list[np.ndarray]:
-    """``REFERENCE[Composite]``: the decomposition run op by op on the reference kernels."""
-    from graph_api.kernels.plan import CompileRequest, ComposedPlan
-
-    from .logical_tensor import dense_strides
-
-    dec = resolve(op)
-    known = dec.infer(op, [np.shape(x) for x in inputs])
-    lts = {tid: lt.with_shape(lt.shape, dense_strides(lt.shape)) for tid, lt in known.items()}
-    arrays = {port.id: x for port, x in zip(dec.inputs, inputs)}
-    arrays.update({tid: c.array(op.attrs) for tid, c in dec.constants.items()})
-    request = CompileRequest(None, dec.verified_ops, lts, list(arrays), [p.id for p in dec.outputs],
-                             ctx.fpmath)
-    arrays = ComposedPlan(request).run_arrays(arrays)
-    return [np.asarray(arrays[p.id]).reshape(lt.shape) for p, lt in zip(dec.outputs, out_lts)]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from . import backend
+from .composite import NAME, VERSION, resolve
 from .config import log, settings
 from .enums import OpKind, PartitionPolicy
 from .errors import op_label
@@ -55,16 +57,12 @@ class Expansion:
 
 def decide(op, tensors, policy) -> tuple[bool, str]:
     """(keep as one fast partition?, why) for one Composite op."""
-    from graph_api.kernels.composite import FAST_COMPOSITES
-
-    from .composite import NAME, VERSION
-
     key = (op.attrs[NAME], op.attrs[VERSION])
     if settings.composite_reference:
         return False, "the reference path is forced (composite.use_reference / GRAPH_API_COMPOSITE_REFERENCE)"
     if policy == PartitionPolicy.debug:
         return False, "the debug policy puts every op on its own"
-    native = FAST_COMPOSITES.get(key)
+    native = backend.fast_composite(key)
     if native is None:
         return False, f"no fast kernel is registered for '{key[0]}' v{key[1]}"
     lts = [tensors.get(lt.id, lt) for lt in op.inputs]
@@ -76,10 +74,9 @@ def decide(op, tensors, policy) -> tuple[bool, str]:
 
 class _Expander:
     def __init__(self, graph, policy):
-        from .graph import Graph
-
         self.graph, self.policy = graph, policy
-        self.new = Graph(graph.engine_kind, graph.fpmath.mode, graph.fpmath.apply_to_int)
+        # a new graph of the same class (graph.py imports this module: no import back)
+        self.new = type(graph)(graph.engine_kind, graph.fpmath.mode, graph.fpmath.apply_to_int)
         self.op_ids = itertools.count(max(graph.ops) + 1)
         self.tensor_ids = itertools.count(max(graph.tensors) + 1)
         self.bound: dict = {}
@@ -99,8 +96,6 @@ class _Expander:
         return Expansion(self.new, self.decisions)
 
     def place(self, op, tensors, inside) -> list[int]:
-        from .composite import resolve
-
         dec = resolve(op)
         keep, reason = decide(op, tensors, self.policy)
         decision = Decision(op.id, op_label(op), f"'{dec.name}' v{dec.version}", not keep, reason, inside)

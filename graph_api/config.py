@@ -15,6 +15,10 @@ suffix (``K M G T``: powers of 1024), e.g. ``8G`` or ``1500000000``, or
 memory this process may use (physical memory, or the cgroup limit when lower).
 At run time: :func:`set_memory_budget` / :func:`get_memory_budget`.
 
+``GRAPH_API_PROGRESS=0`` silences the one line printed (on stderr) the first
+time a kernel family is compiled by Numba in a process, e.g. "compiling the
+SDPA kernel (first run only, cached on disk)"; a cache hit prints nothing.
+
 ``GRAPH_API_COMPOSITE_REFERENCE=1`` makes every Composite op run its reference
 decomposition (inlined at ``get_partitions``), never a fast kernel; it can be
 changed at run time through :data:`settings`.
@@ -36,8 +40,8 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
+def _flag(name: str, default: str = "0") -> bool:
+    return os.environ.get(name, default).strip().lower() not in ("", "0", "false", "no", "off")
 
 
 @dataclass
@@ -52,6 +56,8 @@ class Settings:
     composite_reference: bool = _flag("GRAPH_API_COMPOSITE_REFERENCE")
     #: run every partition on the reference plan (GRAPH_API_REFERENCE)
     reference: bool = _flag("GRAPH_API_REFERENCE")
+    #: say when a kernel compiles for the first time in this process (GRAPH_API_PROGRESS)
+    progress: bool = _flag("GRAPH_API_PROGRESS", "1")
 
 
 settings = Settings()
@@ -61,6 +67,12 @@ def log(message: str) -> None:
     """Write one verbose line (only when verbose is on)."""
     if settings.verbose:
         print(f"graph_api_verbose,{message}", file=sys.stderr, flush=True)
+
+
+def progress(message: str) -> None:
+    """Write one progress line for a wait the user would otherwise not understand."""
+    if settings.progress or settings.verbose:
+        print(f"graph_api: {message}", file=sys.stderr, flush=True)
 
 
 # ====================================================================== memory budget

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from .errors import InvalidDataType
+
 
 class DataType(enum.IntEnum):
     """``logical_tensor::data_type`` with oneDNN's C values."""
@@ -77,8 +79,6 @@ def numpy_dtype(dt: DataType) -> np.dtype:
     """The numpy dtype holding one (unpacked) element of ``dt``."""
     np_dtype = DTYPES[DataType(dt)].np_dtype
     if np_dtype is None:
-        from .errors import InvalidDataType
-
         raise InvalidDataType(f"data type {DataType(dt).name} has no storage")
     return np_dtype
 
@@ -89,7 +89,6 @@ def from_numpy(np_dtype) -> DataType:
     for dt, i in DTYPES.items():
         if i.np_dtype == np_dtype:
             return dt
-    from .errors import InvalidDataType
 
     raise InvalidDataType(f"numpy dtype {np_dtype} has no graph_api data type")
 
@@ -101,8 +100,6 @@ def parse(name) -> DataType:
     try:
         return DataType[name] if isinstance(name, str) else DataType(name)
     except (KeyError, ValueError):
-        from .errors import InvalidDataType
-
         names = ", ".join(d.name for d in DataType)
         raise InvalidDataType(f"unknown data type {name!r}; known: {names}") from None
 

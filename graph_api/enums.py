@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+from .errors import InvalidArguments
+
 _OP_KINDS = """
 Abs AbsBackward Add AvgPool AvgPoolBackward BatchNormTrainingBackward
 BatchNormForwardTraining BatchNormInference BiasAdd BiasAddBackward Clamp
@@ -68,6 +70,55 @@ class PartitionPolicy(enum.IntEnum):
     debug = 2
 
 
+class OpAttr(enum.IntEnum):
+    """``op::attr`` with oneDNN's C values (``dnnl_graph_op_attr_t``): ``op.set_attr(OpAttr.axis, -1)``
+    is ``op.set_attr<int64_t>(op::attr::axis, -1)``; the attribute's name works too."""
+
+    alpha = 0x1
+    beta = 0x2
+    epsilon = 0x3
+    max = 0x4
+    min = 0x5
+    momentum = 0x6
+    scales = 0x20
+    axis = 0x30
+    begin_norm_axis = 0x31
+    groups = 0x32
+    axes = 0x40
+    dilations = 0x41
+    dst_shape = 0x42
+    kernel = 0x43
+    order = 0x44
+    output_padding = 0x45
+    pads_begin = 0x46
+    pads_end = 0x47
+    shape = 0x48
+    sizes = 0x49
+    src_shape = 0x4A
+    strides = 0x4B
+    weights_shape = 0x4C
+    zps = 0x4D
+    group_shape = 0x4E
+    exclude_pad = 0x60
+    keep_dims = 0x61
+    keep_stats = 0x62
+    per_channel_broadcast = 0x63
+    special_zero = 0x64
+    transpose_a = 0x65
+    transpose_b = 0x66
+    use_affine = 0x67
+    use_dst = 0x68
+    auto_broadcast = 0x80
+    auto_pad = 0x81
+    coordinate_transformation_mode = 0x82
+    data_format = 0x83
+    mode = 0x84
+    qtype = 0x85
+    rounding_type = 0x86
+    weights_format = 0x87
+    accumulation_mode = 0x88
+
+
 class EngineKind(enum.IntEnum):
     any = 0
     cpu = 1
@@ -81,7 +132,5 @@ def parse_enum(enum_cls, value, what: str):
     try:
         return enum_cls[value] if isinstance(value, str) else enum_cls(value)
     except (KeyError, ValueError):
-        from .errors import InvalidArguments
-
         choices = ", ".join(m.name for m in enum_cls)
         raise InvalidArguments(f"unknown {what} {value!r}; expected one of: {choices}") from None

@@ -56,13 +56,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 
-from . import dtypes
+from . import backend, dtypes
 from .dtypes import DataType
-from .enums import OpKind
+from .enums import LayoutType, OpKind
 from .errors import InvalidArguments
-from .logical_tensor import LogicalTensor
+from .logical_tensor import LogicalTensor, dense_strides
 
 SEED = 0
 DROPOUT_SEED, DROPOUT_OFFSET, DROPOUT_PROBABILITY = 123456, 1, 0.5
@@ -376,10 +377,6 @@ def fill_inputs(graph, seed: int = SEED, roles: dict | None = None) -> dict[int,
 def reference_arrays(graph, feeds: dict, wanted=None) -> dict[int, np.ndarray]:
     """Run the ops (only those ``wanted`` needs, default all) through the numpy
     reference kernels in one composed plan, as the unfused ground truth."""
-    import networkx as nx
-
-    from graph_api.kernels.plan import ComposedPlan, CompileRequest
-
     order = graph.topological_op_ids()
     if wanted is not None:
         needed = set()
@@ -390,14 +387,11 @@ def reference_arrays(graph, feeds: dict, wanted=None) -> dict[int, np.ndarray]:
         order = [i for i in order if i in needed]
     ops = [graph.ops[i] for i in order]
     lts = {tid: _concrete(lt) for tid, lt in graph.tensors.items()}
-    request = CompileRequest(None, ops, lts, list(graph.input_ids), list(graph.output_ids), graph.fpmath)
-    return ComposedPlan(request).run_arrays(feeds)
+    request = backend.CompileRequest(None, ops, lts, list(graph.input_ids), list(graph.output_ids), graph.fpmath)
+    return backend.reference_plan(request).run_arrays(feeds)
 
 
 def _concrete(lt: LogicalTensor) -> LogicalTensor:
-    from .enums import LayoutType
-    from .logical_tensor import dense_strides
-
     if lt.strides is None and lt.is_shape_known():
         return lt.with_shape(lt.shape, dense_strides(lt.shape), LayoutType.strided)
     return lt

@@ -3,19 +3,17 @@ from __future__ import annotations
 
 import networkx as nx
 
+from . import backend, json_io
+from .composite_inline import expand
 from .enums import EngineKind, FPMathMode, PartitionPolicy, PropertyType, parse_enum
-from .errors import InvalidArguments, InvalidGraph, op_label
+from .errors import GraphError, InvalidArguments, InvalidGraph, Status, op_label
 from .fpmath import FPMath
 from .infer import propagate
 from .logical_tensor import UNKNOWN_DIM, LogicalTensor
 from .op import Op
+from .opset import OP_SCHEMAS
 from .schema import verify_op
 
-
-def _schemas():
-    from .opset import OP_SCHEMAS
-
-    return OP_SCHEMAS
 
 
 def _compatible(a: LogicalTensor, b: LogicalTensor) -> bool:
@@ -73,8 +71,6 @@ class Graph:
         As in oneDNN, an op whose id is already in the graph is ignored.
         With ``allow_exception=False`` the error's status is returned instead.
         """
-        from .errors import GraphError, Status
-
         try:
             if not isinstance(op, Op):
                 raise InvalidArguments(f"add_op needs an Op, got {type(op).__name__}")
@@ -83,7 +79,7 @@ class Graph:
             if op.id in self.ops:
                 return Status.success
             stored = op.copy()
-            verify_op(stored, _schemas())
+            verify_op(stored, OP_SCHEMAS)
             self.ops[op.id] = stored
             return Status.success
         except GraphError as err:
@@ -136,7 +132,7 @@ class Graph:
         known = {tid: tensors[tid] for tid in self.input_ids}
         for tid, lt in tensors.items():
             known.setdefault(tid, lt)
-        self.tensors = propagate([self.ops[i] for i in self._topo], known, _schemas())
+        self.tensors = propagate([self.ops[i] for i in self._topo], known, OP_SCHEMAS)
         self._finalized = True
 
     def _record(self, tensors, lt, op):
@@ -160,14 +156,12 @@ class Graph:
     # ------------------------------------------------------------ partitions
     def get_partitions(self, policy=PartitionPolicy.fusion):
         """Partitions covering every op once, in topological order of the fused graph."""
-        from graph_api.patterns.partitioner import partition_graph
-
-        from .partition import Partition
+        from .partition import Partition  # partition.py builds on Graph: the one upward reference
 
         self._require_finalized("get_partitions")
         policy = parse_enum(PartitionPolicy, policy, "partition policy")
         graph = self._with_composites_decided(policy)
-        fusions = partition_graph(graph, policy)
+        fusions = backend.partition_graph(graph, policy)
         owner = {op_id: i for i, f in enumerate(fusions) for op_id in f.op_ids}
         assert len(owner) == len(graph.ops), "a partitioner must cover every op exactly once"
         condensed = nx.DiGraph()
@@ -186,31 +180,24 @@ class Graph:
         partitions then refer to that copy (``graph_api.composite_inline``)."""
         if not any(op.kind.name == "Composite" for op in self.ops.values()):
             return self
-        from .composite_inline import expand
-
         return expand(self, policy).graph
 
     # ------------------------------------------------------------ JSON
     @staticmethod
     def from_json(path_or_text, finalize: bool = True) -> "Graph":
         """A graph from oneDNN graph JSON: a path, the text or a parsed dict (see json_io)."""
-        from .json_io import from_json
-
-        return from_json(path_or_text, finalize)
+        return json_io.from_json(path_or_text, finalize)
 
     def to_json(self) -> str:
         """This graph as oneDNN graph JSON text (see json_io)."""
-        from .json_io import to_json
-
-        return to_json(self)
+        return json_io.to_json(self)
 
     def explain_partitions(self):
         """Why ops were not fused: for each op in a single-op partition, the
         nearest pattern and the condition that failed (``graph_api.patterns.explain``)."""
-        from graph_api.patterns.explain import explain
-
         self._require_finalized("explain_partitions")
-        return explain(self)
+        expansion = expand(self)
+        return backend.explain_partitions(expansion.graph, expansion.decisions)
 
     # ------------------------------------------------------------ inspection
     def get_ops(self) -> list[Op]:

@@ -59,6 +59,8 @@ from .errors import GraphError, InvalidGraph, InvalidGraphOp, op_label
 from .logical_tensor import UNKNOWN_DIM, LogicalTensor
 from .op import Op
 from .schema import ATTR_KINDS
+from .composite import Decomposition, LIBRARY, NAME, VERSION, _ensure_shipped, resolve
+from .opset import OP_SCHEMAS
 
 #: oneDNN's DNNL_GRAPH_UNKNOWN_DIM as written in JSON
 INT64_MIN = -(2**63)
@@ -225,7 +227,6 @@ class _Reader:
     def decompositions(self, docs, meta: JsonMeta) -> None:
         """The ``graph_api.decompositions`` list, defined in the composite library
         (an identical definition is a no-op; a conflicting one an error)."""
-        from .composite import LIBRARY, Decomposition, _ensure_shipped
 
         where = DECOMPOSITIONS_KEY
         if not isinstance(docs, list):
@@ -308,8 +309,6 @@ def _read_strides(stride: list[int]):
 
 
 def _schema_kind(kind: OpKind, key: str) -> str | None:
-    from .opset import OP_SCHEMAS
-
     schema = OP_SCHEMAS.get(kind)
     if schema is None:
         # not in the opset (backward ops): add_op reports Unimplemented; accept the
@@ -320,8 +319,6 @@ def _schema_kind(kind: OpKind, key: str) -> str | None:
 
 
 def _schema_attr_names(kind: OpKind) -> list[str]:
-    from .opset import OP_SCHEMAS
-
     schema = OP_SCHEMAS.get(kind)
     return [] if schema is None else list(schema.attr_by_name)
 
@@ -374,7 +371,6 @@ def _decode_value(declared: str, value):
 # ====================================================================== writing
 def _attr_type(kind: OpKind, key: str, value) -> str:
     """The JSON ``type`` of an attribute: the schema's kind (the value picks among alternatives)."""
-    from .opset import OP_SCHEMAS
 
     schema = OP_SCHEMAS.get(kind)
     spec = None if schema is None else schema.attr_by_name.get(key)
@@ -455,7 +451,6 @@ def to_document(graph) -> dict:
 
 def _write_decompositions(graph) -> list[dict]:
     """Extension: every decomposition the graph's Composite ops need, callees first."""
-    from .composite import LIBRARY, NAME, VERSION, resolve
 
     calls = [op for op in graph.ops.values() if op.kind == OpKind.Composite]
     for op in calls:

@@ -27,6 +27,8 @@ from .config import MEMORY_BUDGET_ENV, get_memory_budget
 from .enums import LayoutType, PropertyType
 from .errors import GraphError, OutOfMemory
 from .logical_tensor import dense_strides
+from .opset import OP_SCHEMAS
+from .infer import propagate
 
 _F32_BYTES = 4
 
@@ -144,8 +146,6 @@ def graph_need(graph, partitions, tensors: dict) -> Need:
 def concrete_tensors(graph, input_shapes: dict) -> dict:
     """The graph's logical tensors with the given input shapes propagated; the
     graph's own tensors where propagation fails (compile reports that)."""
-    from .infer import propagate
-    from .opset import OP_SCHEMAS
 
     known = dict(graph.tensors)
     try:

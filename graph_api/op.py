@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .enums import OpKind, parse_enum
+from .enums import OpAttr, OpKind, parse_enum
 from .errors import InvalidArguments
 from .logical_tensor import LogicalTensor
 
@@ -44,7 +44,10 @@ class Op:
         for key, value in (attrs or {}).items():
             self.set_attr(key, value)
 
-    def set_attr(self, name: str, value) -> "Op":
+    def set_attr(self, name, value) -> "Op":
+        """``name``: the attribute's name or its :class:`~graph_api.enums.OpAttr`."""
+        if isinstance(name, OpAttr):
+            name = name.name
         if not isinstance(name, str) or not name:
             raise InvalidArguments(f"op {self.id}: attribute name must be a non-empty string")
         if isinstance(value, tuple):

@@ -13,7 +13,7 @@ they are made (int4 DynamicQuantize, the RFC ``groups`` form, Reduce* with a
 """
 from __future__ import annotations
 
-from . import composite, shapes
+from . import composite, dot_algorithm, indexing_maps, shapes
 from .dtypes import DataType as DT
 from .enums import OpKind
 from .errors import InvalidGraphOp, op_label
@@ -151,7 +151,6 @@ DOT_ATTRS = [Attr("algorithm", "string|dict"), Attr("indexing_maps", "string[]")
 def check_dot_attrs(op):
     """``algorithm`` (dot_algorithm) and ``indexing_maps`` (indexing_maps): checked,
     written in canonical form; default maps are dropped."""
-    from . import dot_algorithm, indexing_maps
 
     if "algorithm" in op.attrs:
         op.attrs["algorithm"] = dot_algorithm.check_algorithm(op, op.attrs["algorithm"])

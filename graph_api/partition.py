@@ -7,8 +7,11 @@ import weakref
 
 import numpy as np
 
+from . import backend
+from .check import compare
 from .config import log, settings
 from .engine import Engine, Stream
+from .dtypes import DataType
 from .enums import EngineKind, LayoutType, OpKind, PropertyType, parse_enum
 from .errors import (ExecutionError, InvalidArguments, InvalidDataType, InvalidShape,
                      Unimplemented, op_label)
@@ -18,6 +21,7 @@ from .infer import merge_shapes, propagate
 from .logical_tensor import LogicalTensor, dense_strides
 from .memory import check_partition
 from .op import Op
+from .opset import OP_SCHEMAS
 from .partition_cache import CACHE
 from .tensor import Tensor, self_overlapping
 
@@ -27,6 +31,9 @@ UNSUPPORTED_KINDS = {OpKind.Wildcard, OpKind.End}
 #: element-wise ops whose output may overwrite their first input (the post-op table)
 from .postops import INPLACE_KINDS  # noqa: E402
 
+
+#: the id of every scratchpad logical tensor (oneDNN leaves it to the library)
+SCRATCHPAD_ID = 0
 
 #: a unique key per partition for the process-wide compiled-partition cache
 _SERIALS = itertools.count()
@@ -151,10 +158,6 @@ class Partition:
         ``inputs``/``outputs`` are logical tensors matched to ports by id;
         outputs may have unknown dims and layout ``any`` (dense strided is chosen).
         """
-        from .opset import OP_SCHEMAS
-        from graph_api.kernels.plan import CompileRequest
-        from graph_api.kernels.registry import select_plan
-
         reason = self.unsupported_reason()
         if reason:
             raise InvalidArguments(f"partition {self.id} is not supported and cannot compile: {reason}")
@@ -191,10 +194,11 @@ class Partition:
             for check in OP_SCHEMAS[op.kind].compile_checks:
                 check(op, [lts[lt.id].shape for lt in op.inputs])
         check_partition(f"partition {self.id} ({self.get_kind()})", lts, self.input_ids, self.output_ids)
-        request = CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids) + self.bound_ids,
-                                 list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
-        plan = select_plan(request)
-        compiled = CompiledPartition(self, request, plan)
+        request = backend.CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids) + self.bound_ids,
+                                         list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
+        built = backend.compile_plan(request, f"partition {self.id}")
+        plan = built.plan
+        compiled = CompiledPartition(self, request, plan, built.scratch_bytes, engine)
         ms = (time.perf_counter() - start) * 1e3
         compiled.compile_ms = ms
         log(f"compile,partition {self.id},{self.get_kind()},{len(self.ops)} ops,"
@@ -267,10 +271,13 @@ class Partition:
 class CompiledPartition:
     """A partition compiled for concrete shapes: ``execute`` runs its plan."""
 
-    def __init__(self, partition: Partition, request, plan):
+    def __init__(self, partition: Partition, request, plan, scratch_bytes: int = 0, engine: Engine | None = None):
         self.partition = partition
         self.request = request
         self.plan = plan
+        #: bytes of intermediates one execution takes (the scratchpad's size)
+        self.scratch_bytes = scratch_bytes
+        self.engine = engine
         self.compile_ms = 0.0
         self.last_execute_ms = 0.0
         self._memories_checked: tuple = ()
@@ -289,6 +296,14 @@ class CompiledPartition:
                 f"compiled partition {self.partition.id}: tensor {tid} is not one of its ports "
                 f"(inputs {self.request.input_ids}, outputs {self.request.output_ids})")
         return self.request.lts[tid]
+
+    def get_scratchpad_logical_tensor(self) -> LogicalTensor:
+        """The scratchpad an execution needs: u8, 1-D, its size in bytes (0: none).
+
+        Pass a tensor of it as ``execute``'s ``scratchpad``; without one, each
+        execution takes the memory from the engine's allocator, or numpy.
+        """
+        return LogicalTensor(SCRATCHPAD_ID, DataType.u8, [self.scratch_bytes], LayoutType.strided)
 
     def get_inplace_ports(self) -> list[tuple[int, int]]:
         """(input id, output id) pairs that may share memory: same-shape element-wise
@@ -419,14 +434,16 @@ class CompiledPartition:
                 f"{'copied in' if what == 'input' else 'stored back through its strides'}")
         return staged
 
-    def execute(self, stream: Stream | None, inputs, outputs) -> None:
+    def execute(self, stream: Stream | None, inputs, outputs, scratchpad: Tensor | None = None) -> None:
         """Run the plan: inputs/outputs are Tensors matched to ports by id.
 
-        Every check happens before the plan runs; a failed check leaves every
-        output untouched.
+        ``scratchpad``: a tensor of :meth:`get_scratchpad_logical_tensor` (at
+        least that many bytes) for the plan's intermediates.  Every check
+        happens before the plan runs; a failed check leaves every output untouched.
         """
         if stream is not None and not isinstance(stream, Stream):
             raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
+        scratch_memory = self._scratch_memory(scratchpad)
         ins = self._match(inputs, self.partition.input_ids, "input")
         if self.partition.bound_ids:
             ins.update(self._bound_tensors())
@@ -437,7 +454,17 @@ class CompiledPartition:
         if settings.check and self.plan.name != "reference":
             reference = self._reference_arrays(plan_ins)  # before outputs may overwrite inputs
         start = time.perf_counter()
-        self.plan.execute(plan_ins, plan_outs)
+        engine = stream.engine if stream is not None else self.engine
+        allocator = engine.allocator if engine is not None and scratch_memory is None and self.scratch_bytes else None
+        handle = None
+        if allocator is not None:  # oneDNN's scratchpad from the engine's allocator, per execution
+            scratch_memory, handle = allocator.take(self.scratch_bytes)
+        try:
+            with backend.scratch_arena(scratch_memory):
+                self.plan.execute(plan_ins, plan_outs)
+        finally:
+            if handle is not None:
+                allocator.give_back(handle)
         for tid, t in outs.items():
             if plan_outs[tid] is not t:
                 t.write(plan_outs[tid].numpy())
@@ -448,14 +475,29 @@ class CompiledPartition:
         if reference is not None:
             self._check_against_reference(reference, outs)
 
-    def _reference_arrays(self, ins) -> dict:
-        from graph_api.kernels.plan import ComposedPlan
+    def _scratch_memory(self, scratchpad) -> np.ndarray | None:
+        """The user's scratchpad as bytes (None when not given), checked for size."""
+        if scratchpad is None:
+            return None
+        if not isinstance(scratchpad, Tensor):
+            raise InvalidArguments(
+                f"partition {self.partition.id}: the scratchpad must be a Tensor, got {type(scratchpad).__name__}")
+        memory = scratchpad.memory()
+        if memory.dtype != np.uint8 or memory.ndim != 1 or not memory.flags.c_contiguous \
+                or not memory.flags.writeable:
+            raise InvalidArguments(
+                f"partition {self.partition.id}: the scratchpad must be a writable contiguous u8 "
+                f"1-D tensor, got {scratchpad.lt!r}")
+        if memory.size < self.scratch_bytes:
+            raise InvalidArguments(
+                f"partition {self.partition.id}: the scratchpad has {memory.size} bytes, execution "
+                f"needs {self.scratch_bytes} (get_scratchpad_logical_tensor)")
+        return memory
 
-        return ComposedPlan(self.request).run_arrays({tid: t.numpy().copy() for tid, t in ins.items()})
+    def _reference_arrays(self, ins) -> dict:
+        return backend.reference_plan(self.request).run_arrays({tid: t.numpy().copy() for tid, t in ins.items()})
 
     def _check_against_reference(self, arrays, outs) -> None:
-        from .check import compare
-
         for tid, tensor in outs.items():
             verdict = compare(arrays[tid], tensor.numpy(), self.lts[tid].dtype, self.request.fpmath,
                               self.request.ops)

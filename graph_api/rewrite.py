@@ -19,6 +19,7 @@ import numpy as np
 from .enums import OpKind
 from .errors import GraphError
 from .logical_tensor import LogicalTensor
+from .graph import Graph
 
 
 def rebuild(graph, op_fn=None, lt_fn=None, fpmath=None):
@@ -29,7 +30,6 @@ def rebuild(graph, op_fn=None, lt_fn=None, fpmath=None):
         lt_fn: ``LogicalTensor -> LogicalTensor`` applied to every port.
         fpmath: an :class:`~graph_api.fpmath.FPMath` replacing the graph's.
     """
-    from .graph import Graph
 
     fp = fpmath or graph.fpmath
     new = Graph(graph.engine_kind, fp.mode, fp.apply_to_int)

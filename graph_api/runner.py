@@ -19,6 +19,7 @@ from .errors import InvalidArguments, Unimplemented
 from .logical_tensor import LogicalTensor, dense_strides
 from .memory import check_graph
 from .tensor import Tensor, make_scalar_tensor, self_overlapping
+from .config import get_memory_budget, settings
 
 
 @dataclass
@@ -218,7 +219,6 @@ def _feed_key(input_lts) -> tuple:
 def compile_graph(graph, feeds: dict, policy=PartitionPolicy.fusion, partitions=None) -> CompiledGraph:
     """A :class:`CompiledGraph`, reused for the same graph, policy, partitions and
     feed shapes/dtypes (and the same verbose/check/reference switches)."""
-    from .config import get_memory_budget, settings
 
     if not graph.is_finalized():
         graph.finalize()

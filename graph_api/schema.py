@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from .dtypes import DataType
 from .enums import OpKind
-from .errors import InvalidGraphOp, op_label
+from .errors import InvalidGraphOp, Unimplemented, op_label
 
 REQUIRED = object()  # attribute must be given
 NO_DEFAULT = object()  # attribute is optional and has no default
@@ -201,8 +201,6 @@ def verify_op(op, schemas) -> OpSchema:
     """Everything ``add_op`` checks; returns the schema row."""
     schema = schemas.get(op.kind)
     if schema is None:
-        from .errors import Unimplemented
-
         raise Unimplemented(f"{op_label(op)}: op kind {op.kind.name} is not in this runtime's opset yet")
     check_ports(op, schema)
     check_attrs(op, schema)

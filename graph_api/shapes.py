@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from . import indexing_maps
 from .errors import InvalidShape, op_label
 
 UNKNOWN = -1
@@ -206,7 +207,6 @@ def matmul(op, in_shapes):
 
 def _matmul_with_maps(op, in_shapes):
     """MatMul/BatchReduceMatMul through their indexing maps (graph_api.indexing_maps)."""
-    from . import indexing_maps
 
     maps = indexing_maps.maps_of(op) or indexing_maps.default(op.kind.name, True)
     declared = op.outputs[0].shape if op.outputs else None

@@ -8,7 +8,8 @@ for 4-bit types.
 
 What a handle may be (the constructor's ``data`` or ``set_data_handle``):
 
-* a flat 1-D array of the strided span (packed bytes for s4/u4).  Any numpy
+* a flat 1-D array of the strided span (packed bytes for s4/u4), or longer
+  (oneDNN's handle is a pointer: the span is read from its start).  Any numpy
   stride is honoured: element ``i`` of the span is ``handle[i]``, so a
   ``[::2]`` or ``[::-1]`` handle is read and written exactly where it points;
 * an array of the logical shape.  When its memory layout is the logical
@@ -207,6 +208,10 @@ class Tensor:
             return self._zeros(), None
         if self._is_flat_handle(data):
             return data, None
+        if data.ndim == 1 and data.dtype == self._flat_dtype and data.shape[0] > self._flat_size \
+                and tuple(data.shape) != tuple(self.lt.shape):
+            # oneDNN's handle is a pointer: a longer 1-D buffer holds the span at its start
+            return self._window(data, 0), None
         expected = self._info.np_dtype
         if data.dtype != expected:
             flat = f" or {self._flat_size} packed uint8 bytes" if self.packed else ""
@@ -376,6 +381,11 @@ class Tensor:
         if self._mirror is not None:
             self._store(self.buffer, self._mirror)
         return self.buffer
+
+    @staticmethod
+    def make_scalar_tensor(logical_tensor: LogicalTensor, value) -> "Tensor":
+        """``tensor::make_scalar_tensor``: see :func:`make_scalar_tensor`."""
+        return make_scalar_tensor(logical_tensor, value)
 
     def set_data_handle(self, buffer: np.ndarray, offset: int | None = None) -> None:
         """Point the tensor at new memory: a flat buffer of the strided span, an

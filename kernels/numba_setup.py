@@ -40,6 +40,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+
+from graph_api.config import log, progress
 
 
 def _host_cpu() -> tuple[str, str]:
@@ -107,6 +111,7 @@ def configure() -> dict[str, str]:
 APPLIED = configure()
 
 import numba  # noqa: E402  (must come after configure)
+from numba.core import event as _numba_event  # noqa: E402
 
 if numba.config.THREADING_LAYER == "default" and os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
     # numba was imported before us (so the env var came too late); the layer is
@@ -121,4 +126,39 @@ if os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
 
     _llvm.set_option("", "-runtime-memory-check-threshold=64")
 
-__all__ = ["numba", "APPLIED", "configure"]
+
+# ---------------------------------------------------------------- compile progress
+#: the kernel family of each kernel module, as the first-compile line names it
+KERNEL_FAMILIES = {
+    "sdpa": "SDPA", "wmatmul": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
+    "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "conv": "convolution",
+}
+_announced: set[str] = set()
+_compiling = threading.local()
+
+
+class _CompileProgress(_numba_event.Listener):
+    """Numba fires ``numba:compile`` only when it really compiles (not on a cache
+    hit): the first time per process a kernel family compiles, say so before the
+    wait; in verbose mode, log every compiled function with its time."""
+
+    def on_start(self, event):
+        depth = getattr(_compiling, "depth", 0)
+        _compiling.depth = depth + 1
+        _compiling.__dict__.setdefault("starts", []).append(time.perf_counter())
+        module = event.data["dispatcher"].py_func.__module__.rsplit(".", 1)[-1]
+        family = KERNEL_FAMILIES.get(module, module)
+        if depth == 0 and family not in _announced:
+            _announced.add(family)
+            progress(f"compiling the {family} kernel (first run only, cached on disk)")
+
+    def on_end(self, event):
+        _compiling.depth -= 1
+        seconds = time.perf_counter() - _compiling.starts.pop()
+        func = event.data["dispatcher"].py_func
+        log(f"numba,compiled {func.__module__}.{func.__qualname__},{seconds * 1e3:.1f} ms")
+
+
+_numba_event.register("numba:compile", _CompileProgress())
+
+__all__ = ["numba", "APPLIED", "configure", "KERNEL_FAMILIES"]

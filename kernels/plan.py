@@ -31,6 +31,9 @@ class CompileRequest:
     output_ids: list[int]
     fpmath: FPMath
     bindings: dict = field(default_factory=dict)
+    #: MatMul input ports fed by integers dequantized outside this request (a per-op
+    #: plan's MatMul whose Dequantize is another op of the partition); None: look in ``ops``
+    int_inputs: frozenset | None = None
 
 
 def dequantized_inputs(ops) -> dict[int, frozenset]:

@@ -1,5 +1,10 @@
 """Kernel registry: (pattern, data types, fpmath) -> plan builder.
 
+Each fast kernel is registered with the pattern object it serves (as oneDNN's
+pass registration pairs a pattern with its kernel); the roles a builder reads
+from ``request.bindings`` are node names of that pattern
+(tests/kernels/test_registry_roles.py checks it).
+
 A builder takes a :class:`~graph_api.kernels.plan.CompileRequest` and returns a plan, or
 a string saying why when the concrete shapes do not suit it (the reason is
 printed in verbose mode).  Partitions without a registered fast kernel run the
@@ -11,6 +16,7 @@ from typing import Callable
 
 from graph_api.config import log, settings
 from graph_api.enums import OpKind
+from graph_api.patterns import library as P
 
 from .plan import ComposedPlan, CompileRequest
 
@@ -112,38 +118,38 @@ def _backward_chain(request):
     return backward_plan.build_chain(request)
 
 
-#: (pattern name, dtype key, fpmath mode name or "*") -> builder.  Builders
+#: (pattern, dtype key, fpmath mode name or "*") -> builder.  Builders
 #: import their Numba modules lazily so that graphs without fused partitions
 #: never pay Numba's import and compile time.
-KERNELS: dict[tuple[str, str, str], Builder] = {
-    ("matmul_compressed", "*", "*"): _wmatmul,
-    ("matmul_post_ops", "*", "*"): _matmul,
-    ("matmul_transpose", "*", "*"): _matmul,
-    ("binary_matmul_binary", "*", "*"): _matmul,
-    ("matmul_dropout", "*", "*"): _matmul,
-    ("matmul_quantized", "*", "*"): _quantized_matmul,
-    **{(name, "*", "*"): _eltwise for name in (
-        "binary_post_ops", "eltwise_post_ops", "softmax_post_ops", "layernorm_post_ops",
-        "reduction_post_ops", "reciprocal_multiply", "typecast_quantize", "reorder_sum", "x8_reorder")},
-    ("gated_mlp", "*", "*"): _gated_mlp,
-    ("sdpa", "*", "*"): _sdpa,
-    ("sdpa_compressed", "*", "*"): _sdpa,
-    ("sdpa_gqa", "*", "*"): _sdpa,
+KERNELS: dict[tuple, Builder] = {
+    (P.MATMUL_COMPRESSED, "*", "*"): _wmatmul,
+    (P.MATMUL_POST_OPS, "*", "*"): _matmul,
+    (P.MATMUL_TRANSPOSE, "*", "*"): _matmul,
+    (P.BINARY_MATMUL_BINARY, "*", "*"): _matmul,
+    (P.MATMUL_DROPOUT, "*", "*"): _matmul,
+    (P.MATMUL_QUANTIZED, "*", "*"): _quantized_matmul,
+    **{(pattern, "*", "*"): _eltwise for pattern in (
+        P.BINARY_POST_OPS, P.ELTWISE_POST_OPS, P.SOFTMAX_POST_OPS, P.LAYERNORM_POST_OPS,
+        P.REDUCTION_POST_OPS, P.RECIPROCAL_MULTIPLY, P.TYPECAST_QUANTIZE, P.REORDER_SUM, P.X8_REORDER)},
+    (P.GATED_MLP, "*", "*"): _gated_mlp,
+    (P.SDPA, "*", "*"): _sdpa,
+    (P.SDPA_COMPRESSED, "*", "*"): _sdpa,
+    (P.SDPA_GQA, "*", "*"): _sdpa,
     DOT_KEY: _dot_plan,
-    ("composite", "*", "*"): _composite,  # extension: Composite ops with a fast kernel
-    ("conv_post_ops", "*", "*"): _conv,
-    ("conv_depthwise", "*", "*"): _conv,
-    ("conv_quantized", "*", "*"): _conv,
-    ("convtranspose_post_ops", "*", "*"): _conv,
-    ("pool_post_ops", "*", "*"): _blocked,
-    ("pool_quantized", "*", "*"): _blocked,
-    ("bn_relu", "*", "*"): _blocked,
-    ("bn_quantized", "*", "*"): _blocked,
-    ("groupnorm_post_ops", "*", "*"): _blocked,
-    ("interpolate_post_ops", "*", "*"): _blocked,
-    ("concat_quantized", "*", "*"): _blocked,
-    ("shuffle", "*", "*"): _shuffle,
-    ("batchnorm_bwd_relu_bwd", "*", "*"): _backward_chain,
+    (P.COMPOSITE, "*", "*"): _composite,  # extension: Composite ops with a fast kernel
+    (P.CONV_POST_OPS, "*", "*"): _conv,
+    (P.CONV_DEPTHWISE, "*", "*"): _conv,
+    (P.CONV_QUANTIZED, "*", "*"): _conv,
+    (P.CONVTRANSPOSE_POST_OPS, "*", "*"): _conv,
+    (P.POOL_POST_OPS, "*", "*"): _blocked,
+    (P.POOL_QUANTIZED, "*", "*"): _blocked,
+    (P.BN_RELU, "*", "*"): _blocked,
+    (P.BN_QUANTIZED, "*", "*"): _blocked,
+    (P.GROUPNORM_POST_OPS, "*", "*"): _blocked,
+    (P.INTERPOLATE_POST_OPS, "*", "*"): _blocked,
+    (P.CONCAT_QUANTIZED, "*", "*"): _blocked,
+    (P.SHUFFLE, "*", "*"): _shuffle,
+    (P.BATCHNORM_BWD_RELU_BWD, "*", "*"): _backward_chain,
 }
 
 
@@ -193,12 +199,12 @@ def _candidates(request: CompileRequest):
         if len(request.ops) == 1 and request.ops[0].kind in SINGLE_OP:
             yield request.ops[0].kind.name, SINGLE_OP[request.ops[0].kind]
         return
+    pattern = P.BY_NAME.get(request.pattern)  # the request names the pattern its partition matched
     dkey = dtype_key(request)
     mode = request.fpmath.mode.name
-    for key in ((request.pattern, dkey, mode), (request.pattern, dkey, "*"),
-                (request.pattern, "*", mode), (request.pattern, "*", "*")):
+    for key in ((pattern, dkey, mode), (pattern, dkey, "*"), (pattern, "*", mode), (pattern, "*", "*")):
         if key in KERNELS:
-            yield key, KERNELS[key]
+            yield (request.pattern,) + key[1:], KERNELS[key]
 
 
 def select_plan(request: CompileRequest):

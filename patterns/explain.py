@@ -19,6 +19,7 @@ import networkx as nx
 
 from graph_api.errors import op_label
 
+from .library import PATTERNS
 from .matcher import Trace
 from .partitioner import find_fusion, fuse
 
@@ -113,14 +114,11 @@ def explain_op(graph, op_id: int, attempts: _Attempts) -> Explanation:
 
 
 def explain(graph, patterns=None) -> Explanations:
-    """Explanations for every op of ``graph`` left in a single-op partition, and
-    for every Composite op what the backend did with it (see :func:`composites`)."""
-    from graph_api.composite_inline import expand
+    """Explanations for every op of ``graph`` left in a single-op partition.
 
-    expansion = expand(graph)
-    result = _explain_ops(expansion.graph, patterns)
-    result.update(composites(expansion.decisions))
-    return result
+    Composite ops are decided before partitioning, by the runtime
+    (``graph_api.backend.explain_partitions`` adds :func:`composites`)."""
+    return _explain_ops(graph, patterns)
 
 
 def composites(decisions) -> Explanations:
@@ -134,8 +132,7 @@ def composites(decisions) -> Explanations:
 
 
 def _explain_ops(graph, patterns=None) -> Explanations:
-    if patterns is None:
-        from .library import PATTERNS as patterns
+    patterns = PATTERNS if patterns is None else patterns
     topo = graph.topological_op_ids()
     fusions, _ = fuse(graph, patterns, topo)
     rank = {p.name: i for i, p in enumerate(patterns)}

@@ -26,6 +26,7 @@ from graph_api.config import log
 from graph_api.enums import OpKind, PartitionPolicy
 from graph_api.errors import op_label
 
+from .library import PATTERNS
 from .matcher import Match, Trace, iter_matches, weight
 
 #: matches tried per (pattern, anchor) before giving up on that anchor
@@ -164,9 +165,7 @@ def partition_graph(graph, policy, patterns=None) -> list[Fusion]:
     if policy == PartitionPolicy.debug:
         fusions = [Fusion([op_id]) for op_id in topo]
     else:
-        if patterns is None:
-            from .library import PATTERNS as patterns
-        fusions, taken = fuse(graph, patterns, topo)
+        fusions, taken = fuse(graph, PATTERNS if patterns is None else patterns, topo)
         fusions += [Fusion([op_id]) for op_id in topo if op_id not in taken]
     fusions = ordered(graph, fusions, topo)
     for pid, fusion in enumerate(fusions):

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from graph_api.dtypes import DataType
-from graph_api.enums import OpKind
+from graph_api.enums import OpKind, PropertyType
 
 #: the longest repeated chain a pattern may declare (oneDNN's MAX_REPETITION)
 MAX_REPETITION = 20
@@ -299,8 +299,6 @@ def axis_is_last(offset: int) -> Cond:
 
 def input_is_external_const(port: int) -> Cond:
     """Input ``port`` is constant or has no producer (a graph input)."""
-    from graph_api.enums import PropertyType
-
     def fn(op, g):
         lt = _lt(g, op.inputs[port])
         return lt.id not in g.producer or lt.property == PropertyType.constant

@@ -19,10 +19,10 @@ from samples import SAMPLES, gallery, load
 
 
 class _Tee(io.TextIOBase):
-    """Writes to the terminal and keeps a copy for the page."""
+    """Writes to the terminal and keeps a copy for the page (``copy``: shared with another tee)."""
 
-    def __init__(self, stream):
-        self.stream, self.copy = stream, io.StringIO()
+    def __init__(self, stream, copy=None):
+        self.stream, self.copy = stream, copy if copy is not None else io.StringIO()
 
     def write(self, text):
         self.stream.write(text)
@@ -37,9 +37,11 @@ def run_one(name: str, small: bool):
     """(module, status, seconds, output, record) of one sample."""
     record = gallery.start()
     tee = _Tee(sys.stdout)
+    # stderr too: "compiling the SDPA kernel (first run only, cached on disk)" belongs on the page
+    err_tee = _Tee(sys.stderr, tee.copy)
     start = time.perf_counter()
     module, status = None, "ok"
-    with contextlib.redirect_stdout(tee):
+    with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(err_tee):
         try:
             module = load(name)
             module.main(small=small)

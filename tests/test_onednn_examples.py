@@ -7,13 +7,25 @@ counts, and run.
 * ``examples/graph/cpu_inference_int8.cpp``: Dequantize(u8) and
   Dequantize(s8 constant weights, per channel) -> Convolution (bias input) ->
   ReLU -> Quantize(u8): 1 partition.
+* ``examples/graph/sdpa.cpp``, ``gqa.cpp``, ``mqa.cpp``: the attention graphs
+  (MatMul -> Divide -> Add(mask) -> SoftMax -> MatMul; 5-D GQA with a host-scalar
+  scale; MQA with single-head K/V), written line by line after the C++
+  (``bench_sdpa``/``bench_gqa``/``bench_mqa``, with an engine made by
+  ``make_engine_with_allocator``) at reduced shapes, in f32 and bf16: 1 partition,
+  checked against a float64 formula (f32) or the unfused reference (bf16).
 """
+import itertools
+import math
+from dataclasses import dataclass
+
 import numpy as np
+import pytest
 
 import graph_api as ga
 from graph_api import DataType as dt
 from graph_api import OpKind as K
 from graph_api.check import compare
+from graph_api.fill import reference_arrays
 
 CONST = ga.PropertyType.constant
 
@@ -131,3 +143,459 @@ def test_cpu_inference_int8_runs_on_exact_integer_accumulation():
     assert np.abs(got - want).max() <= 1
     assert (got == want).mean() > 0.999
 
+
+
+# ---------------------------------------------------------------- sdpa.cpp, gqa.cpp, mqa.cpp
+# The examples' helpers (graph_example_utils.hpp and the top of each example).
+layout_type = ga.LayoutType
+property_type = ga.PropertyType
+logical_tensor = ga.LogicalTensor
+op = ga.Op
+tensor = ga.Tensor
+
+
+def create_allocator(ekind):
+    """The CPU branch of graph_example_utils.hpp: the default allocator."""
+    return ga.Allocator()
+
+
+def product(dims) -> int:
+    return math.prod(dims)
+
+
+def fill_random(out: np.ndarray) -> None:
+    """1037 uniform values in [-1, 1), repeated (the examples' fill_random)."""
+    random_data_f = np.random.default_rng(0).uniform(-1.0, 1.0, 1037).astype(np.float32)
+    out[:] = np.resize(random_data_f, out.size)
+
+
+def fill_mask(mask: np.ndarray, seq_len: int) -> None:
+    """The first 3/4 of every row 0, the rest -inf."""
+    pos = seq_len * 3 // 4
+    mask[:] = np.where(np.arange(mask.size) % seq_len < pos, 0.0, -np.inf)
+
+
+def write_to_dnnl_tensor(data: np.ndarray, ts) -> None:
+    """Copy host data into the tensor (converted to its data type)."""
+    ts.write(data.reshape(ts.get_logical_tensor().get_dims()))
+
+
+@dataclass
+class SdpaDims:
+    mb: int
+    seq_len: int
+    head_num: int
+    head_size: int
+    query_num: int
+
+
+def bench_sdpa(ekind, dt_, p: SdpaDims):
+    """``bench_sdpa`` of sdpa.cpp; returns the partitions, the user data and the output."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    qv_sz = [p.mb, p.head_num, p.query_num, p.head_size]
+    k_sz = [p.mb, p.head_num, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.head_num, p.query_num, p.seq_len]
+    scale_sz = [1]
+    mask_sz = [p.mb, 1, p.query_num, p.seq_len]
+    id_ = itertools.count()
+    dt_inter = dt.f32
+
+    query = logical_tensor(next(id_), dt_, qv_sz, layout_type.strided)
+    key = logical_tensor(next(id_), dt_, k_sz, layout_type.strided)
+    score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([query, key])
+    bmm1.add_outputs([score])
+
+    scale = logical_tensor(next(id_), dt_, scale_sz, layout_type.strided)
+    scaled_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    mask = logical_tensor(next(id_), dt_, mask_sz, layout_type.strided)
+    masked_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    value = logical_tensor(next(id_), dt_, k_sz, layout_type.strided)
+    output = logical_tensor(next(id_), dt_, qv_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs, value])
+    bmm2.add_outputs([output])
+
+    sdpa = ga.Graph(ekind)
+    sdpa.add_op(bmm1)
+    sdpa.add_op(scale_div)
+    sdpa.add_op(mask_add)
+    sdpa.add_op(softmax)
+    sdpa.add_op(bmm2)
+    sdpa.finalize()
+
+    partitions = sdpa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([query, key, scale, mask, value], [output], eng)
+
+    ts_query, ts_key, ts_scale = tensor(query, eng), tensor(key, eng), tensor(scale, eng)
+    ts_mask, ts_value, ts_output = tensor(mask, eng), tensor(value, eng), tensor(output, eng)
+
+    query_data = np.empty(product(qv_sz), np.float32)
+    key_data = np.empty(product(k_sz), np.float32)
+    scale_data = np.full(product(scale_sz), math.sqrt(p.head_size), np.float32)
+    mask_data = np.empty(product(mask_sz), np.float32)
+    value_data = np.empty(product(k_sz), np.float32)
+
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+    fill_mask(mask_data, p.seq_len)
+
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(scale_data, ts_scale)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+    write_to_dnnl_tensor(value_data, ts_value)
+
+    cp.execute(strm, [ts_query, ts_key, ts_scale, ts_mask, ts_value], [ts_output])
+    strm.wait()
+    cp.execute(strm, [ts_query, ts_key, ts_scale, ts_mask, ts_value], [ts_output])
+    strm.wait()
+    inputs = [ts_query, ts_key, ts_scale, ts_mask, ts_value]
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in inputs}, ts_output
+
+
+@dataclass
+class GqaDims:
+    mb: int
+    seq_len: int
+    q_head_num: int
+    kv_head_num: int
+    head_size: int
+
+
+def bench_gqa(ekind, dt_, p: GqaDims):
+    """``bench_gqa`` of gqa.cpp (5-D, a host-scalar scale)."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    dt_inter = dt.f32
+    head_rep = p.q_head_num // p.kv_head_num
+    q_sz = [p.mb, p.kv_head_num, head_rep, p.seq_len, p.head_size]
+    kv_sz = [p.mb, p.kv_head_num, 1, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.kv_head_num, head_rep, p.seq_len, p.seq_len]
+    mask_sz = [p.mb, 1, 1, 1, p.seq_len]
+    id_ = itertools.count()
+
+    query = logical_tensor(next(id_), dt_, q_sz, layout_type.strided)
+    key = logical_tensor(next(id_), dt_, kv_sz, layout_type.strided)
+    score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([query, key])
+    bmm1.add_outputs([score])
+
+    dt_scale = dt.f32
+    scale = logical_tensor(next(id_), dt_scale, 0, layout_type.strided, property_type.host_scalar)
+    scaled_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    mask = logical_tensor(next(id_), dt_, mask_sz, layout_type.strided)
+    masked_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    value = logical_tensor(next(id_), dt_, kv_sz, layout_type.strided)
+    output = logical_tensor(next(id_), dt_, q_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs, value])
+    bmm2.add_outputs([output])
+
+    gqa = ga.Graph(ekind)
+    gqa.add_op(bmm1)
+    gqa.add_op(scale_div)
+    gqa.add_op(mask_add)
+    gqa.add_op(softmax)
+    gqa.add_op(bmm2)
+    gqa.finalize()
+
+    partitions = gqa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([query, key, scale, mask, value], [output], eng)
+
+    query_data = np.empty(product(q_sz), np.float32)
+    key_data = np.empty(product(kv_sz), np.float32)
+    mask_data = np.empty(product(mask_sz), np.float32)
+    value_data = np.empty(product(kv_sz), np.float32)
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+    fill_mask(mask_data, p.seq_len)
+
+    ts_query, ts_key, ts_mask = tensor(query, eng), tensor(key, eng), tensor(mask, eng)
+    ts_value, ts_output = tensor(value, eng), tensor(output, eng)
+    scale_data = np.float32(math.sqrt(p.head_size))
+    ts_scale = tensor.make_scalar_tensor(scale, scale_data)
+
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+    write_to_dnnl_tensor(value_data, ts_value)
+
+    cp.execute(strm, [ts_query, ts_key, ts_scale, ts_mask, ts_value], [ts_output])
+    strm.wait()
+    inputs = [ts_query, ts_key, ts_scale, ts_mask, ts_value]
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in inputs}, ts_output
+
+
+@dataclass
+class MqaDims:
+    mb: int
+    seq_len: int
+    q_head_num: int
+    head_size: int
+
+
+def bench_mqa(ekind, dt_, p: MqaDims):
+    """``bench_mqa`` of mqa.cpp (K and V with one head; every tensor of type ``dt``)."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    q_sz = [p.mb, p.q_head_num, p.seq_len, p.head_size]
+    kv_sz = [p.mb, 1, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.q_head_num, p.seq_len, p.seq_len]
+    scale_sz = [1]
+    mask_sz = [p.mb, 1, 1, p.seq_len]
+    id_ = itertools.count()
+
+    query = logical_tensor(next(id_), dt_, q_sz, layout_type.strided)
+    key = logical_tensor(next(id_), dt_, kv_sz, layout_type.strided)
+    score = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([query, key])
+    bmm1.add_outputs([score])
+
+    scale = logical_tensor(next(id_), dt_, scale_sz, layout_type.strided)
+    scaled_score = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    mask = logical_tensor(next(id_), dt_, mask_sz, layout_type.strided)
+    masked_score = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    value = logical_tensor(next(id_), dt_, kv_sz, layout_type.strided)
+    output = logical_tensor(next(id_), dt_, q_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs, value])
+    bmm2.add_outputs([output])
+
+    mqa = ga.Graph(ekind)
+    mqa.add_op(bmm1)
+    mqa.add_op(scale_div)
+    mqa.add_op(mask_add)
+    mqa.add_op(softmax)
+    mqa.add_op(bmm2)
+    mqa.finalize()
+
+    partitions = mqa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([query, key, scale, mask, value], [output], eng)
+
+    ts_query, ts_key, ts_scale = tensor(query, eng), tensor(key, eng), tensor(scale, eng)
+    ts_mask, ts_value, ts_output = tensor(mask, eng), tensor(value, eng), tensor(output, eng)
+
+    query_data = np.empty(product(q_sz), np.float32)
+    key_data = np.empty(product(kv_sz), np.float32)
+    scale_data = np.full(product(scale_sz), math.sqrt(p.head_size), np.float32)
+    mask_data = np.empty(product(mask_sz), np.float32)
+    value_data = np.empty(product(kv_sz), np.float32)
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+    fill_mask(mask_data, p.seq_len)
+
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(scale_data, ts_scale)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+    write_to_dnnl_tensor(value_data, ts_value)
+
+    cp.execute(strm, [ts_query, ts_key, ts_scale, ts_mask, ts_value], [ts_output])
+    strm.wait()
+    inputs = [ts_query, ts_key, ts_scale, ts_mask, ts_value]
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in inputs}, ts_output
+
+
+def _attention_f64(q, k, v, scale, mask):
+    """softmax(q k^T / scale + mask) v in float64 (K/V heads broadcast over Q's)."""
+    q, k, v, mask = (np.asarray(a, np.float64) for a in (q, k, v, mask))
+    s = q @ np.swapaxes(k, -1, -2) / float(np.asarray(scale).reshape(-1)[0]) + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def _check(partitions, data, out, dt_):
+    assert len(partitions) == 1 and partitions[0].get_kind().startswith("sdpa"), partitions
+    q, k, scale, mask, v = (data[i] for i in sorted(data))
+    if dt_ == dt.f32:
+        # f32 dot products of D = 16 and S = 16..32 terms of O(1) values, an f32 exp and
+        # softmax: a few f32 ulps of the O(1) outputs; 1e-5 leaves ~100x room and is far
+        # below any real error (a wrong mask or scale changes outputs by ~1e-1)
+        np.testing.assert_allclose(out.numpy(), _attention_f64(q, k, v, scale, mask), rtol=1e-5, atol=1e-5)
+        return
+    # bf16: the unfused reference rounds where the graph's types say; the rule of graph_api.check
+    graph = partitions[0].graph
+    want = reference_arrays(graph, data)[graph.output_ids[0]]
+    verdict = compare(want, out.numpy(), dt_, graph.fpmath, partitions[0].ops)
+    assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.bf16], ids=lambda d: d.name)
+def test_sdpa_example(dt_):
+    # sdpa.cpp's defaults are {mb 1? seq 384, 16 heads, head 64, queries 384}: reduced
+    _check(*bench_sdpa(ga.EngineKind.cpu, dt_, SdpaDims(1, 32, 2, 16, 32)), dt_)
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.bf16], ids=lambda d: d.name)
+def test_gqa_example(dt_):
+    # gqa.cpp's defaults are {2, 128, 16, 2, 64}: reduced
+    _check(*bench_gqa(ga.EngineKind.cpu, dt_, GqaDims(2, 16, 4, 2, 16)), dt_)
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.bf16], ids=lambda d: d.name)
+def test_mqa_example(dt_):
+    # mqa.cpp's defaults are {2, 128, 16, 64}: reduced
+    _check(*bench_mqa(ga.EngineKind.cpu, dt_, MqaDims(2, 16, 4, 16)), dt_)
+
+
+def bench_sdpa_stacked_qkv(ekind, dt_, p: MqaDims):
+    """``bench_sdpa`` of sdpa_stacked_qkv.cpp: Q, K and V are strided views of one
+    [mb, seq_len, head_num, 3, head_size] buffer, made with tensor(lt, eng, handle + offset)."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    head_num = p.q_head_num
+    stacked_qkv_sz = [p.mb, p.seq_len, head_num, 3, p.head_size]
+    qkv_strides = [p.seq_len * head_num * 3 * p.head_size, 3 * p.head_size, head_num * 3 * p.head_size, 1]
+    qkv_sz = [p.mb, head_num, p.seq_len, p.head_size]
+    score_sz = [p.mb, head_num, p.seq_len, p.seq_len]
+    scale_sz = [1]
+    mask_sz = [p.mb, 1, 1, p.seq_len]
+    id_ = itertools.count()
+    dt_inter = dt.f32
+
+    qkv = logical_tensor(next(id_), dt_, stacked_qkv_sz, layout_type.strided)
+
+    query = logical_tensor(next(id_), dt_, qkv_sz, qkv_strides)
+    key = logical_tensor(next(id_), dt_, qkv_sz, qkv_strides)
+    score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([query, key])
+    bmm1.add_outputs([score])
+
+    scale = logical_tensor(next(id_), dt_, scale_sz, layout_type.strided)
+    scaled_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    mask = logical_tensor(next(id_), dt_, mask_sz, layout_type.strided)
+    masked_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    value = logical_tensor(next(id_), dt_, qkv_sz, qkv_strides)
+    output = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs, value])
+    bmm2.add_outputs([output])
+
+    sdpa = ga.Graph(ekind)
+    sdpa.add_op(bmm1)
+    sdpa.add_op(scale_div)
+    sdpa.add_op(mask_add)
+    sdpa.add_op(softmax)
+    sdpa.add_op(bmm2)
+    sdpa.finalize()
+
+    partitions = sdpa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([query, key, scale, mask, value], [output], eng)
+
+    ts_qkv, ts_scale = tensor(qkv, eng), tensor(scale, eng)
+    ts_mask, ts_output = tensor(mask, eng), tensor(output, eng)
+
+    qkv_data = np.empty(product(stacked_qkv_sz), np.float32)
+    scale_data = np.full(product(scale_sz), math.sqrt(p.head_size), np.float32)
+    mask_data = np.empty(product(mask_sz), np.float32)
+    fill_random(qkv_data)
+    fill_mask(mask_data, p.seq_len)
+
+    write_to_dnnl_tensor(qkv_data, ts_qkv)
+    write_to_dnnl_tensor(scale_data, ts_scale)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+
+    # handle + k * sizeof(dt) in C++ is the element offset k here
+    handle = ts_qkv.get_data_handle()
+    ts_query = tensor(query, eng, handle)
+    ts_key = tensor(key, eng, handle, offset=p.head_size)
+    ts_value = tensor(value, eng, handle, offset=2 * p.head_size)
+
+    cp.execute(strm, [ts_query, ts_key, ts_scale, ts_mask, ts_value], [ts_output])
+    strm.wait()
+    stacked = ts_qkv.numpy()  # [mb, seq, heads, 3, D] -> the three [mb, heads, seq, D] views
+    assert np.shares_memory(ts_key.get_data_handle(), handle)  # zero copy, as the handle arithmetic
+    data = {query.id: stacked[:, :, :, 0].transpose(0, 2, 1, 3), key.id: stacked[:, :, :, 1].transpose(0, 2, 1, 3),
+            scale.id: ts_scale.numpy(), mask.id: ts_mask.numpy(),
+            value.id: stacked[:, :, :, 2].transpose(0, 2, 1, 3)}
+    return partitions, data, ts_output
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.bf16], ids=lambda d: d.name)
+def test_sdpa_stacked_qkv_example(dt_):
+    # sdpa_stacked_qkv.cpp's defaults are {2, 128, 16, 64}: reduced
+    _check(*bench_sdpa_stacked_qkv(ga.EngineKind.cpu, dt_, MqaDims(2, 16, 4, 16)), dt_)

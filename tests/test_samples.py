@@ -65,3 +65,21 @@ def test_readme_example_runs():
     exec(compile(blocks[1], "README.md", "exec"), scope)
     assert [p.get_kind() for p in scope["model"].partitions] == ["matmul_compressed"]
     np.testing.assert_allclose(scope["out"], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_the_gallery_shows_a_kernel_compiling_for_the_first_time(tmp_path, capsys, monkeypatch):
+    """Numba's compile event (a real compile of a fresh function) prints the line on
+    stderr; the gallery keeps it with the sample's output on the page."""
+    from graph_api.kernels.numba_setup import numba
+
+    module = load("01_first_graph")
+
+    def compiles_a_kernel(small=False):
+        numba.njit(lambda x: x + 1)(1)  # this module's first Numba compile
+        gallery.error("nothing", 0.0, 1.0)
+
+    monkeypatch.setattr(module, "main", compiles_a_kernel)
+    assert gallery_main(["--small", "--out", str(tmp_path), "01_first_graph"]) == 0
+    line = "graph_api: compiling the test_samples kernel (first run only, cached on disk)"
+    assert line in capsys.readouterr().err
+    assert line in (tmp_path / "index.html").read_text()

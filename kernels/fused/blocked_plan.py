@@ -19,6 +19,7 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.enums import OpKind as K
 from graph_api.logical_tensor import LogicalTensor
+from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.kernels.reference.eltwise import ELTWISE
@@ -65,7 +66,7 @@ class BlockedPlan:
     def run_arrays(self, arrays: dict) -> dict:
         arrays = dict(arrays)
         lts = self.request.lts
-        results = {tid: np.empty(lts[tid].shape, dtypes.numpy_dtype(lts[tid].dtype))
+        results = {tid: scratch.empty(lts[tid].shape, dtypes.numpy_dtype(lts[tid].dtype))
                    for tid in self.request.output_ids}
         for n in range(self.batch):
             local = {tid: (a[n:n + 1] if tid in self.sliced else a) for tid, a in arrays.items()}

@@ -19,6 +19,7 @@ from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.postops import POST_OPS
+from graph_api.kernels import scratch
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
 from .epilogue import _ROUND_STEP, bind, chain_program
@@ -192,7 +193,7 @@ class ChainPlan:
         if self.dest_out:
             return outputs[self.dest].buffer
         dlt = self.request.lts[self.dest]
-        return np.empty(int(np.prod(dlt.shape)), dtypes.numpy_dtype(dlt.dtype))
+        return scratch.empty(int(np.prod(dlt.shape)), dtypes.numpy_dtype(dlt.dtype))
 
     def epilogue(self, arrays, R=None, N=None):
         """The epilogue program; built once when no step reads an operand tensor."""

@@ -37,6 +37,7 @@ from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.kernels import conv as cv
+from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
@@ -276,7 +277,7 @@ class ConvPlan:
             for lt, value in zip(out_lts, fn(op, [arrays[lt.id] for lt in op.inputs], out_lts, ctx)):
                 arrays[lt.id] = value
         lts = self.request.lts
-        results = {tid: np.empty(lt.shape, dtypes.numpy_dtype(lt.dtype)) for tid, lt in self.outputs.items()}
+        results = {tid: scratch.empty(lt.shape, dtypes.numpy_dtype(lt.dtype)) for tid, lt in self.outputs.items()}
         weights = {}
         for s in self.flow:
             if isinstance(s, ConvStage):

@@ -42,8 +42,8 @@ class MatmulPlan(ChainPlan):
         self.a_id, self.b_id = mm.inputs[0].id, mm.inputs[1].id
         self.ta, self.tb = bool(mm.attrs["transpose_a"]), bool(mm.attrs["transpose_b"])
         # inputs dequantized from integers: found in the partition, or told by the
-        # per-op plan that runs this MatMul alone (bindings["int_inputs"])
-        int_in = request.bindings.get("int_inputs") or dequantized_inputs(request.ops).get(mm.id, frozenset())
+        # per-op plan that runs this MatMul alone (request.int_inputs)
+        int_in = request.int_inputs or dequantized_inputs(request.ops).get(mm.id, frozenset())
         fp = request.fpmath
         self.round = [(fp.round_dequantized_weight if i in int_in else
                        (lambda x, t=lts[lt.id].dtype: fp.round_input(x, t)))

@@ -5,7 +5,7 @@ static-quantized and JAX SDPA forms, SDPA with a stats output, ...), the
 partition still should not run the f64 reference: this plan compiles each op
 as if it were a single-op partition (BLAS MatMul, Numba element-wise and
 norm kernels, f32 numpy formulas) and runs them in topological order.
-Intermediates are allocated once at compile time; partition outputs are
+Intermediates come from scratch memory at each execute; partition outputs are
 written by the op that produces them.  Ops without a single-op fast plan
 run as reference steps, named in the plan's name.  A MatMul whose input is dequantized from integers
 inside the partition is told so (its fpmath rounding follows ``apply_to_int``
@@ -13,7 +13,11 @@ as in the fused reference).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from graph_api import dtypes
 from graph_api.tensor import Tensor
+from graph_api.kernels import scratch
 from graph_api.kernels.plan import ComposedPlan, CompileRequest, dequantized_inputs
 
 
@@ -35,23 +39,28 @@ class PerOpPlan:
     def __init__(self, request: CompileRequest, plans: list):
         self.request = request
         self.plans = plans  # (op, plan)
-        self.buffers = {}
         outs = set(request.output_ids)
-        for op, _ in plans:
-            for lt in op.outputs:
-                if lt.id not in outs:
-                    self.buffers[lt.id] = Tensor(request.lts[lt.id])
+        #: intermediates, taken from scratch memory at every execute
+        self.between = [request.lts[lt.id] for op, _ in plans for lt in op.outputs if lt.id not in outs]
         slow = sorted({op.kind.name for op, p in plans if p.name == "reference"})
         self.name = "per_op_fast" + (f"+ref[{','.join(slow)}]" if slow else "")
         self.fast = len(slow) < len({op.kind for op, _ in plans})
 
     def execute(self, inputs: dict, outputs: dict) -> None:
         tensors = dict(inputs)
-        tensors.update(self.buffers)
+        tensors.update({lt.id: _scratch_tensor(lt) for lt in self.between})
         tensors.update(outputs)
         for op, plan in self.plans:
             plan.execute({lt.id: tensors[lt.id] for lt in op.inputs},
                          {lt.id: tensors[lt.id] for lt in op.outputs})
+
+
+def _scratch_tensor(lt) -> Tensor:
+    """A tensor of ``lt`` over scratch memory (packed bytes for s4/u4)."""
+    info = dtypes.info(lt.dtype)
+    n = 0 if 0 in lt.shape else 1 + sum((d - 1) * s for d, s in zip(lt.shape, lt.strides))  # the strided span
+    flat = scratch.empty((n + 1) // 2, np.uint8) if info.packed else scratch.empty(n, info.np_dtype)
+    return Tensor(lt, None, flat)
 
 
 def build(request: CompileRequest, single_op_builder):
@@ -63,9 +72,9 @@ def build(request: CompileRequest, single_op_builder):
         plan = None
         builder = single_op_builder(op.kind)
         if builder is not None:
-            told = {"int_inputs": int_inputs[op.id]} if int_inputs.get(op.id) else {}
             sub = CompileRequest(None, [op], request.lts, [lt.id for lt in op.inputs],
-                                 [lt.id for lt in op.outputs], request.fpmath, told)
+                                 [lt.id for lt in op.outputs], request.fpmath,
+                                 int_inputs=int_inputs.get(op.id) or None)
             plan = builder(sub)
             if isinstance(plan, str):
                 plan = None

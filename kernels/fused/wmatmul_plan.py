@@ -26,6 +26,7 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.kernels.bits import RND_BF16, RND_F16, rounding_code
+from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest
 
 from .epilogue import bind, chain_program
@@ -182,7 +183,7 @@ class DenseLinear:
         M = acc.shape[0]
         ep = wm.make_epilogue(post, M, self.N)
         okind = {"f32": wm.OUT_F32, "bf16": wm.OUT_BF16, "f16": wm.OUT_F16}[out_dtype]
-        out = np.empty((M, self.N), np.float32 if okind == wm.OUT_F32 else np.uint16)
+        out = scratch.empty((M, self.N), np.float32 if okind == wm.OUT_F32 else np.uint16)
         wm._store_rows(acc, 0, 0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
         return out if out_dtype == "f32" else out.view(dtypes.numpy_dtype(DataType[out_dtype]))
 

@@ -3,20 +3,12 @@ from __future__ import annotations
 
 from graph_api.enums import OpKind as K
 
-from ..pattern import Cond, Node, Pattern
+from ..pattern import Node, Pattern
 
-
-def _has_fast_kernel(op, graph) -> bool:
-    from graph_api.composite_inline import decide
-    from graph_api.enums import PartitionPolicy
-
-    return decide(op, graph.tensors, PartitionPolicy.fusion)[0]
-
-
+#: every Composite op that reaches the partitioner was kept for its fast kernel: the runtime
+#: decides before partitioning (graph_api.composite_inline) and inlines the others
 COMPOSITE = Pattern("composite", 30.0, [
-    Node("composite", K.Composite,
-         when=[Cond("a fast kernel is registered for the composite and suits its shapes",
-                    _has_fast_kernel)]),
+    Node("composite", K.Composite),
 ], min_ops=1, doc="""One Composite op whose name/version has a fast kernel (kernels.composite).
 
     inputs ─ composite (Composite name=..., version=...) ─ outputs     one op, KERNELS['composite']
