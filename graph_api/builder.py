@@ -44,6 +44,7 @@ from .graph import Graph
 from .logical_tensor import LogicalTensor, dense_strides
 from .op import Op
 from .opset import OP_SCHEMAS
+from .runner import compile_graph
 from .schema import NO_DEFAULT, REQUIRED, check_attrs
 from .tensor import Tensor, make_scalar_tensor
 
@@ -349,8 +350,6 @@ class CompiledModel:
 
     def run(self, feeds: dict) -> dict[int, np.ndarray]:
         """Run on ``feeds`` (keys: ``Value`` or tensor id) -> ``{output id: array}``."""
-        from .runner import compile_graph
-
         values = {}
         for key, array in feeds.items():
             tid = key.id if isinstance(key, Value) else int(key)

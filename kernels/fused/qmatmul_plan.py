@@ -34,6 +34,7 @@ from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
+from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest
 
 from .chain import ChainPlan, Walk
@@ -151,7 +152,6 @@ class QuantMatmulPlan(ChainPlan):
         else:
             self.qs = self.qz = np.ones(1, np.float32)
             self.qrange = (0, 0)
-        self._parts: dict = {}
 
     def _gemm(self, arrays):
         """Exact integer sums (q_a - z_a) @ (q_b - z_b) as [R, N] (f32 or f64)."""
@@ -165,9 +165,9 @@ class QuantMatmulPlan(ChainPlan):
         if count > MAX_CHUNKS:
             acc = np.matmul(a.astype(np.float64), self.wei.as_f64(b))
             return acc.reshape(self.R, self.N)
-        parts = self._parts.get(count)
-        if parts is None:
-            parts = self._parts[count] = np.empty((count, self.R, self.N), np.float32)
+        # per execution, from the scratchpad: a buffer kept on the plan would be shared by
+        # concurrent executions of one compiled partition
+        parts = scratch.empty((count, self.R, self.N), np.float32)
         mm_shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
         for c in range(count):
             k0, k1 = c * chunk, min((c + 1) * chunk, self.K)
