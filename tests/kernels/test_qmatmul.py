@@ -35,7 +35,7 @@ def _qattrs(scales, zps, axis=1):
 
 
 def _graph(src_dt, wei_dt, m, k, n, *, src_zp=0, wei_zps=(0,), wei_scales=(0.25,), batch=(),
-           transpose_b=False, bias=True, post=(), quant=None, wei_quant=False):
+           transpose_b=False, bias=True, post=(), quant=None, wei_quant=False, wei_const=True):
     """Dequantize(src), Dequantize(W) -> MatMul [+ bias] -> post-ops -> [Quantize]."""
     g = G()
     src = g.input(batch + (m, k), src_dt)
@@ -47,7 +47,7 @@ def _graph(src_dt, wei_dt, m, k, n, *, src_zp=0, wei_zps=(0,), wei_scales=(0.25,
         w_int = g.op(K.Quantize, wf, dtype=wei_dt, attrs=_qattrs(wei_scales, wei_zps, naxis))
         feeds_w = wf
     else:
-        w_int = feeds_w = g.input(wshape, wei_dt, CONST)
+        w_int = feeds_w = g.input(wshape, wei_dt, CONST if wei_const else ga.PropertyType.variable)
     w = g.op(K.Dequantize, w_int, dtype=dt.f32, attrs=_qattrs(wei_scales, wei_zps, naxis))
     ins = [x, w]
     b = g.input((n,), dt.f32, CONST) if bias else None
@@ -102,6 +102,8 @@ CASES = {
     "batched_src": (dt.u8, dt.s8, 7, 24, 8, dict(src_zp=9, batch=(2, 3))),
     "k_chunks": (dt.u8, dt.s8, 3, 1100, 5, dict(src_zp=200)),  # 2**24/(200*128) = 655: 2 chunks
     "k_f64": (dt.u8, dt.u8, 2, 1400, 3, dict(src_zp=255, wei_zps=(0,))),  # 2**24/255**2 = 258: f64 GEMM
+    # a variable weight: its bound comes from the type (255 * 128), 514 terms per chunk
+    "variable_wei_chunks": (dt.u8, dt.s8, 3, 600, 4, dict(src_zp=0, wei_const=False)),
 }
 
 
