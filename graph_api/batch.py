@@ -189,13 +189,17 @@ def find_root(batch_file) -> Path:
 
 # ==================================================================== rewrites
 def _ids(spec: str, what: str):
-    """``ID:REST+ID:REST`` -> [(id, rest)]."""
+    """``ID:REST+ID:REST`` -> [(id, rest)].
+
+    An ID is read as benchdnn's ``stoll`` reads it: its leading integer (oneDNN's
+    ``harness_f32_all`` has ``2*abc:3x64x8*abc``, which benchdnn runs as tensor 2)."""
     pairs = []
     for item in spec.split("+"):
         tid, sep, rest = item.partition(":")
-        if not sep or not tid.strip().lstrip("-").isdigit():
+        leading = re.match(r"\s*(-?\d+)", tid)
+        if not sep or leading is None:
             raise BatchError(f"--{what}={spec}: expected ID:VALUE entries, got {item!r}")
-        pairs.append((int(tid), rest))
+        pairs.append((int(leading.group(1)), rest))
     return pairs
 
 

@@ -130,8 +130,9 @@ def _norm_grads(x, dd, mean, var, eps, axes, gamma):
     xhat = (x - mean) * inv
     gdd = dd if gamma is None else dd * gamma
     count = np.prod([x.shape[a] for a in axes])
-    mean_gdd = (np.sum(gdd, axis=axes, dtype=np.float64, keepdims=True) / count).astype(F32)
-    mean_gdd_xhat = (np.sum(gdd * xhat, axis=axes, dtype=np.float64, keepdims=True) / count).astype(F32)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 over no elements: NaN, as the reference
+        mean_gdd = (np.sum(gdd, axis=axes, dtype=np.float64, keepdims=True) / count).astype(F32)
+        mean_gdd_xhat = (np.sum(gdd * xhat, axis=axes, dtype=np.float64, keepdims=True) / count).astype(F32)
     return inv * (gdd - mean_gdd - xhat * mean_gdd_xhat), dd * xhat
 
 

@@ -99,6 +99,15 @@ def test_in_shapes_and_op_attrs_reinfer_every_produced_shape(inputs):
     assert out.shape is not None and out.shape[0] == 2 and out.shape[-1] == w[0]
 
 
+def test_an_id_is_its_leading_integer_as_benchdnn_reads_it(inputs):
+    """harness_f32_all's prelu_bwd_dw_5d line spells an id ``2*abc``; benchdnn's stoll reads 2."""
+    graph = ga.load(inputs / "op/f32/conv_2d.json")
+    new = apply_knobs(graph, {"in-shapes": "0*abcd:2x28x28x32*abcd", "op-attrs": "0:data_format:NXC"})
+    assert new.tensors[0].shape == (2, 28, 28, 32)
+    with pytest.raises(BatchError):
+        apply_knobs(graph, {"in-shapes": "x0:2x28x28x32"})
+
+
 def test_op_kind_dt_property_and_fpmath(inputs):
     graph = ga.load(inputs / "op/f32/add.json")
     new = apply_knobs(graph, {"op-kind": "0:Maximum", "dt": "bf16", "attr-fpmath": "bf16:true",

@@ -247,6 +247,25 @@ def test_diff_dst_that_the_forward_op_cannot_give_is_an_invalid_shape():
         inferred(op)
 
 
+def test_interpolate_backward_takes_the_diff_dst_sizes_as_given():
+    """oneDNN infers diff_src = src and its resampling reads the factors from the
+    sizes: diff_dst 21 for src 17 under scales 1.235294 (whose floor gives 20) is
+    the gradient of the Interpolate to 21 (benchdnn's harness runs such cases)."""
+    from graph_api.errors import InvalidShape
+
+    attrs = dict(mode="linear", coordinate_transformation_mode="half_pixel", data_format="NCX")
+    by_scales = make_op(OpKind.InterpolateBackward, [(1, 2, 17), (1, 2, 21)], [(1, 2, 17)],
+                        scales=[1.235294], **attrs)
+    by_sizes = make_op(OpKind.InterpolateBackward, [(1, 2, 17), (1, 2, 21)], [(1, 2, 17)],
+                       sizes=[21], **attrs)
+    assert inferred(by_scales)[0] == (1, 2, 17)
+    dy = np.random.default_rng(6).normal(size=(1, 2, 21))
+    src = np.zeros((1, 2, 17))
+    np.testing.assert_array_equal(run64(by_scales, [src, dy])[0], run64(by_sizes, [src, dy])[0])
+    with pytest.raises(InvalidShape, match="batch and channel"):
+        inferred(make_op(OpKind.InterpolateBackward, [(1, 2, 17), (1, 3, 21)], [None], sizes=[21], **attrs))
+
+
 def test_use_affine_layer_norm_backward_needs_three_outputs():
     from graph_api.errors import InvalidGraphOp
 
