@@ -7,7 +7,9 @@ counts, and run.
 * ``examples/graph/cpu_inference_int8.cpp``: Dequantize(u8) and
   Dequantize(s8 constant weights, per channel) -> Convolution (bias input) ->
   ReLU -> Quantize(u8): 1 partition.
-* ``examples/graph/sdpa.cpp``, ``gqa.cpp``, ``mqa.cpp``: the attention graphs
+* ``examples/graph/cpu_single_op_partition.cpp``: ``partition(op, engine_kind)`` of a
+  MatMul, output rank unknown at compile, queried after.
+* ``examples/graph/sdpa.cpp``, ``gqa.cpp``, ``mqa.cpp``, ``sdpa_stacked_qkv.cpp``: the attention graphs
   (MatMul -> Divide -> Add(mask) -> SoftMax -> MatMul; 5-D GQA with a host-scalar
   scale; MQA with single-head K/V), written line by line after the C++
   (``bench_sdpa``/``bench_gqa``/``bench_mqa``, with an engine made by
@@ -24,6 +26,7 @@ import pytest
 import graph_api as ga
 from graph_api import DataType as dt
 from graph_api import OpKind as K
+from graph_api import OpKind as K_  # where the example names a dimension K
 from graph_api.check import compare
 from graph_api.fill import reference_arrays
 
@@ -599,3 +602,67 @@ def bench_sdpa_stacked_qkv(ekind, dt_, p: MqaDims):
 def test_sdpa_stacked_qkv_example(dt_):
     # sdpa_stacked_qkv.cpp's defaults are {2, 128, 16, 64}: reduced
     _check(*bench_sdpa_stacked_qkv(ga.EngineKind.cpu, dt_, MqaDims(2, 16, 4, 16)), dt_)
+
+
+# ---------------------------------------------------------------- cpu_single_op_partition.cpp
+DNNL_GRAPH_UNKNOWN_NDIMS = -1
+
+
+def allocate_graph_mem(tensors, lts, data_buffer, eng):
+    """graph_example_utils.hpp: a tensor over a new buffer for each logical tensor."""
+    for lt in lts:
+        buffer = np.empty(lt.get_mem_size() // np.dtype(np.float32).itemsize, np.float32)
+        data_buffer.append(buffer)
+        tensors.append(tensor(lt, eng, buffer))
+
+
+def test_cpu_single_op_partition_example():
+    """``cpu_single_op_partition_tutorial``, the example's shapes; inputs get values
+    before execute (the example runs on uninitialised memory) so the result is checked."""
+    data_type = dt
+    M, K, N = 32, 1024, 2048
+    src0_dims = [M, K]
+    src1_dims = [K, N]
+
+    matmul_src0_desc = logical_tensor(0, data_type.f32)
+    matmul_src1_desc = logical_tensor(1, data_type.f32)
+    matmul_dst_desc = logical_tensor(2, data_type.f32)
+    matmul = op(0, K_.MatMul, [matmul_src0_desc, matmul_src1_desc], [matmul_dst_desc], "matmul")
+    matmul.set_attr(ga.OpAttr.transpose_a, False)
+    matmul.set_attr(ga.OpAttr.transpose_b, False)
+
+    alloc = ga.Allocator()
+    eng = ga.make_engine_with_allocator(ga.EngineKind.cpu, 0, alloc)
+    strm = ga.Stream(eng)
+    data_buffer = []
+    concrete_shapes = {0: src0_dims, 1: src1_dims}
+
+    part = ga.Partition(matmul, ga.EngineKind.cpu)
+    assert part.is_supported()
+    inputs = part.get_input_ports()
+    outputs = part.get_output_ports()
+    for i, input_ in enumerate(inputs):
+        id_ = input_.get_id()
+        inputs[i] = logical_tensor(id_, input_.get_data_type(), concrete_shapes[id_], layout_type.strided)
+    for i, output in enumerate(outputs):
+        id_ = output.get_id()
+        outputs[i] = logical_tensor(id_, output.get_data_type(), DNNL_GRAPH_UNKNOWN_NDIMS, layout_type.strided)
+
+    cp = part.compile(inputs, outputs, eng)
+    for i, output in enumerate(outputs):
+        outputs[i] = cp.query_logical_tensor(output.get_id())
+
+    inputs_ts, outputs_ts = [], []
+    allocate_graph_mem(inputs_ts, inputs, data_buffer, eng)
+    allocate_graph_mem(outputs_ts, outputs, data_buffer, eng)
+    rng = np.random.default_rng(0)
+    for t in inputs_ts:  # not in the example: values to check
+        t.write(rng.integers(-4, 5, t.get_logical_tensor().get_dims()).astype(np.float32))
+
+    cp.execute(strm, inputs_ts, outputs_ts)
+    strm.wait()
+
+    assert outputs[0].get_dims() == (M, N)
+    a, b = (t.numpy().astype(np.float64) for t in inputs_ts)
+    # small integers: every product and partial sum (|sum| <= 1024 * 16) is exact in f32
+    np.testing.assert_array_equal(outputs_ts[0].numpy(), a @ b)
