@@ -7,7 +7,10 @@ counts, and run.
 * ``examples/graph/cpu_inference_int8.cpp``: Dequantize(u8) and
   Dequantize(s8 constant weights, per channel) -> Convolution (bias input) ->
   ReLU -> Quantize(u8): 1 partition.
-* ``examples/graph/sdpa.cpp``, ``gqa.cpp``, ``mqa.cpp``: the attention graphs
+* ``examples/graph/cpu_single_op_partition.cpp``: ``partition(op, engine_kind)`` of a
+  MatMul, output rank unknown at compile, queried after.
+* ``examples/graph/sdpa.cpp``, ``gqa.cpp``, ``mqa.cpp``, ``sdpa_stacked_qkv.cpp``,
+  ``sdpa_bottom_right_causal_mask.cpp``: the attention graphs
   (MatMul -> Divide -> Add(mask) -> SoftMax -> MatMul; 5-D GQA with a host-scalar
   scale; MQA with single-head K/V), written line by line after the C++
   (``bench_sdpa``/``bench_gqa``/``bench_mqa``, with an engine made by
@@ -24,6 +27,7 @@ import pytest
 import graph_api as ga
 from graph_api import DataType as dt
 from graph_api import OpKind as K
+from graph_api import OpKind as K_  # where the example names a dimension K
 from graph_api.check import compare
 from graph_api.fill import reference_arrays
 
@@ -599,3 +603,210 @@ def bench_sdpa_stacked_qkv(ekind, dt_, p: MqaDims):
 def test_sdpa_stacked_qkv_example(dt_):
     # sdpa_stacked_qkv.cpp's defaults are {2, 128, 16, 64}: reduced
     _check(*bench_sdpa_stacked_qkv(ga.EngineKind.cpu, dt_, MqaDims(2, 16, 4, 16)), dt_)
+
+
+# ---------------------------------------------------------------- cpu_single_op_partition.cpp
+DNNL_GRAPH_UNKNOWN_NDIMS = -1
+
+
+def allocate_graph_mem(tensors, lts, data_buffer, eng):
+    """graph_example_utils.hpp: a tensor over a new buffer for each logical tensor."""
+    for lt in lts:
+        buffer = np.empty(lt.get_mem_size() // np.dtype(np.float32).itemsize, np.float32)
+        data_buffer.append(buffer)
+        tensors.append(tensor(lt, eng, buffer))
+
+
+def test_cpu_single_op_partition_example():
+    """``cpu_single_op_partition_tutorial``, the example's shapes; inputs get values
+    before execute (the example runs on uninitialised memory) so the result is checked."""
+    data_type = dt
+    M, K, N = 32, 1024, 2048
+    src0_dims = [M, K]
+    src1_dims = [K, N]
+
+    matmul_src0_desc = logical_tensor(0, data_type.f32)
+    matmul_src1_desc = logical_tensor(1, data_type.f32)
+    matmul_dst_desc = logical_tensor(2, data_type.f32)
+    matmul = op(0, K_.MatMul, [matmul_src0_desc, matmul_src1_desc], [matmul_dst_desc], "matmul")
+    matmul.set_attr(ga.OpAttr.transpose_a, False)
+    matmul.set_attr(ga.OpAttr.transpose_b, False)
+
+    alloc = ga.Allocator()
+    eng = ga.make_engine_with_allocator(ga.EngineKind.cpu, 0, alloc)
+    strm = ga.Stream(eng)
+    data_buffer = []
+    concrete_shapes = {0: src0_dims, 1: src1_dims}
+
+    part = ga.Partition(matmul, ga.EngineKind.cpu)
+    assert part.is_supported()
+    inputs = part.get_input_ports()
+    outputs = part.get_output_ports()
+    for i, input_ in enumerate(inputs):
+        id_ = input_.get_id()
+        inputs[i] = logical_tensor(id_, input_.get_data_type(), concrete_shapes[id_], layout_type.strided)
+    for i, output in enumerate(outputs):
+        id_ = output.get_id()
+        outputs[i] = logical_tensor(id_, output.get_data_type(), DNNL_GRAPH_UNKNOWN_NDIMS, layout_type.strided)
+
+    cp = part.compile(inputs, outputs, eng)
+    for i, output in enumerate(outputs):
+        outputs[i] = cp.query_logical_tensor(output.get_id())
+
+    inputs_ts, outputs_ts = [], []
+    allocate_graph_mem(inputs_ts, inputs, data_buffer, eng)
+    allocate_graph_mem(outputs_ts, outputs, data_buffer, eng)
+    rng = np.random.default_rng(0)
+    for t in inputs_ts:  # not in the example: values to check
+        t.write(rng.integers(-4, 5, t.get_logical_tensor().get_dims()).astype(np.float32))
+
+    cp.execute(strm, inputs_ts, outputs_ts)
+    strm.wait()
+
+    assert outputs[0].get_dims() == (M, N)
+    a, b = (t.numpy().astype(np.float64) for t in inputs_ts)
+    # small integers: every product and partial sum (|sum| <= 1024 * 16) is exact in f32
+    np.testing.assert_array_equal(outputs_ts[0].numpy(), a @ b)
+
+
+# ---------------------------------------------------------------- sdpa_bottom_right_causal_mask.cpp
+def bench_sdpa_bottom_right_causal_mask(ekind, dt_, p: SdpaDims):
+    """``bench_sdpa`` of sdpa_bottom_right_causal_mask.cpp: the causal mask made in
+    the graph (GenIndex, Add/Subtract of host-scalar lengths, GreaterEqual, Select)."""
+    data_type = dt
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    qv_sz = [p.mb, p.head_num, p.query_num, p.head_size]
+    k_sz = [p.mb, p.head_num, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.head_num, p.query_num, p.seq_len]
+    id_ = itertools.count()
+    dt_inter = dt.f32
+
+    query = logical_tensor(next(id_), dt_, qv_sz, layout_type.strided)
+    key = logical_tensor(next(id_), dt_, k_sz, layout_type.strided)
+    score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([query, key])
+    bmm1.add_outputs([score])
+
+    dt_scale = dt.f32
+    scale = logical_tensor(next(id_), dt_scale, 0, layout_type.strided, property_type.host_scalar)
+    scaled_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    scale_mul = op(next(id_), K.Multiply, "scale_mul")
+    scale_mul.add_inputs([score, scale])
+    scale_mul.add_outputs([scaled_score])
+
+    index_row = logical_tensor(next(id_), data_type.s32, score_sz, layout_type.strided)
+    gen_index_row = op(next(id_), K.GenIndex, "gen_index_row")
+    gen_index_row.set_attr(ga.OpAttr.axis, -2)
+    gen_index_row.add_inputs([scaled_score])
+    gen_index_row.add_outputs([index_row])
+
+    seq_len_kv = logical_tensor(next(id_), data_type.s32, 0, layout_type.strided, property_type.host_scalar)
+    mask_add_out = logical_tensor(next(id_), data_type.s32, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([index_row, seq_len_kv])
+    mask_add.add_outputs([mask_add_out])
+
+    seq_len_q = logical_tensor(next(id_), data_type.s32, 0, layout_type.strided, property_type.host_scalar)
+    mask_sub_out = logical_tensor(next(id_), data_type.s32, score_sz, layout_type.strided)
+    mask_sub = op(next(id_), K.Subtract, "mask_sub")
+    mask_sub.add_inputs([mask_add_out, seq_len_q])
+    mask_sub.add_outputs([mask_sub_out])
+
+    index_col = logical_tensor(next(id_), data_type.s32, score_sz, layout_type.strided)
+    gen_index_col = op(next(id_), K.GenIndex, "gen_index_col")
+    gen_index_col.set_attr(ga.OpAttr.axis, -1)
+    gen_index_col.add_inputs([scaled_score])
+    gen_index_col.add_outputs([index_col])
+
+    mask_ge_out = logical_tensor(next(id_), data_type.boolean, score_sz, layout_type.strided)
+    mask_ge = op(next(id_), K.GreaterEqual, "mask_ge")
+    mask_ge.add_inputs([mask_sub_out, index_col])
+    mask_ge.add_outputs([mask_ge_out])
+
+    neg_inf = logical_tensor(next(id_), dt_scale, 0, layout_type.strided, property_type.host_scalar)
+    masked_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    mask_select = op(next(id_), K.Select, "mask_select")
+    mask_select.add_inputs([mask_ge_out, scaled_score, neg_inf])
+    mask_select.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    value = logical_tensor(next(id_), dt_, k_sz, layout_type.strided)
+    output = logical_tensor(next(id_), dt_, qv_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs, value])
+    bmm2.add_outputs([output])
+
+    sdpa = ga.Graph(ekind)
+    for o in (bmm1, scale_mul, gen_index_row, mask_add, mask_sub, gen_index_col, mask_ge, mask_select,
+              softmax, bmm2):
+        sdpa.add_op(o)
+    sdpa.finalize()
+
+    partitions = sdpa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([query, key, scale, seq_len_kv, seq_len_q, neg_inf, value], [output], eng)
+
+    query_data = np.empty(product(qv_sz), np.float32)
+    key_data = np.empty(product(k_sz), np.float32)
+    value_data = np.empty(product(k_sz), np.float32)
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+
+    ts_query, ts_key = tensor(query, eng), tensor(key, eng)
+    ts_value, ts_output = tensor(value, eng), tensor(output, eng)
+    q_len = np.int32(p.query_num)
+    kv_len = np.int32(p.seq_len)
+    scale_val = np.float32(math.sqrt(p.head_size))
+    neg_inf_val = np.float32(-np.inf)
+    ts_mask_add = tensor.make_scalar_tensor(seq_len_kv, kv_len)
+    ts_mask_sub = tensor.make_scalar_tensor(seq_len_q, q_len)
+    ts_scale = tensor.make_scalar_tensor(scale, scale_val)
+    ts_neg_inf = tensor.make_scalar_tensor(neg_inf, neg_inf_val)
+
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(value_data, ts_value)
+
+    inputs = [ts_query, ts_key, ts_scale, ts_mask_add, ts_mask_sub, ts_neg_inf, ts_value]
+    cp.execute(strm, inputs, [ts_output])
+    strm.wait()
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in inputs}, ts_output
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.bf16], ids=lambda d: d.name)
+def test_sdpa_bottom_right_causal_mask_example(dt_):
+    # the example's defaults are {2, 128, 16, 64, 128}; reduced, with fewer queries than
+    # keys so that bottom-right alignment differs from top-left
+    p = SdpaDims(1, 24, 2, 16, 16)
+    partitions, data, out = bench_sdpa_bottom_right_causal_mask(ga.EngineKind.cpu, dt_, p)
+    ports = {lt.get_id(): lt for lt in partitions[0].get_input_ports()}
+    query_lt, key_lt, value_lt = ports[0], ports[1], ports[24]
+    assert len(partitions) == 1 and partitions[0].get_kind().startswith("sdpa"), partitions
+    if dt_ == dt.bf16:
+        graph = partitions[0].graph
+        want = reference_arrays(graph, data)[graph.output_ids[0]]
+        verdict = compare(want, out.numpy(), dt_, graph.fpmath, partitions[0].ops)
+        assert verdict.ok, verdict.message
+        return
+    q, k, v = (data[lt.get_id()].astype(np.float64) for lt in (query_lt, key_lt, value_lt))
+    s = q @ np.swapaxes(k, -1, -2) * math.sqrt(p.head_size)
+    row, col = np.indices(s.shape[-2:])
+    s = np.where(row + p.seq_len - p.query_num >= col, s, -np.inf)  # bottom-right causal
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ v
+    # scores are multiplied by sqrt(16) = 4 after f32 dot products of 16 terms (error
+    # <= 16 u |q||k| ~ 1e-5 before scaling): 1e-4 covers that bound, a mask off by one
+    # position changes outputs by ~1e-1
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)

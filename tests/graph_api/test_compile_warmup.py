@@ -82,3 +82,20 @@ def test_the_first_compile_of_a_kernel_family_is_announced():
     lines = [line for line in done.stderr.splitlines() if "compiling the" in line]
     # one family (this module, "<string>"), announced once though three signatures compiled
     assert lines == ["graph_api: compiling the __main__ kernel (first run only, cached on disk)"]
+
+
+def test_verbose_mode_reports_compile_progress(monkeypatch, capsys):
+    monkeypatch.setattr(settings, "verbose", True)
+    backend._WARMED.clear()
+    graph = graphs.quantized_matmul()
+    part, = graph.get_partitions()
+    compiled = part.compile(part.get_input_ports(), part.get_output_ports(), ga.Engine())
+    err = capsys.readouterr().err
+    start = f"graph_api_verbose,compile,partition {part.id},warm-up,kernel={compiled.plan.name}"
+    done = (f"graph_api_verbose,compile,partition {part.id},warm-up done,kernel={compiled.plan.name},"
+            f"scratch {compiled.scratch_bytes - 64} bytes,")  # the measured pieces; 64 more align the start
+    lines = err.splitlines()
+    assert any(line.startswith(start) for line in lines), err
+    assert any(line.startswith(done) for line in lines), err
+    assert lines.index(next(l for l in lines if l.startswith(start))) < \
+        lines.index(next(l for l in lines if l.startswith(done)))
