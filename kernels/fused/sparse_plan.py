@@ -78,6 +78,19 @@ def row_form(storage, transpose: bool):
     return form
 
 
+def form_name(enc, transpose: bool) -> str:
+    """The kernel :func:`row_form` leads to, and the conversion before it: 'spmm_csr',
+    'spmm_csr(from csc)', 'spmm_bcsr(transposed)', 'spmm_2of4', 'spmm_csr(from COO)'..."""
+    kind = encoding_kind(enc)
+    if kind in ("csr", "csc"):
+        return "spmm_csr" if (kind == "csc") == transpose else f"spmm_csr(transposed {kind})"
+    if kind == "bcsr":
+        return "spmm_bcsr" + ("(transposed)" if transpose else "")
+    if kind == "nm" and not transpose and (enc.levels[2].n, enc.levels[2].m) == (2, 4):
+        return "spmm_2of4"
+    return f"spmm_csr(from {enc!r})"
+
+
 def spmm(form, D, out, ep, use_ep: bool) -> None:
     from graph_api.kernels import sparse as sk
 
@@ -103,9 +116,10 @@ class SparseMatmulPlan(ChainPlan):
         self.sparse_const = lts[sparse_id].property == PropertyType.constant
         pre = [("add", mm.inputs[2].id)] if len(mm.inputs) > 2 else []
         super().__init__(request, walk, [lt.id for lt in mm.inputs], pre)
-        kind = encoding_kind(lts[sparse_id].encoding)
-        self.kernel_kind = kind
-        self.name = self.name.replace("spmm", f"spmm_{kind}", 1)
+        enc = lts[sparse_id].encoding
+        self.transpose_s = self.ta if self.sparse_a else not self.tb  # S_eff = op(A), or op(B)^T
+        self.kernel_name = form_name(enc, self.transpose_s)
+        self.name = self.name.replace("spmm", self.kernel_name, 1)
         self.direct = self.sparse_a and not walk.layout and self.okind == 0 and self.dest_out and self.dest_dense
         from graph_api.kernels.wmatmul import make_epilogue
 
@@ -126,7 +140,7 @@ class SparseMatmulPlan(ChainPlan):
 
     def run(self, arrays, outputs) -> None:
         if self.sparse_a:
-            form = self._form(arrays[self.a_id], self.ta)
+            form = self._form(arrays[self.a_id], self.transpose_s)
             b = np.asarray(arrays[self.b_id])
             D = np.ascontiguousarray((b.T if self.tb else b), np.float32)
             if self.direct:
@@ -137,7 +151,7 @@ class SparseMatmulPlan(ChainPlan):
             spmm(form, D, acc, self._no_epilogue, False)
             return self.store(acc, arrays, outputs)
         # D @ S = (S^T @ D^T)^T, D's rows flattened (a linear layer over [..., K])
-        form = self._form(arrays[self.b_id], not self.tb)
+        form = self._form(arrays[self.b_id], self.transpose_s)
         a = np.asarray(arrays[self.a_id])
         a2 = a.reshape(-1, a.shape[-1]) if not self.ta else a.T
         D = np.ascontiguousarray(a2.T, np.float32)
