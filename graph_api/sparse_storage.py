@@ -256,6 +256,23 @@ class SparseStorage:
         return build(read(encoding), coo.shape, dt, coords, coo.data)
 
 
+def prune(array: np.ndarray, encoding) -> np.ndarray:
+    """A copy of dense ``array`` that ``encoding`` can hold: for n:m levels the n
+    largest magnitudes of every block of m are kept (magnitude pruning); other
+    encodings hold any array, so it is returned unchanged."""
+    enc = read(encoding)
+    out = np.array(array, copy=True)
+    for lv in enc.levels:
+        if lv.format != STRUCTURED:
+            continue
+        moved = np.moveaxis(out, lv.dim, -1)
+        blocks = moved.reshape(moved.shape[:-1] + (-1, lv.m))
+        place = np.argsort(np.argsort(-np.abs(blocks.astype(np.float32)), axis=-1, kind="stable"), axis=-1)
+        blocks[place >= lv.n] = 0
+        out = np.moveaxis(blocks.reshape(moved.shape), -1, lv.dim)
+    return np.ascontiguousarray(out)
+
+
 def _dtype_of(array) -> DataType:
     for dt in (DataType.f32, DataType.f16, DataType.bf16, DataType.s32, DataType.s8, DataType.u8):
         if np.dtype(dtypes.numpy_dtype(dt)) == array.dtype:
