@@ -118,10 +118,24 @@ class SparseStorage:
         if self.values.dtype != expected or self.values.ndim != 1:
             raise InvalidSparseStorage(f"sparse storage: values must be 1-D {expected}, got "
                                        f"{self.values.dtype} {self.values.shape}")
+        self._walk(check=True)
+
+    def _walk(self, check: bool) -> np.ndarray | None:
+        """Level coordinates ``[nse, nlevels]`` of every value, checking the arrays on the
+        way when ``check``; a check-only walk stops before trailing dense levels (block
+        interiors), which need no check, and returns None."""
+        sizes = self.level_sizes()
         nparents = 1
         prefix = np.zeros((1, 0), np.int64)  # level coordinates of every node of the level above
-        for i, (lv, st, size) in enumerate(zip(self.encoding.levels, self.levels, self.level_sizes())):
+        for i, (lv, st, size) in enumerate(zip(self.encoding.levels, self.levels, sizes)):
             fmt = lv.format
+            if check and all(x.format == DENSE for x in self.encoding.levels[i:]):
+                for j in range(i, len(self.levels)):
+                    if self.levels[j].positions is not None or self.levels[j].coordinates is not None:
+                        raise self._fail(j, "a dense level has no arrays")
+                nparents *= int(np.prod(sizes[i:]))
+                prefix = None
+                break
             if fmt == DENSE:
                 if st.positions is not None or st.coordinates is not None:
                     raise self._fail(i, "a dense level has no arrays")
@@ -164,13 +178,13 @@ class SparseStorage:
                 bad = int(coord[(coord < 0) | (coord >= size)][0])
                 raise self._fail(i, f"coordinate {bad} outside [0, {size})")
             nodes = np.concatenate([prefix[parent], coord[:, None]], axis=1)
-            if fmt != DENSE:
+            if fmt != DENSE and check:
                 self._check_order(i, lv, nodes)
             prefix, nparents = nodes, nodes.shape[0]
         if self.values.size != nparents:
             raise InvalidSparseStorage(f"sparse storage {self.encoding!r}: {self.values.size} values for "
                                        f"{nparents} stored positions")
-        self._level_coords = prefix
+        return prefix
 
     def _check_order(self, i: int, lv, nodes: np.ndarray) -> None:
         """Ordered: within runs of nodes with the same parent coordinates, the level's
@@ -194,11 +208,11 @@ class SparseStorage:
     # ------------------------------------------------------------ to COO / dense
     def level_coordinates(self) -> np.ndarray:
         """``[nse, nlevels]`` level coordinates of every value."""
-        return self._level_coords
+        return self._walk(check=False)
 
     def coo(self) -> tuple[np.ndarray, np.ndarray]:
         """(dimension coordinates ``[nse, rank]`` int64, values) in storage order."""
-        lc = self._level_coords
+        lc = self.level_coordinates()
         coords = np.zeros((lc.shape[0], self.encoding.rank), np.int64)
         for k, lv in enumerate(self.encoding.levels):
             coords[:, lv.dim] += lc[:, k] * (lv.block if lv.op == FLOORDIV else 1)
