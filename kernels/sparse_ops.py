@@ -192,7 +192,8 @@ def _csr_of(c: Coo):
     rows = c.coords[:, 0]
     indptr = np.zeros(c.shape[0] + 1, np.int32)
     indptr[1:] = np.cumsum(np.bincount(rows, minlength=c.shape[0]))
-    return indptr, np.ascontiguousarray(c.coords[:, 1], np.int32), np.ascontiguousarray(c.values, np.float32)
+    return (indptr.view(np.uint32), np.ascontiguousarray(c.coords[:, 1], np.int32).view(np.uint32),
+            np.ascontiguousarray(c.values, np.float32))
 
 
 def _t(c: Coo) -> Coo:

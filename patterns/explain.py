@@ -136,6 +136,10 @@ def composites(decisions) -> Explanations:
 def _explain_ops(graph, patterns=None) -> Explanations:
     if patterns is None:
         from .library import PATTERNS as patterns
+    from .library.sparse import SPARSE_PATTERN_NAMES, sparse_op_ids
+
+    if not sparse_op_ids(graph):  # sparse patterns are no near miss of a graph without sparse tensors
+        patterns = [p for p in patterns if p.name not in SPARSE_PATTERN_NAMES]
     topo = graph.topological_op_ids()
     fusions, _ = fuse(graph, patterns, topo)
     rank = {p.name: i for i, p in enumerate(patterns)}

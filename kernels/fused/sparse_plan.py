@@ -74,6 +74,8 @@ def row_form(storage, transpose: bool):
 
             c = _t(c)
         form = ("csr",) + _csr_of(c)
+    # uint32 views of the (validated, non-negative) indices: no wrap-around checks in the kernels
+    form = tuple(a.view(np.uint32) if isinstance(a, np.ndarray) and a.dtype == np.int32 else a for a in form)
     storage._cache[key] = form
     return form
 
