@@ -9,6 +9,9 @@ conversion are the reference's.  A result is stored as the output logical
 tensor declares: dense, or the declared encoding built from the result's
 coordinates (explicit zeros kept; dense -> sparse keeps the non-zeros).
 
+Operands with matching patterns (same encoding and level arrays) and unary
+ops keep the storage's structure and compute on the value arrays only.
+
 Semantics (docs/sparse.md): only stored entries take part, so ``x * 0`` and
 ``0 * NaN`` are skipped: Multiply keeps the intersection of the patterns,
 Add/Subtract the union (a dense operand makes the result dense), MatMul sums
@@ -79,10 +82,34 @@ def _on_values(op, values: list, out_lt, ctx) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- element-wise
+def same_pattern(a, b) -> bool:
+    """Two storages with the same encoding, shape and level arrays (matching patterns)."""
+    if not (isinstance(a, SparseStorage) and isinstance(b, SparseStorage)) or not unique(a):
+        return False
+    if a is b:
+        return True
+    if a.encoding != b.encoding or a.shape != b.shape or a.nse != b.nse:
+        return False
+    return all(np.array_equal(x.positions, y.positions) and np.array_equal(x.coordinates, y.coordinates)
+               for x, y in zip(a.levels, b.levels))
+
+
+def unique(st: SparseStorage) -> bool:
+    """No duplicates: each stored value is one element (with duplicates an element is their sum)."""
+    return all(lv.unique for lv in st.encoding.levels)
+
+
+def with_values(st: SparseStorage, values: np.ndarray, lt) -> SparseStorage:
+    """``st``'s structure (level arrays shared, not copied) with new values of ``lt``'s type."""
+    return SparseStorage(st.encoding, st.shape, lt.dtype, st.levels, values, validate=False)
+
+
 def unary(op, ins, out_lts, ctx):
     x = ins[0]
     if isinstance(x, np.ndarray):
         return REFERENCE[op.kind](op, ins, out_lts, ctx)
+    if isinstance(x, SparseStorage) and unique(x):  # stored values only; the structure is kept
+        return [with_values(x, _on_values(op, [x.values], out_lts[0], ctx), out_lts[0])]
     c = as_coo(x)
     return [Coo(c.shape, c.coords, _on_values(op, [c.values], out_lts[0], ctx))]
 
@@ -90,6 +117,8 @@ def unary(op, ins, out_lts, ctx):
 def binary(op, ins, out_lts, ctx):
     out_shape = tuple(out_lts[0].shape)
     a, b = ins
+    if same_pattern(a, b):  # matching patterns: one pass over the value arrays
+        return [with_values(a, _on_values(op, [a.values, b.values], out_lts[0], ctx), out_lts[0])]
     sparse = [not isinstance(x, np.ndarray) for x in (a, b)]
     if op.kind == K.Multiply and any(sparse):
         # intersection: a stored entry times the other operand's value there (0 * x skipped)
@@ -292,6 +321,8 @@ def materialize(result, lt: LogicalTensor):
     if isinstance(result, Coo):
         return SparseStorage.from_coo(lt.encoding, lt.shape, lt.dtype, result.coords, result.values)
     if isinstance(result, SparseStorage):
+        if result.encoding == lt.encoding and result.dtype == lt.dtype:
+            return result
         return SparseStorage.from_coo(lt.encoding, lt.shape, lt.dtype, *result.canonical())
     return SparseStorage.from_dense(lt.encoding, np.asarray(result), lt.dtype)
 

@@ -28,6 +28,8 @@ def run_op(kind, inputs, out, attrs=None, out_dtype=F32):
 
 
 def dtype_of(a):
+    if hasattr(a, "levels"):  # a SparseStorage
+        return a.dtype
     return {np.dtype(np.float32): F32, np.dtype(np.float16): ga.DataType.f16}[a.dtype]
 
 
@@ -242,3 +244,18 @@ def test_execute_checks_sparse_against_dense_ports():
         cp.execute(None, [dense_in], [ga.Tensor(ga.LogicalTensor(1, F32, [4, 8]))])
     with pytest.raises(ga.InvalidArguments, match="has sparse encoding"):
         part.compile([ga.LogicalTensor(0, F32, [4, 8], sparse_encoding="CSC")], [ga.LogicalTensor(1, F32, [4, 8])])
+
+
+def test_matching_patterns_keep_the_structure_and_duplicates_are_summed_first():
+    a = sparse_matrix("CSR", seed=16)
+    out, tensor, _ = run_op(K.Multiply, [(a, se.csr()), (a, se.csr())], (a.shape, se.csr()))
+    np.testing.assert_allclose(out, f64(a) * f64(a), **ONE_ROUNDING)
+    assert tensor.storage.nse == np.count_nonzero(a)
+    # a COO with duplicate entries: Abs of the element (their sum), not the sum of the Abs
+    from graph_api.sparse_storage import SparseStorage
+
+    multi = "(i, j) -> (i : compressed(nonunique), j : singleton(nonunique))"
+    st = SparseStorage(multi, (2, 2), "f32", [(np.array([0, 2]), np.array([0, 0])), (None, np.array([1, 1]))],
+                       np.array([-3.0, 1.0], np.float32))
+    out, _, _ = run_op(K.Abs, [(st, multi)], ((2, 2), None))
+    assert out[0, 1] == 2.0
