@@ -81,9 +81,10 @@ def spmm_bcsr(bptr, bidx, blocks, D, out, ops, fpar, ipar, buf, use_ep):
             if N == 1:
                 acc = np.float32(0.0)
                 for p in range(bptr[bi], bptr[bi + 1]):
-                    c0 = bidx[p] * bc
+                    xb = x[np.uint64(bidx[p]) * np.uint64(bc):]  # unsigned: no wrap-around check
+                    brow = blocks[p, ii]
                     for jj in range(bc):
-                        acc += blocks[p, ii, jj] * x[c0 + jj]
+                        acc += brow[jj] * xb[np.uint64(jj)]
                 orow[0] = acc
             else:
                 orow[:] = np.float32(0.0)
@@ -95,35 +96,67 @@ def spmm_bcsr(bptr, bidx, blocks, D, out, ops, fpar, ipar, buf, use_ep):
                 _epilogue_row(orow, r, ops, fpar, ipar, buf)
 
 
+#: rows interleaved per 2:4 block: the SpMV keeps RB independent sums (one per row, each
+#: in storage order) in flight instead of one dependent chain
+RB = 16
+
+
 @njit(parallel=True, cache=True)
-def spmm_2of4(values, packed, D, out, ops, fpar, ipar, buf, use_ep):
-    """2:4 rows: group g of row r holds ``values[r, 2g], values[r, 2g+1]`` at columns
-    ``4g + c0, 4g + c1``; ``packed[r, g // 2] >> (4 * (g % 2))`` holds c0 (bits 0-1), c1 (bits 2-3).
-    Reads half the weight bytes of the dense matrix plus 2 bits per value."""
+def spmm_2of4(vt, pt, D, out, ops, fpar, ipar, buf, use_ep):
+    """2:4 rows in blocks of RB rows (:func:`interleave_2of4`): ``vt[blk, 4q + k, rr]`` is value k
+    of byte q of row ``blk * RB + rr``, ``pt[blk, q, rr]`` that byte: four 2-bit in-block
+    column indices (bits 0-1, 2-3 for group 2q; 4-5, 6-7 for group 2q + 1).  Reads half the
+    weight bytes of the dense matrix plus 2 bits per value."""
     R, N = out.shape
-    G = values.shape[1] // 2
+    nblk, Q, rb = pt.shape
     x = D.reshape(-1)
-    nblocks = (R + ROWS - 1) // ROWS
-    for blk in prange(nblocks):
-        for r in range(blk * ROWS, min(R, blk * ROWS + ROWS)):
+    three = np.uint64(3)
+    for blk in prange(nblk):
+        r0 = blk * rb
+        rows = min(rb, R - r0)
+        if N == 1:
+            acc = np.zeros(rb, np.float32)
+            for q in range(Q):
+                vq = vt[blk, 4 * q:4 * q + 4]
+                pq = pt[blk, q]
+                xa = x[8 * q:8 * q + 8]
+                for rr in range(rb):  # unsigned indices: no wrap-around check per gather
+                    byte = np.uint64(pq[rr])
+                    t = acc[rr] + vq[0, rr] * xa[byte & three]
+                    t = t + vq[1, rr] * xa[(byte >> np.uint64(2)) & three]
+                    t = t + vq[2, rr] * xa[np.uint64(4) + ((byte >> np.uint64(4)) & three)]
+                    acc[rr] = t + vq[3, rr] * xa[np.uint64(4) + (byte >> np.uint64(6))]
+            for rr in range(rows):
+                out[r0 + rr, 0] = _ep_one(acc[rr], r0 + rr, 0, ops, fpar, ipar, buf) if use_ep else acc[rr]
+            continue
+        for rr in range(rows):
+            r = r0 + rr
             orow = out[r]
-            vrow = values[r]
-            prow = packed[r]
-            if N == 1:
-                acc = np.float32(0.0)
-                for g in range(G):
-                    b = np.int32(prow[g >> 1]) >> ((g & 1) * 4)
-                    acc += vrow[2 * g] * x[4 * g + (b & 3)]
-                    acc += vrow[2 * g + 1] * x[4 * g + ((b >> 2) & 3)]
-                orow[0] = acc
-            else:
-                orow[:] = np.float32(0.0)
-                for g in range(G):
-                    b = np.int32(prow[g >> 1]) >> ((g & 1) * 4)
-                    _axpy(orow, vrow[2 * g], D[4 * g + (b & 3)])
-                    _axpy(orow, vrow[2 * g + 1], D[4 * g + ((b >> 2) & 3)])
+            orow[:] = np.float32(0.0)
+            for q in range(Q):
+                byte = np.int64(pt[blk, q, rr])
+                base = 8 * q
+                _axpy(orow, vt[blk, 4 * q, rr], D[base + (byte & 3)])
+                _axpy(orow, vt[blk, 4 * q + 1, rr], D[base + ((byte >> 2) & 3)])
+                _axpy(orow, vt[blk, 4 * q + 2, rr], D[base + 4 + ((byte >> 4) & 3)])
+                _axpy(orow, vt[blk, 4 * q + 3, rr], D[base + 4 + (byte >> 6)])
             if use_ep:
                 _epilogue_row(orow, r, ops, fpar, ipar, buf)
+
+
+def interleave_2of4(values: np.ndarray, coordinates: np.ndarray, rows: int):
+    """(vt [nblk, 4Q, RB] f32, pt [nblk, Q, RB] uint8) of 2:4 storage with ``rows`` rows whose
+    group count is even (Q = groups / 2 bytes per row); rows padded to a multiple of RB with zeros."""
+    packed = pack_2of4(coordinates, rows)  # [rows, Q]
+    v = values.reshape(rows, -1).astype(np.float32)  # [rows, 4Q]
+    nblk = (rows + RB - 1) // RB
+    pad = nblk * RB - rows
+    if pad:
+        v = np.concatenate([v, np.zeros((pad, v.shape[1]), np.float32)])
+        packed = np.concatenate([packed, np.zeros((pad, packed.shape[1]), np.uint8)])
+    vt = np.ascontiguousarray(v.reshape(nblk, RB, -1).transpose(0, 2, 1))
+    pt = np.ascontiguousarray(packed.reshape(nblk, RB, -1).transpose(0, 2, 1))
+    return vt, pt
 
 
 def pack_2of4(coordinates: np.ndarray, rows: int) -> np.ndarray:

@@ -36,7 +36,7 @@ from .chain import ChainPlan, Walk
 
 def row_form(storage, transpose: bool):
     """``S`` (or ``S^T``) as ('csr', indptr, indices, values) | ('bcsr', bptr, bidx, blocks)
-    | ('2of4', values [R, 2G], packed indices [R, ceil(G/2)])."""
+    | ('2of4', values and 2-bit indices interleaved by blocks of rows: kernels.sparse.interleave_2of4)."""
     from graph_api.kernels import sparse as sk
 
     key = ("row_form", transpose)
@@ -62,10 +62,8 @@ def row_form(storage, transpose: bool):
         else:
             ptr, idx, perm = sk.csr_transpose(lv.positions, lv.coordinates, C // bc)
             form = ("bcsr", ptr, idx, np.ascontiguousarray(blocks[perm].transpose(0, 2, 1)))
-    elif kind == "nm" and not transpose and storage.encoding.levels[2].n == 2 and \
-            storage.encoding.levels[2].m == 4:
-        form = ("2of4", f32(storage.values).reshape(R, -1),
-                sk.pack_2of4(storage.levels[2].coordinates, R))
+    elif kind == "nm" and _is_2of4(storage.encoding, transpose, C):
+        form = ("2of4",) + sk.interleave_2of4(storage.values, storage.levels[2].coordinates, R)
     else:  # any other encoding: CSR built from its canonical COO
         coords, values = storage.canonical()
         c = Coo(storage.shape, coords, values)
@@ -80,7 +78,12 @@ def row_form(storage, transpose: bool):
     return form
 
 
-def form_name(enc, transpose: bool) -> str:
+def _is_2of4(enc, transpose: bool, columns: int) -> bool:
+    """The 2:4 kernel's case: rows of 2:4 groups, a whole number of index bytes per row."""
+    return not transpose and (enc.levels[2].n, enc.levels[2].m) == (2, 4) and columns % 8 == 0
+
+
+def form_name(enc, transpose: bool, columns: int = 8) -> str:
     """The kernel :func:`row_form` leads to, and the conversion before it: 'spmm_csr',
     'spmm_csr(from csc)', 'spmm_bcsr(transposed)', 'spmm_2of4', 'spmm_csr(from COO)'..."""
     kind = encoding_kind(enc)
@@ -88,7 +91,7 @@ def form_name(enc, transpose: bool) -> str:
         return "spmm_csr" if (kind == "csc") == transpose else f"spmm_csr(transposed {kind})"
     if kind == "bcsr":
         return "spmm_bcsr" + ("(transposed)" if transpose else "")
-    if kind == "nm" and not transpose and (enc.levels[2].n, enc.levels[2].m) == (2, 4):
+    if kind == "nm" and _is_2of4(enc, transpose, columns):
         return "spmm_2of4"
     return f"spmm_csr(from {enc!r})"
 
@@ -120,7 +123,7 @@ class SparseMatmulPlan(ChainPlan):
         super().__init__(request, walk, [lt.id for lt in mm.inputs], pre)
         enc = lts[sparse_id].encoding
         self.transpose_s = self.ta if self.sparse_a else not self.tb  # S_eff = op(A), or op(B)^T
-        self.kernel_name = form_name(enc, self.transpose_s)
+        self.kernel_name = form_name(enc, self.transpose_s, lts[sparse_id].shape[1])
         self.name = self.name.replace("spmm", self.kernel_name, 1)
         self.direct = self.sparse_a and not walk.layout and self.okind == 0 and self.dest_out and self.dest_dense
         from graph_api.kernels.wmatmul import make_epilogue
