@@ -102,34 +102,39 @@ RB = 16
 
 
 @njit(parallel=True, cache=True)
+def spmv_2of4(vt, pt, x, out, ops, fpar, ipar, buf, use_ep):
+    """The N = 1 case of :func:`spmm_2of4` (its own kernel: the inner loop over the RB rows of
+    a block vectorizes when it is the whole loop body)."""
+    R = out.shape[0]
+    nblk, Q, rb = pt.shape
+    for blk in prange(nblk):
+        acc = np.zeros(rb, np.float32)
+        for q in range(Q):
+            vq = vt[blk, 4 * q:4 * q + 4]
+            pq = pt[blk, q]
+            xa = x[8 * q:8 * q + 8]
+            for rr in range(rb):  # unsigned indices: no wrap-around check per gather
+                byte = np.uint64(pq[rr])
+                t = acc[rr] + vq[0, rr] * xa[byte & np.uint64(3)]
+                t = t + vq[1, rr] * xa[(byte >> np.uint64(2)) & np.uint64(3)]
+                t = t + vq[2, rr] * xa[np.uint64(4) + ((byte >> np.uint64(4)) & np.uint64(3))]
+                acc[rr] = t + vq[3, rr] * xa[np.uint64(4) + (byte >> np.uint64(6))]
+        r0 = blk * rb
+        for rr in range(min(rb, R - r0)):
+            out[r0 + rr, 0] = _ep_one(acc[rr], r0 + rr, 0, ops, fpar, ipar, buf) if use_ep else acc[rr]
+
+
+@njit(parallel=True, cache=True)
 def spmm_2of4(vt, pt, D, out, ops, fpar, ipar, buf, use_ep):
     """2:4 rows in blocks of RB rows (:func:`interleave_2of4`): ``vt[blk, 4q + k, rr]`` is value k
     of byte q of row ``blk * RB + rr``, ``pt[blk, q, rr]`` that byte: four 2-bit in-block
     column indices (bits 0-1, 2-3 for group 2q; 4-5, 6-7 for group 2q + 1).  Reads half the
-    weight bytes of the dense matrix plus 2 bits per value."""
+    weight bytes of the dense matrix plus 2 bits per value.  N = 1: :func:`spmv_2of4`."""
     R, N = out.shape
     nblk, Q, rb = pt.shape
-    x = D.reshape(-1)
-    three = np.uint64(3)
     for blk in prange(nblk):
         r0 = blk * rb
-        rows = min(rb, R - r0)
-        if N == 1:
-            acc = np.zeros(rb, np.float32)
-            for q in range(Q):
-                vq = vt[blk, 4 * q:4 * q + 4]
-                pq = pt[blk, q]
-                xa = x[8 * q:8 * q + 8]
-                for rr in range(rb):  # unsigned indices: no wrap-around check per gather
-                    byte = np.uint64(pq[rr])
-                    t = acc[rr] + vq[0, rr] * xa[byte & three]
-                    t = t + vq[1, rr] * xa[(byte >> np.uint64(2)) & three]
-                    t = t + vq[2, rr] * xa[np.uint64(4) + ((byte >> np.uint64(4)) & three)]
-                    acc[rr] = t + vq[3, rr] * xa[np.uint64(4) + (byte >> np.uint64(6))]
-            for rr in range(rows):
-                out[r0 + rr, 0] = _ep_one(acc[rr], r0 + rr, 0, ops, fpar, ipar, buf) if use_ep else acc[rr]
-            continue
-        for rr in range(rows):
+        for rr in range(min(rb, R - r0)):
             r = r0 + rr
             orow = out[r]
             orow[:] = np.float32(0.0)

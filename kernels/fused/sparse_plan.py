@@ -104,7 +104,9 @@ def spmm(form, D, out, ep, use_ep: bool) -> None:
     elif form[0] == "bcsr":
         sk.spmm_bcsr(form[1], form[2], form[3], D, out, ep.ops, ep.fpar, ep.ipar, ep.buf, use_ep)
     else:
-        sk.spmm_2of4(form[1], form[2], D, out, ep.ops, ep.fpar, ep.ipar, ep.buf, use_ep)
+        kernel = sk.spmv_2of4 if D.shape[1] == 1 else sk.spmm_2of4
+        kernel(form[1], form[2], D.reshape(-1) if D.shape[1] == 1 else D, out, ep.ops, ep.fpar, ep.ipar,
+               ep.buf, use_ep)
 
 
 class SparseMatmulPlan(ChainPlan):
