@@ -367,6 +367,10 @@ def fill_inputs(graph, seed: int = SEED, roles: dict | None = None) -> dict[int,
             continue
         rng = np.random.default_rng([seed, tid])  # per tensor: adding an input changes nothing else
         feeds[tid] = dtypes.convert(_values(graph, rng, lt, roles[tid]), lt.dtype)
+        if lt.encoding is not None:  # sparse: values the encoding can hold (n:m blocks pruned)
+            from .sparse_storage import prune
+
+            feeds[tid] = prune(feeds[tid], lt.encoding)
     for tid in graph.input_ids:
         if roles[tid].name == "stats":
             lt = graph.tensors[tid]

@@ -13,6 +13,7 @@ from .logical_tensor import UNKNOWN_DIM, LogicalTensor
 from .op import Op
 from .opset import OP_SCHEMAS
 from .schema import verify_op
+from . import sparse_ops
 
 
 
@@ -80,6 +81,7 @@ class Graph:
                 return Status.success
             stored = op.copy()
             verify_op(stored, OP_SCHEMAS)
+            sparse_ops.check(stored, lambda lt: lt.encoding)  # the closed world of sparse ops
             self.ops[op.id] = stored
             return Status.success
         except GraphError as err:
@@ -133,17 +135,22 @@ class Graph:
         for tid, lt in tensors.items():
             known.setdefault(tid, lt)
         self.tensors = propagate([self.ops[i] for i in self._topo], known, OP_SCHEMAS)
+        for op in self.ops.values():  # sparse encodings declared on another use of a tensor id
+            sparse_ops.check(op, lambda lt: self.tensors[lt.id].encoding)
         self._finalized = True
 
     def _record(self, tensors, lt, op):
         seen = tensors.get(lt.id)
         if seen is None:
             tensors[lt.id] = lt
-        elif not _compatible(seen, lt):
+        elif not _compatible(seen, lt) or None not in (seen.encoding, lt.encoding) and seen.encoding != lt.encoding:
             raise InvalidGraph(
                 f"tensor {lt.id} is used with different metadata: {seen!r} and {lt!r} (at {op_label(op)})")
         else:
-            tensors[lt.id] = _more_concrete(seen, lt)
+            # a sparse encoding declared on any use of the tensor id holds for all of them
+            merged = _more_concrete(seen, lt)
+            encoding = seen.encoding or lt.encoding
+            tensors[lt.id] = merged if merged.encoding == encoding else merged.with_encoding(encoding)
 
     def topological_op_ids(self) -> list[int]:
         self._require_finalized("topological_op_ids")

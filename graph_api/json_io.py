@@ -36,6 +36,10 @@ Quirks handled:
   but not trusted: some benchdnn files list stale ids (``sdpa-compressed-k-int8``
   lists a tensor no op uses).  Graph inputs and outputs are derived from the ops,
   as oneDNN's ``finalize`` does.
+* Extension (this runtime only, seed 003): a sparse tensor carries
+  ``"sparse_encoding": "(i, j) -> (i : dense, j : compressed)"`` (the notation of
+  ``graph_api.sparse_encoding``); dense tensors have no such key, so files stay
+  oneDNN's.
 * A 1-D tensor with an unknown dim and a tensor of unknown rank are written
   identically by oneDNN (``[INT64_MIN]``); both read back as unknown rank.
 * Extension: ``"graph_api.decompositions"`` (after ``graph``) lists the
@@ -270,9 +274,12 @@ class _Reader:
         tid = self.need(doc, "id", int, where, InvalidGraphOp)
         shape = self.int_list(doc["shape"], f"{where}.shape", InvalidGraphOp)
         stride = self.int_list(doc["stride"], f"{where}.stride", InvalidGraphOp)
+        encoding = doc.get("sparse_encoding")
+        if encoding is not None and not isinstance(encoding, str):
+            raise self.fail(InvalidGraphOp, where, f"sparse_encoding must be a string, got {_show(encoding)}")
         try:
             return LogicalTensor(tid, doc["dtype"], _read_dims(shape), _read_strides(stride),
-                                 doc["layout_type"], doc["property_type"])
+                                 doc["layout_type"], doc["property_type"], sparse_encoding=encoding)
         except GraphError as err:
             raise self.fail(type(err), f"{where} (tensor {tid})", err.message) from None
 
@@ -399,8 +406,11 @@ def _write_tensor(lt: LogicalTensor) -> dict:
         stride = []
     else:
         stride = [INT64_MIN]
-    return {"id": lt.id, "dtype": lt.dtype.name, "shape": shape, "stride": stride,
-            "layout_type": lt.layout.name, "property_type": lt.property.name}
+    doc = {"id": lt.id, "dtype": lt.dtype.name, "shape": shape, "stride": stride,
+           "layout_type": lt.layout.name, "property_type": lt.property.name}
+    if lt.encoding is not None:  # extension: sparse tensors (seed 003)
+        doc["sparse_encoding"] = lt.encoding.to_json()
+    return doc
 
 
 def _write_op(op: Op, dump_attrs: dict) -> dict:

@@ -14,8 +14,11 @@ the layout).
 
 Immutable, as in oneDNN: to add information (a concrete shape at compile time)
 make a new one with the same id (:meth:`LogicalTensor.with_shape`).  Unknown
-rank is ``shape=None``; an unknown dim is ``-1``.  ``encoding`` is reserved for
-tensor encodings (sparse formats) and takes part in equality.
+rank is ``shape=None``; an unknown dim is ``-1``.  ``encoding`` holds a tensor
+encoding and takes part in equality: the keyword ``sparse_encoding=`` (a
+:class:`~graph_api.sparse_encoding.SparseEncoding`, its notation
+``"(i, j) -> (i : dense, j : compressed)"`` or a preset name such as ``"CSR"``)
+makes the tensor sparse (seed 003, ``docs/sparse.md``).
 """
 from __future__ import annotations
 
@@ -186,6 +189,8 @@ class LogicalTensor:
         layout=_UNSET,
         property=_UNSET,
         encoding=None,
+        *,
+        sparse_encoding=None,
     ):
         if not isinstance(id, (int,)) or isinstance(id, bool) or id < 0:
             raise InvalidArguments(f"logical tensor id must be a non-negative int, got {id!r}")
@@ -196,9 +201,19 @@ class LogicalTensor:
         property = PropertyType.variable if property is _UNSET else property
         self.layout = parse_enum(LayoutType, layout, "layout type")
         self.property = parse_enum(PropertyType, property, "property type")
+        if sparse_encoding is not None:
+            if encoding is not None and encoding != sparse_encoding:
+                raise InvalidArguments(f"logical tensor {id}: both encoding and sparse_encoding given")
+            encoding = sparse_encoding
+        if encoding is not None:
+            from .sparse_encoding import read
+
+            encoding = read(encoding)
         self.encoding = encoding
         shape = _read_shape(self.id, shape)
         self.shape = shape
+        if encoding is not None:
+            encoding.check_shape(shape, f"logical tensor {self.id}")
         strides = _read_strides(self.id, shape, strides)
         if strides is None and shape is not None and self.layout == LayoutType.strided \
                 and UNKNOWN_DIM not in shape:
@@ -277,6 +292,19 @@ class LogicalTensor:
             self.id, self.dtype if dtype is None else dtype, shape, strides,
             self.layout if layout is None else layout, self.property, self.encoding)
 
+    @property
+    def sparse_encoding(self):
+        """The sparse encoding, or None for a dense tensor."""
+        return self.encoding
+
+    def is_sparse(self) -> bool:
+        return self.encoding is not None
+
+    def with_encoding(self, encoding) -> "LogicalTensor":
+        """A copy with another (or no) sparse encoding."""
+        return LogicalTensor(self.id, self.dtype, self.shape, self.strides, self.layout, self.property,
+                             encoding)
+
     def key(self) -> tuple:
         return (self.id, self.dtype, self.shape, self.strides, self.layout, self.property,
                 self.encoding)
@@ -300,6 +328,6 @@ class LogicalTensor:
         if self.layout != LayoutType.strided:
             extra += f" layout={self.layout.name}"
         if self.encoding is not None:
-            extra += f" encoding={self.encoding}"
+            extra += f" sparse=<{self.encoding}>"
         return f"%{self.id}:{self.dtype.name}[{shape}]{extra}"
 

@@ -235,7 +235,7 @@ class Partition:
                     f"the graph says {list(port.shape)}") from None
             if lt.strides is None:
                 lt = lt.with_shape(lt.shape, dense_strides(lt.shape), LayoutType.strided)
-            matched[tid] = lt
+            matched[tid] = _with_port_encoding(self.id, "input", lt, port)
         return matched
 
     def _match_outputs(self, outputs, known) -> dict[int, LogicalTensor]:
@@ -264,7 +264,9 @@ class Partition:
                     f"partition {self.id}: output tensor {tid} has strides {list(strides)} for shape "
                     f"{list(shape)}: elements overlap in memory, so results would be lost; outputs "
                     f"need a layout where every element has its own memory")
-            matched[tid] = LogicalTensor(tid, lt.dtype, shape, strides, LayoutType.strided, lt.property)
+            matched[tid] = _with_port_encoding(
+                self.id, "output", LogicalTensor(tid, lt.dtype, shape, strides, LayoutType.strided, lt.property,
+                                                 lt.encoding), inferred)
         return matched
 
 
@@ -363,6 +365,11 @@ class CompiledPartition:
             raise InvalidShape(
                 f"partition {self.partition.id}: {what} tensor {tid} has shape {list(t.lt.shape)}, "
                 f"compiled for {list(expected.shape)}")
+        if t.lt.encoding != expected.encoding:
+            raise InvalidArguments(
+                f"partition {self.partition.id}: {what} tensor {tid} is "
+                f"{'sparse <%s>' % t.lt.encoding if t.lt.encoding else 'dense'}, compiled for "
+                f"{'sparse <%s>' % expected.encoding if expected.encoding else 'dense'}")
         if expected.property != PropertyType.host_scalar and \
                 not _same_strides(expected.shape, t.lt.strides, expected.strides):
             raise InvalidArguments(
@@ -505,6 +512,17 @@ class CompiledPartition:
                 raise ExecutionError(
                     f"check mode: partition {self.partition.id} ({self.partition.get_kind()}, "
                     f"kernel {self.plan.name}) output {tid} differs from the unfused reference: {verdict.message}")
+
+
+def _with_port_encoding(pid, what: str, lt: LogicalTensor, port: LogicalTensor) -> LogicalTensor:
+    """``lt`` carrying the graph's sparse encoding of the port (a compile tensor
+    may omit it; one that names another encoding is refused)."""
+    if lt.encoding == port.encoding:
+        return lt
+    if lt.encoding is None:
+        return lt.with_encoding(port.encoding)
+    raise InvalidArguments(f"partition {pid}: {what} tensor {lt.id} has sparse encoding <{lt.encoding}>, "
+                           f"the graph says {'<%s>' % port.encoding if port.encoding else 'dense'}")
 
 
 def _shares_memory(a: np.ndarray, b: np.ndarray) -> bool:

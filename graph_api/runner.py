@@ -45,13 +45,16 @@ def _input_lt(port: LogicalTensor, value) -> LogicalTensor:
         return port
     shape = tuple(value.shape)
     strides = port.strides if (port.shape == shape and port.strides is not None) else dense_strides(shape)
-    return LogicalTensor(port.id, port.dtype, shape, strides, property=port.property)
+    return LogicalTensor(port.id, port.dtype, shape, strides, property=port.property, encoding=port.encoding)
 
 
 def _shape_of(port: LogicalTensor, value) -> tuple:
     if isinstance(value, Tensor):
         return tuple(value.get_logical_tensor().shape)
-    return port.shape if port.property == PropertyType.host_scalar else tuple(np.shape(value))
+    if port.property == PropertyType.host_scalar:
+        return port.shape
+    # sparse feeds (SparseStorage, scipy.sparse) have a shape but are not arrays
+    return tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
 
 
 def _tensor(lt: LogicalTensor, value, engine) -> Tensor:
@@ -59,6 +62,8 @@ def _tensor(lt: LogicalTensor, value, engine) -> Tensor:
         return value
     if lt.property == PropertyType.host_scalar:
         return make_scalar_tensor(lt, value)
+    if lt.encoding is not None:  # sparse: dense array, SparseStorage or scipy.sparse matrix
+        return Tensor(lt, engine, value)
     value = np.asarray(value)
     if value.dtype != dtypes.numpy_dtype(lt.dtype):
         value = dtypes.convert(value, lt.dtype)
@@ -90,6 +95,8 @@ def _view(part, compiled, produced: dict, graph_outputs, engine) -> Tensor | Non
     src = produced.get(op.inputs[0].id)
     out_lt = compiled.query_logical_tensor(op.outputs[0].id)
     if src is None or src.packed or not src.is_direct() or src.lt.dtype != out_lt.dtype:
+        return None
+    if src.lt.encoding is not None or out_lt.encoding is not None:  # a convert between storages
         return None
     x = src.numpy()
     if op.kind == OpKind.StaticTranspose:

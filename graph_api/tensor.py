@@ -116,6 +116,14 @@ class Tensor:
             element offset (whole bytes).
     """
 
+    def __new__(cls, logical_tensor=None, *args, **kwargs):
+        # a logical tensor with a sparse encoding holds sparse storage (graph_api.sparse_tensor)
+        if cls is Tensor and isinstance(logical_tensor, LogicalTensor) and logical_tensor.encoding is not None:
+            from .sparse_tensor import SparseTensor
+
+            return object.__new__(SparseTensor)
+        return object.__new__(cls)
+
     def __init__(self, logical_tensor: LogicalTensor, engine: Engine | None = None, data=None,
                  offset: int | None = None):
         lt = logical_tensor

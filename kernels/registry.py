@@ -78,6 +78,12 @@ def _dot_plan(request):
     return dot_plan.build(request)
 
 
+def _sparse(request):
+    from .fused import sparse_plan
+
+    return sparse_plan.build(request)
+
+
 #: the key of the dot plan (MatMul algorithm / indexing maps): asked before any pattern key
 DOT_KEY = ("<dot algorithm or indexing maps>", "*", "*")
 
@@ -150,6 +156,7 @@ KERNELS: dict[tuple, Builder] = {
     (P.CONCAT_QUANTIZED, "*", "*"): _blocked,
     (P.SHUFFLE, "*", "*"): _shuffle,
     (P.BATCHNORM_BWD_RELU_BWD, "*", "*"): _backward_chain,
+    (P.SPARSE_MATMUL_POST_OPS, "*", "*"): _sparse,  # seed 003: SpMM + epilogue
 }
 
 
@@ -219,6 +226,9 @@ def select_plan(request: CompileRequest):
     if settings.reference:
         log(f"plan,{what},reference,chosen by GRAPH_API_REFERENCE")
         return ComposedPlan(request)
+    if any(lt.encoding is not None for lt in request.lts.values()):
+        # sparse tensors (seed 003): the SpMM plan or the sparse composed plan, never a dense kernel
+        return _sparse(request)
     dot = _dot_extensions(request)  # MatMul algorithms / indexing maps: the dot plan or the reference
     if dot is not None:
         return dot

@@ -20,6 +20,7 @@ import networkx as nx
 from graph_api.errors import op_label
 
 from .library import PATTERNS
+from .library.sparse import SPARSE_PATTERN_NAMES, sparse_op_ids
 from .matcher import Trace
 from .partitioner import find_fusion, fuse
 
@@ -133,6 +134,8 @@ def composites(decisions) -> Explanations:
 
 def _explain_ops(graph, patterns=None) -> Explanations:
     patterns = PATTERNS if patterns is None else patterns
+    if not sparse_op_ids(graph):  # sparse patterns are no near miss of a graph without sparse tensors
+        patterns = [p for p in patterns if p.name not in SPARSE_PATTERN_NAMES]
     topo = graph.topological_op_ids()
     fusions, _ = fuse(graph, patterns, topo)
     rank = {p.name: i for i, p in enumerate(patterns)}

@@ -130,18 +130,22 @@ def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:
     taken: dict[int, str] = {}  # op id -> pattern name
     fusions: list[Fusion] = []
     position = {op_id: i for i, op_id in enumerate(topo)}
+    from .library.sparse import SPARSE_PATTERN_NAMES, sparse_op_ids
+
+    sparse = sparse_op_ids(graph)  # seed 003: ops on sparse tensors join sparse patterns only
     for pattern in patterns:
         anchors = pattern.anchor_kinds()
+        blocked = taken if not sparse or pattern.name in SPARSE_PATTERN_NAMES else {**sparse, **taken}
         for anchor in reversed(topo):
-            if anchor in taken or graph.ops[anchor].kind not in anchors:
+            if anchor in blocked or graph.ops[anchor].kind not in anchors:
                 continue
-            match = find_fusion(graph, pattern, anchor, owner, taken)
+            match = find_fusion(graph, pattern, anchor, owner, blocked)
             if match is None:
                 continue
             key = ("fusion", len(fusions))
             for op_id in match.op_ids:
                 owner[op_id] = key
-                taken[op_id] = pattern.name
+                taken[op_id] = blocked[op_id] = pattern.name
             fusions.append(Fusion(sorted(match.op_ids, key=position.get), pattern, match.bindings))
     return fusions, taken
 

@@ -22,6 +22,7 @@ SAMPLES = [
     "13_llm_decode",
     "14_minilm_encoder",
     "12_cnn_block",
+    "16_sparse_weights",
 ]
 
 

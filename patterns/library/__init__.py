@@ -30,6 +30,7 @@ prio   pattern                 oneDNN passes
  9.0   matmul_indexing_maps    (extension: transposes folded into MatMul maps, seed 001)
  8.9   matmul_dropout          fp_matmul_dropout
  8.8   matmul_post_ops         fp_matmul_post_ops
+ 8.8   sparse_matmul_post_ops  (extension: SpMM with a sparse operand + post-ops, seed 003)
  8.8   batchnorm_bwd_relu_bwd  fp_bnorm_bwd_relu_bwd
  8.8   bn_relu                 fp_bn_relu
  8.4   reduction_post_ops      fp_reduction_post_ops
@@ -55,6 +56,7 @@ from .matmul import (BINARY_MATMUL_BINARY, MATMUL_COMPRESSED, MATMUL_DROPOUT, MA
 from .misc import (BINARY_POST_OPS, ELTWISE_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY,
                    REDUCTION_POST_OPS, REORDER_SUM, SOFTMAX_POST_OPS, TYPECAST_QUANTIZE, X8_REORDER)
 from .mlp import GATED_MLP
+from .sparse import SPARSE_MATMUL_POST_OPS
 from .sdpa import (MQA_JAX, SDPA, SDPA_BACKWARD, SDPA_COMPRESSED, SDPA_GQA, SDPA_JAX,
                    SDPA_QUANTIZED)
 
@@ -79,7 +81,7 @@ PATTERNS = [
     MATMUL_INDEXING_MAPS,
     BN_QUANTIZED,
     MATMUL_DROPOUT,
-    MATMUL_POST_OPS, BATCHNORM_BWD_RELU_BWD, BN_RELU,
+    MATMUL_POST_OPS, BATCHNORM_BWD_RELU_BWD, BN_RELU, SPARSE_MATMUL_POST_OPS,
     REDUCTION_POST_OPS, INTERPOLATE_POST_OPS, GROUPNORM_POST_OPS,
     BINARY_POST_OPS,
     SOFTMAX_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY, ELTWISE_POST_OPS, SHUFFLE,

@@ -319,6 +319,19 @@ def matmul_chain(post=("relu",), bias=None, out_cast=None, dtype=dt.f32, leak=No
     return g.done()
 
 
+def sparse_matmul(encoding="CSR", post=("relu",), m=4, k=8, n=8):
+    """x @ W with W sparse (seed 003) -> BiasAdd -> post-ops."""
+    g = G()
+    x = g.input((m, k))
+    w = ga.LogicalTensor(g._tensor, dt.f32, (k, n), sparse_encoding=encoding)
+    g._tensor += 1
+    y = g.op(K.MatMul, x, w, name="matmul")
+    y = g.op(K.BiasAdd, y, g.input((n,)), name="bias")
+    for p in post:
+        y = _post_op(g, p, y)
+    return g.done()
+
+
 def quantized_matmul(bf16=False, residual=False, smooth=False, post=("relu",), quant_out=True,
                      wei_quant=False, leak=None, bias=True, m=4, k=8, n=8):
     """int8 MatMul: Dequantize(src), Dequantize(W) [-> TypeCast bf16] -> MatMul -> ... -> Quantize."""

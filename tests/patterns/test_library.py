@@ -77,6 +77,8 @@ CANONICAL = [
     ("mm-reshape-transpose-reshape", "matmul_transpose",
      lambda: gr.matmul_chain(post=(), bias="op", tail="reshape_transpose_reshape")),
     ("mm-dropout", "matmul_dropout", lambda: gr.matmul_chain(post=(), tail="dropout")),
+    ("sparse-mm-bias-relu-add", "sparse_matmul_post_ops", lambda: gr.sparse_matmul(post=("relu", "add"))),
+    ("sparse-2of4-mm-bias-swish", "sparse_matmul_post_ops", lambda: gr.sparse_matmul("2:4", post=("swish",))),
     ("int8-mm-relu", "matmul_quantized", lambda: gr.quantized_matmul()),
     ("int8-mm-residual", "matmul_quantized", lambda: gr.quantized_matmul(residual=True, post=("multiply",))),
     ("int8-bf16-mm-residual-smoothquant", "matmul_quantized",

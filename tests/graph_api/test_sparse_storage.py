@@ -1,0 +1,149 @@
+"""Sparse storage: dense <-> sparse <-> scipy conversions, level arrays, malformed storage."""
+import numpy as np
+import pytest
+
+import graph_api as ga
+from graph_api import sparse_encoding as se
+from graph_api.sparse_storage import InvalidSparseStorage, SparseStorage
+
+from tests.graph_api.sparse_cases import ENCODINGS, sparse_matrix
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_dense_round_trip_and_scipy(name):
+    a = sparse_matrix(name)
+    st = SparseStorage.from_dense(ENCODINGS[name], a)
+    np.testing.assert_array_equal(st.to_dense(), a)
+    np.testing.assert_array_equal(st.to_scipy().toarray(), a)
+    import scipy.sparse as sp
+
+    for fmt in ("csr", "csc", "coo"):
+        back = SparseStorage.from_scipy(ENCODINGS[name], sp.csr_array(a).asformat(fmt))
+        np.testing.assert_array_equal(back.to_dense(), a)
+    coords, values = st.coo()
+    assert np.all(a[tuple(coords.T)] == values)
+
+
+def test_csr_levels_are_the_usual_arrays():
+    import scipy.sparse as sp
+
+    a = sparse_matrix("CSR")
+    st = SparseStorage.from_dense("CSR", a)
+    ref = sp.csr_array(a)
+    np.testing.assert_array_equal(st.levels[1].positions, ref.indptr)
+    np.testing.assert_array_equal(st.levels[1].coordinates, ref.indices)
+    np.testing.assert_array_equal(st.values, ref.data)
+    assert st.levels[0].positions is None and st.levels[0].coordinates is None
+    csc = SparseStorage.from_dense("CSC", a)
+    np.testing.assert_array_equal(csc.levels[1].positions, sp.csc_array(a).indptr)
+
+
+def test_bcsr_stores_whole_blocks_and_2of4_pads_to_two():
+    a = np.zeros((4, 8), np.float32)
+    a[0, 5] = 1.0
+    bcsr = SparseStorage.from_dense(se.bcsr(2, 4), a)
+    assert bcsr.nse == 8 and list(bcsr.levels[1].coordinates) == [1]
+    nm = SparseStorage.from_dense("2:4", a)
+    assert nm.nse == 4 * 2 * 2  # two slots per 1x4 block, explicit zeros included
+    assert list(nm.levels[2].coordinates[2:4]) == [0, 1] and list(nm.values[2:4]) == [0.0, 1.0]
+    np.testing.assert_array_equal(nm.to_dense(), a)
+
+
+def test_2of4_reads_half_the_weight_bytes():
+    a = sparse_matrix("2:4", (64, 256), density=1.0)
+    st = SparseStorage.from_dense("2:4", a)
+    assert st.values.nbytes * 2 == a.nbytes  # the kernel packs the 2-bit indices: 1/16 more
+
+
+def test_coo_keeps_duplicates_and_sums_them_densely():
+    multi = "(i, j) -> (i : compressed(nonunique), j : singleton(nonunique))"
+    st = SparseStorage(multi, (3, 3), "f32", [(np.array([0, 3]), np.array([1, 1, 2])),
+                                             (None, np.array([0, 0, 2]))],
+                       np.array([1.0, 2.0, 5.0], np.float32))
+    dense = st.to_dense()
+    assert dense[1, 0] == 3.0 and dense[2, 2] == 5.0
+    with pytest.raises(InvalidSparseStorage, match="duplicate"):
+        SparseStorage("COO", (3, 3), "f32",
+                      [(np.array([0, 2]), np.array([1, 1])), (None, np.array([0, 0]))],
+                      np.array([1.0, 2.0], np.float32))
+
+
+def _csr(positions, coordinates, values=None, shape=(3, 4), enc="CSR"):
+    n = len(coordinates)
+    values = np.arange(1, n + 1, dtype=np.float32) if values is None else values
+    return SparseStorage(enc, shape, "f32", [(None, None), (np.array(positions), np.array(coordinates))], values)
+
+
+MALFORMED = {
+    "positions decrease": (lambda: _csr([0, 2, 1, 3], [0, 1, 2]), "never decrease"),
+    "positions do not start at 0": (lambda: _csr([1, 2, 2, 3], [0, 1, 2]), "start at 0"),
+    "positions end early": (lambda: _csr([0, 1, 1, 2], [0, 1, 2]), "positions end at 2"),
+    "too few positions": (lambda: _csr([0, 3], [0, 1, 2]), "2 positions for 3 parents"),
+    "coordinate out of range": (lambda: _csr([0, 1, 2, 3], [0, 4, 1]), "coordinate 4 outside"),
+    "negative coordinate": (lambda: _csr([0, 1, 2, 3], [0, -1, 1]), "outside"),
+    "duplicate in a unique level": (lambda: _csr([0, 2, 2, 3], [1, 1, 0]), "duplicate coordinate 1"),
+    "unsorted in an ordered level": (lambda: _csr([0, 2, 2, 3], [3, 1, 0]), "not ordered: 3 then 1"),
+    "duplicate in an unordered unique level": (
+        lambda: _csr([0, 2, 2, 3], [1, 1, 0], enc="(i, j) -> (i : dense, j : compressed(nonordered))"),
+        "duplicate coordinates"),
+    "values length": (lambda: _csr([0, 1, 2, 3], [0, 1, 2], np.ones(4, np.float32)), "4 values for 3"),
+    "values dtype": (lambda: _csr([0, 1, 2, 3], [0, 1, 2], np.ones(3, np.float64)), "values must be 1-D float32"),
+    "arrays on a dense level": (lambda: SparseStorage("CSR", (1, 1), "f32", [(np.array([0, 1]), None),
+                                                                        (np.array([0, 1]), np.array([0]))],
+                                                       np.ones(1, np.float32)), "dense level has no arrays"),
+    "wrong n:m count": (lambda: SparseStorage("2:4", (1, 8), "f32", [(None, None), (None, None),
+                                                                    (None, np.array([0, 1, 2]))],
+                                              np.ones(3, np.float32)), "stores exactly 2 per block"),
+    "n:m coordinates unsorted": (lambda: SparseStorage("2:4", (1, 4), "f32", [(None, None), (None, None),
+                                                                             (None, np.array([2, 0]))],
+                                                       np.ones(2, np.float32)), "not ordered"),
+    "n:m coordinate outside the block": (lambda: SparseStorage("2:4", (1, 4), "f32", [(None, None), (None, None),
+                                                                                     (None, np.array([1, 4]))],
+                                                               np.ones(2, np.float32)), "outside"),
+    "too many non-zeros for 2:4": (lambda: SparseStorage.from_dense("2:4", np.ones((1, 4), np.float32)),
+                                   "holds 4 non-zeros; 2:4 allows at most 2"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_storage_is_a_typed_error(case):
+    make, message = MALFORMED[case]
+    with pytest.raises(InvalidSparseStorage, match=message) as err:
+        make()
+    assert isinstance(err.value, ga.InvalidArguments) and err.value.status == ga.Status.invalid_arguments
+
+
+def test_nonordered_level_accepts_unsorted_coordinates():
+    st = _csr([0, 2, 2, 3], [3, 1, 0], enc="(i, j) -> (i : dense, j : compressed(nonordered))")
+    assert st.to_dense()[0, 3] == 1.0 and st.to_dense()[0, 1] == 2.0
+
+
+def test_tensor_holds_storage_and_checks_it():
+    lt = ga.LogicalTensor(0, ga.DataType.f32, [8, 12], sparse_encoding="CSR")
+    a = sparse_matrix("CSR")
+    t = ga.Tensor(lt, ga.Engine(), a)
+    assert type(t).__name__ == "SparseTensor" and isinstance(t, ga.Tensor)
+    np.testing.assert_array_equal(t.numpy(), a)
+    np.testing.assert_array_equal(t.to_scipy().toarray(), a)
+    t2 = ga.Tensor(lt, None, t.storage)
+    assert t2.storage is t.storage
+    import scipy.sparse as sp
+
+    np.testing.assert_array_equal(ga.Tensor(lt, None, sp.coo_array(a)).numpy(), a)
+    with pytest.raises(ga.InvalidArguments, match="storage has encoding"):
+        ga.Tensor(lt, None, SparseStorage.from_dense("CSC", a))
+    with pytest.raises(ga.InvalidShape):
+        ga.Tensor(lt, None, a[:4])
+    with pytest.raises(ga.InvalidArguments, match="outside"):
+        ga.Tensor(lt, None, SparseStorage("CSR", (8, 12), "f32", [(None, None),
+                                                                 (np.array([0, 1] + [1] * 7), np.array([12]))],
+                                          np.ones(1, np.float32)))
+    empty = ga.Tensor(lt)
+    assert empty.storage.nse == 0 and not empty.numpy().any()
+
+
+def test_dense_nan_counts_as_a_nonzero():
+    a = np.zeros((2, 4), np.float32)
+    a[1, 3] = np.nan
+    st = SparseStorage.from_dense("CSR", a)
+    assert st.nse == 1 and np.isnan(st.values[0])
