@@ -34,6 +34,23 @@ def timeit(fn, ncopies, reps, warm=2):
     return float(np.median(ts))
 
 
+def timeit_interleaved(jobs, warm=2):
+    """Medians of ``{name: (fn, ncopies, reps)}`` measured in rounds (each job
+    once per round, until its reps are done), so that load swings on a shared
+    machine hit every implementation alike instead of whichever ran then."""
+    for fn, nc, _ in jobs.values():
+        for i in range(warm):
+            fn(i % nc)
+    ts = {name: [] for name in jobs}
+    for r in range(max(reps for _, _, reps in jobs.values())):
+        for name, (fn, nc, reps) in jobs.items():
+            if r < reps:
+                t = time.perf_counter()
+                fn(r % nc)
+                ts[name].append(time.perf_counter() - t)
+    return {name: float(np.median(v)) for name, v in ts.items()}
+
+
 # --------------------------------------------------------------- bandwidth
 @njit(parallel=True, fastmath=True, cache=True)
 def _read(a, nch):
@@ -100,30 +117,30 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
     flops = 2.0 * M * K * N
     modes = [("cold", ncold), ("hot", 1)] if decode else [("hot", 1)]
     for mode, nc in modes:
-        t = timeit(ours, nc, reps)
-        res = {"project (blocked, prepared)": t}
+        jobs = {"project (blocked, prepared)": (ours, nc, reps)}
         if decode and mode == "hot":
-            res["project direct [N,K]"] = timeit(direct, 1, 10)
+            jobs["project direct [N,K]"] = (direct, 1, 10)
         if peers_on:
             pl = copies[:nc]
             if decode and (not quick or mode == "hot"):
-                res["numpy dequant+matmul"] = timeit(peers.make_numpy_dequant_matmul(x, pl, G, signed), nc, 3, 1)
+                jobs["numpy dequant+matmul"] = (peers.make_numpy_dequant_matmul(x, pl, G, signed), nc, 3)
             dense_n = min(nc, 2 if not decode else nc)
             if not decode or not quick:
                 dense = [peers.dequant_nk(peers.unpack_nk(w, N, K), signed, sc, z, G).T.copy()
                          for (w, sc, z, _, _) in pl[:dense_n]] if (not decode or mode == "hot") else None
                 if dense is not None:
-                    res["numpy f32 BLAS (pre-dequantized)"] = timeit(peers.make_numpy_dense(x, dense), len(dense), reps)
+                    jobs["numpy f32 BLAS (pre-dequantized)"] = (peers.make_numpy_dense(x, dense), len(dense), reps)
                     f = peers.make_torch_dense(x, dense, "bf16")
                     if f:
-                        res["torch bf16 dense (AMX)"] = timeit(f, len(dense), reps)
+                        jobs["torch bf16 dense (AMX)"] = (f, len(dense), reps)
             f = peers.make_torch_int4(x, pl, G, signed)
             if f:
-                res["torch int4pack_mm (bf16 act)"] = timeit(f, nc, reps)
+                jobs["torch int4pack_mm (bf16 act)"] = (f, nc, reps)
             for acc in (0, 4):
                 f = peers.make_ort_matmulnbits(x, pl, G, signed, acc)
                 if f:
-                    res[f"ORT MatMulNBits acc{acc}"] = timeit(f, nc, reps)
+                    jobs[f"ORT MatMulNBits acc{acc}"] = (f, nc, reps)
+        res = timeit_interleaved(jobs)
         ref = res["project (blocked, prepared)"]
         for name, t in res.items():
             gbs = wbytes / t / 1e9
@@ -382,10 +399,11 @@ def bench_int8_decode(rows, bw, K, N, G, kind, M, rng):
     label = f"int8 decode M={M} K={K} N={N} g{G} {kind}"
     dense = (base.astype(np.float32).reshape(N, K) * np.repeat(sc, G, axis=1)).T.copy()
     for mode, nc in (("cold", ncold), ("hot", 1)):
-        res = {"project (blocked, prepared)": timeit(
+        jobs = {"project (blocked, prepared)": (
             lambda i: WM.wmatmul(x, None, spec, prepared=prepared[i], out=out), nc, 60)}
         if mode == "hot":
-            res["numpy f32 BLAS (pre-dequantized)"] = timeit(lambda i: x @ dense, 1, 20)
+            jobs["numpy f32 BLAS (pre-dequantized)"] = (lambda i: x @ dense, 1, 20)
+        res = timeit_interleaved(jobs)
         ref = res["project (blocked, prepared)"]
         for name, t in res.items():
             gbs = wbytes / t / 1e9
