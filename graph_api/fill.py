@@ -64,6 +64,7 @@ from .dtypes import DataType
 from .enums import LayoutType, OpKind
 from .errors import InvalidArguments
 from .logical_tensor import LogicalTensor, dense_strides
+from .sparse_storage import prune
 
 SEED = 0
 DROPOUT_SEED, DROPOUT_OFFSET, DROPOUT_PROBABILITY = 123456, 1, 0.5
@@ -368,8 +369,6 @@ def fill_inputs(graph, seed: int = SEED, roles: dict | None = None) -> dict[int,
         rng = np.random.default_rng([seed, tid])  # per tensor: adding an input changes nothing else
         feeds[tid] = dtypes.convert(_values(graph, rng, lt, roles[tid]), lt.dtype)
         if lt.encoding is not None:  # sparse: values the encoding can hold (n:m blocks pruned)
-            from .sparse_storage import prune
-
             feeds[tid] = prune(feeds[tid], lt.encoding)
     for tid in graph.input_ids:
         if roles[tid].name == "stats":

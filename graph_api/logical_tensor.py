@@ -31,6 +31,7 @@ from . import dtypes
 from .dtypes import DataType
 from .enums import LayoutType, PropertyType, parse_enum
 from .errors import InvalidArguments
+from .sparse_encoding import read as read_encoding
 
 MAX_NDIMS = 12
 UNKNOWN_DIM = -1
@@ -206,9 +207,7 @@ class LogicalTensor:
                 raise InvalidArguments(f"logical tensor {id}: both encoding and sparse_encoding given")
             encoding = sparse_encoding
         if encoding is not None:
-            from .sparse_encoding import read
-
-            encoding = read(encoding)
+            encoding = read_encoding(encoding)
         self.encoding = encoding
         shape = _read_shape(self.id, shape)
         self.shape = shape

@@ -95,6 +95,10 @@ class SparseTensor(Tensor):
     def memory(self) -> np.ndarray:
         return self._token
 
+    def is_view_of(self, array) -> bool:
+        """Never: a dense array fed again is converted into new storage each time."""
+        return False
+
     def is_direct(self) -> bool:
         return True
 

@@ -27,6 +27,7 @@ from graph_api.enums import OpKind, PartitionPolicy
 from graph_api.errors import op_label
 
 from .library import PATTERNS
+from .library.sparse import SPARSE_PATTERN_NAMES, sparse_op_ids
 from .matcher import Match, Trace, iter_matches, weight
 
 #: matches tried per (pattern, anchor) before giving up on that anchor
@@ -130,8 +131,6 @@ def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:
     taken: dict[int, str] = {}  # op id -> pattern name
     fusions: list[Fusion] = []
     position = {op_id: i for i, op_id in enumerate(topo)}
-    from .library.sparse import SPARSE_PATTERN_NAMES, sparse_op_ids
-
     sparse = sparse_op_ids(graph)  # seed 003: ops on sparse tensors join sparse patterns only
     for pattern in patterns:
         anchors = pattern.anchor_kinds()

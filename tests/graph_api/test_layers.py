@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE = {f"graph_api.{m}" for m in (
     "dtypes enums errors logical_tensor op schema opset shapes config fpmath postops infer "
     "dot_algorithm indexing_maps check tensor engine memory partition_cache opset_doc "
-    "composite composite_library").split()}
+    "composite composite_library sparse_encoding sparse_storage sparse_tensor sparse_ops").split()}
 #: the top layer: what runs graphs and partitions, and the command line
 RUNTIME = {f"graph_api.{m}" for m in (
     "graph partition runner builder cli batch json_io rewrite fill composite_inline "
@@ -125,6 +125,8 @@ MUTUAL = {
     ("graph_api.composite", "graph_api.opset"),
     ("graph_api.composite", "graph_api.composite_library"),
     ("graph_api.batch", "graph_api.cli"),
+    # a Tensor over a sparse logical tensor is a SparseTensor, a subclass of Tensor
+    ("graph_api.tensor", "graph_api.sparse_tensor"),
 }
 
 
