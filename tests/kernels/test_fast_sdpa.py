@@ -189,3 +189,32 @@ def test_decode_kernel_masked_split_and_bf16_out():
     ob = SD.sdpa(q[:, :, :1], K, V, mask=mask[:, :, :1], kv_splits=4, out_dtype="bf16")
     expect = o[:, :, :1].astype(ml_dtypes.bfloat16).view(np.uint16)
     assert np.array_equal(ob, expect)
+
+
+def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
+    """Kernels run on a shared Python thread pool: calls from several threads at once
+    return exactly (bitwise) what one caller gets (fixed split, fixed merge order)."""
+    import threading
+    rng = np.random.default_rng(6)
+    B, Hq, Hkv, Sq, S, D, G = 1, 8, 2, 1, 640, 64, 32
+    jobs = []
+    for kind in ("s4", "s8"):
+        x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+        K, _ = make(kind, x, G, True, rng)
+        V, _ = make(kind, x[..., ::-1].copy(), G, False, rng)
+        q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+        jobs.append((q, K, V, SD.sdpa(q, K, V, kv_splits=3)))
+    mismatches = []
+
+    def run(i):
+        q, K, V, want = jobs[i % 2]
+        for _ in range(20):
+            if not np.array_equal(SD.sdpa(q, K, V, kv_splits=3), want):
+                mismatches.append(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not mismatches
