@@ -922,6 +922,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     nsplit = int(kv_splits)
     items = B * Hkv * nqt * nsplit
     rows = (Hq // Hkv) * qt
+    work = 2 * B * Hq * Sq * S * D
     pm = np.empty((items, rows), np.float32)
     pl = np.empty((items, rows), np.float32)
     pacc = np.empty((items, rows, D), np.float32)
@@ -948,7 +949,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             mstr = np.array([0 if mc.shape[i] == 1 else mc.strides[i] // 4 for i in range(4)], np.int64)
         _run_items(_dec_items, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
                    Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
-                   CAUSAL[causal], nsplit, pm, pl, pacc)
+                   CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
         if four:  # int4 chunk order (32 d: even d then odd d) -> d order
             pacc = np.ascontiguousarray(
                 pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))
@@ -958,12 +959,12 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
                 vzp, vhz, rnd,
                 Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
                 CAUSAL[causal], qt, nsplit, fastk, kperm, vperm,
-                _vec_ok(kk, kG, D, ktr, S), _vec_ok(vk, vG, D, 0, S), pm, pl, pacc)
+                _vec_ok(kk, kG, D, ktr, S), _vec_ok(vk, vG, D, 0, S), pm, pl, pacc, work=work)
     else:
         _run_items(_attn, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
                    vzp, vhz, rnd,
               Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
-              CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc)
+              CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc, work=work)
     okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
     if out is None:
         out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
@@ -1476,13 +1477,18 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
 _POOL = None
 
 
-def _run_items(fn, nitems, *args):
+#: below this many multiply-adds (q.k plus p.v) a call runs on the calling thread only:
+#: handing a share to a pool thread costs ~20-50 us, the work ~1 ns per 16 MACs
+SMALL_WORK = 1 << 20
+
+
+def _run_items(fn, nitems, *args, work=SMALL_WORK):
     """fn(ids, *args) for the work items [0, nitems), dealt round-robin to
     numba.get_num_threads() Python threads (``fn`` is ``nogil``; round-robin keeps
     the causal prefill's growing item costs balanced); the calling thread takes
-    share 0."""
+    share 0.  ``work``: the call's multiply-adds (small calls stay on one thread)."""
     global _POOL
-    nth = min(numba.get_num_threads(), nitems)
+    nth = min(numba.get_num_threads(), nitems) if work >= SMALL_WORK else 1
     if nth <= 1:
         fn(np.arange(nitems, dtype=np.int64), *args)
         return

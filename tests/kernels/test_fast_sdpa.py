@@ -196,7 +196,8 @@ def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
     return exactly (bitwise) what one caller gets (fixed split, fixed merge order)."""
     import threading
     rng = np.random.default_rng(6)
-    B, Hq, Hkv, Sq, S, D, G = 1, 8, 2, 1, 640, 64, 32
+    B, Hq, Hkv, Sq, S, D, G = 1, 8, 2, 1, 2048, 64, 32  # above SMALL_WORK: uses the pool
+    assert 2 * Hq * S * D >= SD.SMALL_WORK
     jobs = []
     for kind in ("s4", "s8"):
         x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
