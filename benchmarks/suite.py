@@ -201,7 +201,7 @@ def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=(
     label = f"SDPA decode Hq=32 Hkv={Hkv} D=128 L={S} {kind} K/V g32"
     for mode in modes:
         nc = ncold if mode == "cold" else 1
-        res = {"project (split-KV, fused dequant)": timeit(
+        res = {"project (decode kernel: GQA, split-KV)": timeit(
             lambda i: SD.sdpa(q, copies[i][0], copies[i][1], out=out), nc, 30)}
         if peers_on:
             nd = min(nc, max(2, int((COLD_BYTES if not quick else 400 << 20) // (2 * Hkv * S * D * 2))))
@@ -213,7 +213,7 @@ def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=(
                 f = peers.make_torch_sdpa(q, [d[0] for d in dense], [d[1] for d in dense], dt)
                 if f:
                     res[f"torch SDPA {dt} dense"] = timeit(f, len(dense), 30)
-        ref = res["project (split-KV, fused dequant)"]
+        ref = res["project (decode kernel: GQA, split-KV)"]
         for name, t in res.items():
             extra = ""
             if name.startswith("project"):
@@ -223,30 +223,40 @@ def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=(
     return rows
 
 
-def bench_sdpa_prefill(rows, quick, rng, peers_on=True):
-    B, H, S, D = 1, 32, 512, 128
-    q = rng.standard_normal((B, H, S, D)).astype(np.float32)
-    k = rng.standard_normal((B, H, S, D)).astype(np.float32)
-    v = rng.standard_normal((B, H, S, D)).astype(np.float32)
+def bench_sdpa_prefill(rows, quick, rng, peers_on=True, lengths=(512, 2048)):
+    """Causal self-attention, H=32, D=128: f32 and bf16 (512 only) K/V, and int4 K/V
+    (s4, groups of 32, K stored [D, S]) against PyTorch f32 on the dequantized values."""
+    B, H, D = 1, 32, 128
     import ml_dtypes
-    for dt in ("f32", "bf16"):
-        if dt == "f32":
-            K, V, qq = SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), q
-        else:
-            K = SD.KV(k.astype(ml_dtypes.bfloat16).view(np.uint16), "bf16", k.shape)
-            V = SD.KV(v.astype(ml_dtypes.bfloat16).view(np.uint16), "bf16", v.shape)
-            qq = q.astype(ml_dtypes.bfloat16)
-        label = f"SDPA prefill 512x512 causal H=32 D=128 {dt}"
-        res = {"project (tiled flash)": timeit(lambda i: SD.sdpa(qq, K, V, causal="top_left"), 1, 3, 1)}
-        if peers_on:
+    for S in lengths:
+        q = rng.standard_normal((B, H, S, D)).astype(np.float32)
+        k = rng.standard_normal((B, H, S, D)).astype(np.float32)
+        v = rng.standard_normal((B, H, S, D)).astype(np.float32)
+        kinds = ("f32", "bf16", "s4") if S <= 512 else ("f32", "s4")
+        for dt in kinds:
+            qq = q
             if dt == "f32":
-                res["numpy reference"] = timeit(lambda i: numpy_sdpa(q, k, v, True), 1, 3, 1)
-            f = peers.make_torch_sdpa(q, [k], [v], dt, causal=True)
-            if f:
-                res[f"torch SDPA {dt}"] = timeit(f, 1, 5)
-        ref = res["project (tiled flash)"]
-        for name, t in res.items():
-            rows.append((label, "hot", name, t * 1e3, t / ref, ""))
+                K, V, kd, vd = SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), k, v
+            elif dt == "bf16":
+                K = SD.KV(k.astype(ml_dtypes.bfloat16).view(np.uint16), "bf16", k.shape)
+                V = SD.KV(v.astype(ml_dtypes.bfloat16).view(np.uint16), "bf16", v.shape)
+                qq, kd, vd = q.astype(ml_dtypes.bfloat16), k, v
+            else:
+                K, V = _kv_copies(H, S, D, 32, "s4", 1, rng)[0]
+                kd, vd = _kv_dense(K), _kv_dense(V)
+            label = f"SDPA prefill {S}x{S} causal H=32 D=128 {dt}" + (" K/V g32" if dt == "s4" else "")
+            reps = 3 if S <= 512 else 2
+            res = {"project (tiled flash)": timeit(lambda i: SD.sdpa(qq, K, V, causal="top_left"), 1, reps, 1)}
+            if peers_on:
+                if dt == "f32" and S <= 512:
+                    res["numpy reference"] = timeit(lambda i: numpy_sdpa(q, k, v, True), 1, 3, 1)
+                for pdt in (("f32",) if dt != "bf16" else ("bf16",)):
+                    f = peers.make_torch_sdpa(q, [kd], [vd], pdt, causal=True)
+                    if f:
+                        res[f"torch SDPA {pdt}" + (" dense" if dt == "s4" else "")] = timeit(f, 1, 5)
+            ref = res["project (tiled flash)"]
+            for name, t in res.items():
+                rows.append((label, "hot", name, t * 1e3, t / ref, ""))
     return rows
 
 
@@ -271,10 +281,11 @@ def kv(S, tr):
     return SD.KV(np.zeros(S * 64 // 2, np.uint8), "s4", (1, 1, S, 64), tr, 32, np.ones(sh, np.float32))
 SD.sdpa(q, kv(100, True), kv(100, False))
 t3 = time.perf_counter()
-n0 = len(SD._attn.signatures)
-SD.sdpa(q, kv(333, True), kv(333, False))
+nsig = lambda: sum(len(f.signatures) for f in (SD._attn, SD._attn_v, SD._dec_items))
+n0 = nsig()
+SD.sdpa(q, kv(332, True), kv(332, False))
 t4 = time.perf_counter()
-print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, len(SD._attn.signatures) - n0)
+print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, nsig() - n0)
 """
 
 

@@ -14,9 +14,16 @@ an online softmax (running max ``m``, sum ``l`` and f32 accumulator).
 
 Decode (few query rows): the KV length is split over work items
 ("flash-decoding"), so both threads are busy at batch 1 with one KV head; the
-partial ``(m, l, acc)`` are merged in a fixed order.  Prefill: work items are
-(batch, KV head, query tile of 32 positions); causal tiles beyond the diagonal
-are skipped.
+partial ``(m, l, acc)`` are merged in a fixed order (log-sum-exp, numpy).
+Prefill: work items are (batch, KV head, query tile of 32 positions); causal
+tiles beyond the diagonal are skipped.  int4/int8 decode with K stored
+``[D, S]`` runs :func:`_dec_items`, which folds the scales into the products
+instead of dequantizing tiles (see the section "compressed decode").
+
+Threads: each kernel is one ``nogil`` function over a list of work items, run
+on ``numba.get_num_threads()`` Python threads (items dealt round-robin).  A
+``prange`` wrapper would re-optimise everything it links and cost about as much
+compile time again on an empty cache.
 
 Arithmetic is f32 with explicit FMAs in a fixed order (no fastmath flags); the
 exponential is :func:`graph_api.kernels.bits.exp32` (<= 2 ulp, vectorised).  fpmath
@@ -32,17 +39,22 @@ indexing.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from graph_api.kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
-                          vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub)
+                          vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
+                          _V16, f32x16, prefetch)
 
 T = 128  #: KV positions per tile
 QT = 32  #: query positions per prefill tile
@@ -280,8 +292,8 @@ def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, 
                 vf[t, d] = _deq(_elem(vb, vk, rowbase + d), sbase + d // vG, vsc, vhs, vzp, vhz, rnd)
 
 
-@njit(parallel=True, cache=True)
-def _attn(q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
+@njit(nogil=True, cache=True)
+def _attn(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
           Hkv, S, scale, smul, mask, has_mask, causal, qt, nsplit, fastk, vperm,
           pm, pl, pacc):
     """Work item (b, kv head, query tile, kv split) -> partial (m, l, acc) per row.
@@ -294,7 +306,7 @@ def _attn(q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz
     nqt = (Sq + qt - 1) // qt
     nitems = B * Hkv * nqt * nsplit
     coff = S - Sq if causal == 2 else 0
-    for it in prange(nitems):
+    for it in ids:
         sp = it % nsplit
         r = it // nsplit
         qi = r % nqt
@@ -691,8 +703,8 @@ def _pv(s, vf, acc, alpha, Rp, D, nt):
             vstore(acc, o3 + c, a3)
 
 
-@njit(parallel=True, cache=True)
-def _attn_v(q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
+@njit(nogil=True, cache=True)
+def _attn_v(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
             Hkv, S, scale, smul, mask, has_mask, causal, qt, nsplit, fastk, kperm, vperm,
             kvec, vvec, pm, pl, pacc):
     """Register-blocked variant of :func:`_attn` (D a multiple of 16); same outputs.
@@ -709,7 +721,7 @@ def _attn_v(q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, v
     half = D // 2
     kng = D // kG
     vng = D // vG
-    for it in prange(nitems):
+    for it in ids:
         sp = it % nsplit
         r = it // nsplit
         qi = r % nqt
@@ -833,51 +845,10 @@ def _attn_v(q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, v
                 pacc[it, rr, d] = acc[rr * D + d]
 
 
-@njit(parallel=True, cache=True)
-def _merge(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out):
-    """Combine split partials in split order; out[b, h, i, d] (f32 or bf16/f16 bits)."""
-    B, Hq, _, D = out.shape
-    rep = Hq // Hkv
-    nqt = (Sq + qt - 1) // qt
-    half = D // 2
-    for bh in prange(B * Hq):
-        b = bh // Hq
-        hq = bh % Hq
-        hk = hq // rep
-        for i in range(Sq):
-            qi = i // qt
-            i0 = qi * qt
-            rr = (hq - hk * rep) * (min(i0 + qt, Sq) - i0) + (i - i0)
-            base = ((b * Hkv + hk) * nqt + qi) * nsplit
-            mx = NEG_INF
-            for sp in range(nsplit):
-                mx = max(mx, pm[base + sp, rr])
-            den = np.float32(0.0)
-            for d in range(D):
-                o = np.float32(0.0)
-                for sp in range(nsplit):
-                    mm = pm[base + sp, rr]
-                    if mm != NEG_INF:
-                        dp = (d // 2 if d % 2 == 0 else half + d // 2) if vperm else d
-                        o += pacc[base + sp, rr, dp] * exp32(mm - mx)
-                if d == 0:
-                    for sp in range(nsplit):
-                        mm = pm[base + sp, rr]
-                        if mm != NEG_INF:
-                            den += pl[base + sp, rr] * exp32(mm - mx)
-                v = o / den
-                if okind == 0:
-                    out[b, hq, i, d] = v
-                elif okind == 1:
-                    out[b, hq, i, d] = f32_to_bf16(v)
-                else:
-                    out[b, hq, i, d] = f32_to_f16_bits(v)
-
-
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _prep_q(q, kind, rnd, qf):
     B, H, Sq, D = qf.shape
-    for bh in prange(B * H):
+    for bh in range(B * H):
         b = bh // H
         h = bh % H
         for i in range(Sq):
@@ -897,6 +868,15 @@ def _vec_ok(kind, G, D, transposed, S):
     if transposed:
         return kind < 5 or S % 2 == 0
     return G % 32 == 0 if kind >= 5 else G % 16 == 0
+
+
+def _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
+    """Whether the compressed decode kernel (:func:`_dec_item`) takes these operands."""
+    if kk != vk or kk < 3 or not ktr or rnd != 0 or D % 64 or Sq > 8:
+        return False
+    if kk >= 5:  # int4 as a uint16 view: whole 4-value elements per K row and per head
+        return S % 4 == 0 and vG % 32 == 0
+    return vG % 16 == 0
 
 
 def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=None,
@@ -920,8 +900,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         qk, qkind = q, 2
     else:
         qk, qkind = act_kind(np.ascontiguousarray(q))
-    qf = np.empty((B, Hq, Sq, D), np.float32)
-    _prep_q(qk, qkind, rnd if qkind == 0 else 0, qf)
+    qf = _q_f32(qk, qkind, rnd)
     if scale is None:
         scale = 1.0 / np.sqrt(D)
     kb, kk, ktr, kG, ksc, khs, kzp, khz = _kv_args(k)
@@ -943,23 +922,581 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     nsplit = int(kv_splits)
     items = B * Hkv * nqt * nsplit
     rows = (Hq // Hkv) * qt
+    work = 2 * B * Hq * Sq * S * D
     pm = np.empty((items, rows), np.float32)
     pl = np.empty((items, rows), np.float32)
     pacc = np.empty((items, rows, D), np.float32)
     fastk = kk >= 5 and ktr == 1 and S % 2 == 0 and rnd >= 0
     vperm = vk >= 5 and D % 2 == 0 and (vG % 2 == 0)
     kperm = kk >= 5 and ktr == 0 and D % 2 == 0 and (kG % 2 == 0)
-    if D % 16 == 0:
-        _attn_v(qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
+    if os.environ.get("SDPA_OLD") != "1" and _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
+        four = kk >= 5
+        if not khs:
+            ksc = np.ones(B * Hkv * S * (D // kG), np.float32)
+        if not vhs:
+            vsc = np.ones(B * Hkv * S * (D // vG), np.float32)
+        kzs, vzs = int(khz), int(vhz)
+        if not khz:
+            kzp = np.zeros(DT, np.float32)
+        if four:  # int4 bytes as uint16: the kernel tells int4 from 8-bit by the itemsize
+            kb, vb = kb.view(np.uint16), vb.view(np.uint16)
+        # the mask as a flat buffer + element strides (0 on broadcast dims): one type
+        # (one compiled signature) whatever the mask's shape and strides
+        mflat, mstr = np.zeros(1, np.float32), np.zeros(4, np.int64)
+        if has_mask:
+            mc = np.ascontiguousarray(m)
+            mflat = mc.reshape(-1)
+            mstr = np.array([0 if mc.shape[i] == 1 else mc.strides[i] // 4 for i in range(4)], np.int64)
+        _run_items(_dec_items, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
+                   Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
+                   CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
+        if four:  # int4 chunk order (32 d: even d then odd d) -> d order
+            pacc = np.ascontiguousarray(
+                pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))
+        vperm = False
+    elif D % 16 == 0:
+        _run_items(_attn_v, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
+                vzp, vhz, rnd,
                 Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
                 CAUSAL[causal], qt, nsplit, fastk, kperm, vperm,
-                _vec_ok(kk, kG, D, ktr, S), _vec_ok(vk, vG, D, 0, S), pm, pl, pacc)
+                _vec_ok(kk, kG, D, ktr, S), _vec_ok(vk, vG, D, 0, S), pm, pl, pacc, work=work)
     else:
-        _attn(qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
+        _run_items(_attn, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
+                   vzp, vhz, rnd,
               Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
-              CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc)
+              CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc, work=work)
     okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
     if out is None:
         out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
-    _merge(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
+    _merge_np(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
     return out
+
+
+def _q_f32(qk, qkind, rnd):
+    """Q as f32 (bf16/f16 bits widened exactly; f32 rounded by ``rnd``)."""
+    if qkind == 1:
+        return (qk.astype(np.uint32) << 16).view(np.float32)
+    if qkind == 2:
+        return qk.view(np.float16).astype(np.float32)
+    if rnd == 0:
+        return np.ascontiguousarray(qk, dtype=np.float32)
+    qf = np.empty(qk.shape, np.float32)
+    _prep_q(qk, qkind, rnd, qf)
+    return qf
+
+
+def _merge_np(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out):
+    """Combine the split partials (log-sum-exp in split order) into out [B, Hq, Sq, D].
+
+    Item ``((b * Hkv + hk) * nqt + qi) * nsplit + sp``, row ``(hq - hk * rep) * nq + i``;
+    a split whose rows saw no finite score (m = -inf) has weight 0.  numpy, in f32
+    (a few hundred values per row: not worth a compiled kernel).
+    """
+    B, Hq, _, D = out.shape
+    rep = Hq // Hkv
+    nqt = -(-Sq // qt)
+    items, rows = pm.shape
+    if vperm:  # d permuted (even d, then odd d) by the int4 V tile
+        half = D // 2
+        pacc = np.stack([pacc[..., :half], pacc[..., half:]], axis=-1).reshape(items, rows, D)
+    pm = pm.reshape(B * Hkv * nqt, nsplit, rows)
+    mx = pm.max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        w = np.where(pm == NEG_INF, np.float32(0), np.exp(pm - mx)).astype(np.float32)
+        den = np.zeros((B * Hkv * nqt, rows), np.float32)
+        o = np.zeros((B * Hkv * nqt, rows, D), np.float32)
+        pl = pl.reshape(B * Hkv * nqt, nsplit, rows)
+        pa = pacc.reshape(B * Hkv * nqt, nsplit, rows, D)
+        for sp in range(nsplit):
+            den += pl[:, sp] * w[:, sp]
+            o += pa[:, sp] * w[:, sp, :, None]
+        o /= den[..., None]
+    # rows of item (b, hk, qi): (head in group j, query i of the tile) -> out[b, hk*rep + j, qi*qt + i]
+    o = o.reshape(B, Hkv, nqt, rows, D)
+    res = np.empty((B, Hq, Sq, D), np.float32)
+    for qi in range(nqt):
+        nq = min(qt, Sq - qi * qt)
+        res[:, :, qi * qt:qi * qt + nq] = o[:, :, qi, :rep * nq].reshape(B, Hq, nq, D)
+    if okind == 0:
+        out[...] = res
+    elif okind == 1:
+        out[...] = _f32_to_bf16_bits(res)
+    else:
+        out[...] = res.astype(np.float16).view(np.uint16)
+
+
+def _f32_to_bf16_bits(x):
+    """Round-to-nearest-even f32 -> bf16 bits (NaN kept quiet)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), ((u >> 16) | np.uint32(0x40)).astype(np.uint16), r)
+
+
+# ====================================================================== compressed decode
+# Decode (few query rows) with int4/int8 K stored transposed ``[D, S]`` and V
+# stored ``[S, D]``, grouped scales along D.  The dequantization is folded into
+# the two products instead of writing an f32 tile:
+#
+#   score[r, s] = sum_g sk[g, s] * (sum_{d in g} q[r, d] * n[d, s]  -  zk[g, s] * Q_g[r])
+#   out[r, d]  += p[r, s] * (n[s, d] * sv[s, g] - zv[s, g] * sv[s, g])
+#
+# with ``n`` the stored integers (s4 read signed through a 16-entry table, so no
+# offset is needed) and ``Q_g[r]`` the sum of q over group g.  One work item is
+# (batch, KV head, KV split): it reads its K/V bytes once for all ``rep * Sq``
+# query rows of the head group (GQA), in tiles of DT positions (one 64-byte
+# line per K row for int4), prefetching the next tile.  Rows go in blocks of 4
+# (16 register accumulators) and a 1-row form for the rest (MHA decode).
+#
+# Compile cost (the first call on an empty cache pays it): one signature per
+# storage dtype -- int4 data arrive as a uint16 view, so ``kb.itemsize`` tells
+# int4 from 8-bit and LLVM drops the other branch before optimising; absent zero
+# points are a zeros buffer read with index stride 0 (no branch to unswitch);
+# threads are Python threads around one ``nogil`` function (a parfor wrapper
+# re-optimises all the code it links, costing as much again).
+DT = 128  #: KV positions per decode tile
+_HAS_AVX512 = "+avx512f" in os.environ.get("NUMBA_CPU_FEATURES", "")
+_NIB_S = [float(i if i < 8 else i - 16) for i in range(16)]
+_NIB_U = [float(i) for i in range(16)]
+
+
+def _vnib_table(high: bool):
+    @intrinsic
+    def f(typingctx, arr, idx, signed):
+        """The low/high nibbles of 16 bytes at byte offset ``idx`` of ``arr``'s buffer as
+        f32x16, read as s4 (-8..7) when ``signed`` else u4 (0..15).  AVX-512: one
+        ``vpermps`` table lookup per 16 nibbles (the index uses the low 4 bits)."""
+        if not isinstance(arr, types.Array):
+            return None
+        sig = f32x16(arr, idx, signed)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            i8 = ir.IntType(8)
+            i32v = ir.VectorType(ir.IntType(32), 16)
+            base = builder.bitcast(ary.data, i8.as_pointer())
+            p = builder.gep(base, [context.cast(builder, args[1], signature.args[1], types.intp)])
+            v = builder.load(builder.bitcast(p, ir.VectorType(i8, 16).as_pointer()), align=1)
+            v = builder.zext(v, i32v)
+            if high:
+                v = builder.lshr(v, ir.Constant(i32v, [4] * 16))
+            sgn = builder.icmp_unsigned("!=", args[2], args[2].type(0))
+            if _HAS_AVX512:
+                lut = builder.select(sgn, ir.Constant(_V16, _NIB_S), ir.Constant(_V16, _NIB_U))
+                fn = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(_V16, [_V16, i32v]), "llvm.x86.avx512.permvar.sf.512")
+                return builder.call(fn, [lut, v])
+            v = builder.and_(v, ir.Constant(i32v, [15] * 16))
+            vs = builder.sub(builder.xor(v, ir.Constant(i32v, [8] * 16)), ir.Constant(i32v, [8] * 16))
+            return builder.sitofp(builder.select(sgn, vs, v), _V16)
+
+        return sig, codegen
+
+    return f
+
+
+vnib_tlo = _vnib_table(False)
+vnib_thi = _vnib_table(True)
+
+
+@njit(inline="always", cache=True)
+def _kvec4(buf, p, sgn):
+    """The 4 vectors of 64 stored values from byte p: int4 (``buf`` a uint16 view): the
+    low/high nibbles of bytes p..p+15, then of p+16..p+31; 8-bit: p, p+16, p+32, p+48."""
+    if buf.itemsize == 2:
+        return (vnib_tlo(buf, p, sgn), vnib_thi(buf, p, sgn),
+                vnib_tlo(buf, p + 16, sgn), vnib_thi(buf, p + 16, sgn))
+    return (vld_any(buf, p, False), vld_any(buf, p + 16, False),
+            vld_any(buf, p + 32, False), vld_any(buf, p + 48, False))
+
+
+@njit(inline="always", cache=True)
+def _kparam4(arr, i, four):
+    """Scales / zero points of a 64-position K sub-block from flat index i, in the order
+    of :func:`_kvec4` (int4: even positions then odd ones)."""
+    if four:
+        return (vload_even(arr, i), vload_odd(arr, i), vload_even(arr, i + 32), vload_odd(arr, i + 32))
+    return (vload(arr, i), vload(arr, i + 16), vload(arr, i + 32), vload(arr, i + 48))
+
+
+@njit(cache=True)
+def _dscore4(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
+    """sc[r0..r0+3, 64c..64c+63] += scores of 4 rows against one 64-position K sub-block.
+
+    ``k0``: byte offset of row d=0 of the tile, ``rs`` the row stride in bytes;
+    ``s0i``: scale index of group 0 at the tile's first position, ``srs`` the group
+    stride; zero points at ``s0i * zs`` (zs = 0: a zeros buffer).
+    """
+    four = buf.itemsize == 2
+    ng = D // G
+    z = vsplat(np.float32(0.0))
+    sub = (32 if four else 64) * c
+    o0 = r0 * DT + 64 * c
+    for g in range(ng):
+        a00 = z
+        a01 = z
+        a02 = z
+        a03 = z
+        a10 = z
+        a11 = z
+        a12 = z
+        a13 = z
+        a20 = z
+        a21 = z
+        a22 = z
+        a23 = z
+        a30 = z
+        a31 = z
+        a32 = z
+        a33 = z
+        for d in range(g * G, g * G + G):
+            x0, x1, x2, x3 = _kvec4(buf, k0 + d * rs + sub, sgn)
+            q = vsplat(qb[r0 * D + d])
+            a00 = vfma(q, x0, a00)
+            a01 = vfma(q, x1, a01)
+            a02 = vfma(q, x2, a02)
+            a03 = vfma(q, x3, a03)
+            q = vsplat(qb[(r0 + 1) * D + d])
+            a10 = vfma(q, x0, a10)
+            a11 = vfma(q, x1, a11)
+            a12 = vfma(q, x2, a12)
+            a13 = vfma(q, x3, a13)
+            q = vsplat(qb[(r0 + 2) * D + d])
+            a20 = vfma(q, x0, a20)
+            a21 = vfma(q, x1, a21)
+            a22 = vfma(q, x2, a22)
+            a23 = vfma(q, x3, a23)
+            q = vsplat(qb[(r0 + 3) * D + d])
+            a30 = vfma(q, x0, a30)
+            a31 = vfma(q, x1, a31)
+            a32 = vfma(q, x2, a32)
+            a33 = vfma(q, x3, a33)
+        si = s0i + g * srs + 64 * c
+        z0, z1, z2, z3 = _kparam4(zpb, si * zs, four)
+        s0, s1, s2, s3 = _kparam4(scb, si, four)
+        _sacc(sc, o0, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a00, a01, a02, a03)
+        _sacc(sc, o0 + DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 1) * ng + g], a10, a11, a12, a13)
+        _sacc(sc, o0 + 2 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 2) * ng + g], a20, a21, a22, a23)
+        _sacc(sc, o0 + 3 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 3) * ng + g], a30, a31, a32, a33)
+
+
+@njit(inline="always", cache=True)
+def _sacc(sc, o, s0, s1, s2, s3, z0, z1, z2, z3, nq, a0, a1, a2, a3):
+    """sc[o + 16v ..] += s_v * (a_v - z_v * Q_g) for the 4 vectors of one row (nq = -Q_g)."""
+    n = vsplat(nq)
+    vstore(sc, o, vfma(s0, vfma(z0, n, a0), vload(sc, o)))
+    vstore(sc, o + 16, vfma(s1, vfma(z1, n, a1), vload(sc, o + 16)))
+    vstore(sc, o + 32, vfma(s2, vfma(z2, n, a2), vload(sc, o + 32)))
+    vstore(sc, o + 48, vfma(s3, vfma(z3, n, a3), vload(sc, o + 48)))
+
+
+@njit(cache=True)
+def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
+    """One-row form of :func:`_dscore4`."""
+    four = buf.itemsize == 2
+    ng = D // G
+    z = vsplat(np.float32(0.0))
+    sub = (32 if four else 64) * c
+    for g in range(ng):
+        a0 = z
+        a1 = z
+        a2 = z
+        a3 = z
+        for d in range(g * G, g * G + G):
+            x0, x1, x2, x3 = _kvec4(buf, k0 + d * rs + sub, sgn)
+            q = vsplat(qb[r0 * D + d])
+            a0 = vfma(q, x0, a0)
+            a1 = vfma(q, x1, a1)
+            a2 = vfma(q, x2, a2)
+            a3 = vfma(q, x3, a3)
+        si = s0i + g * srs + 64 * c
+        z0, z1, z2, z3 = _kparam4(zpb, si * zs, four)
+        s0, s1, s2, s3 = _kparam4(scb, si, four)
+        _sacc(sc, r0 * DT + 64 * c, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _vgroups(four, G, d0):
+    """Groups of the 4 vectors of V head dims d0..d0+63 (int4: even/odd d of a 32-d chunk)."""
+    if four:
+        return d0 // G, d0 // G, (d0 + 32) // G, (d0 + 32) // G
+    return d0 // G, (d0 + 16) // G, (d0 + 32) // G, (d0 + 48) // G
+
+
+@njit(inline="always", cache=True)
+def _wfma(W, wo, ng, g0, g1, g2, g3, x0, x1, x2, x3, a0, a1, a2, a3):
+    """a_v += W[g_v] * x_v (W[g] at W[wo + g * DT]) for one row."""
+    return (vfma(vsplat(W[wo + g0 * DT]), x0, a0), vfma(vsplat(W[wo + g1 * DT]), x1, a1),
+            vfma(vsplat(W[wo + g2 * DT]), x2, a2), vfma(vsplat(W[wo + g3 * DT]), x3, a3))
+
+
+@njit(inline="always", cache=True)
+def _acc_in(acc, o, al, zc, zo, g0, g1, g2, g3):
+    """acc row vectors scaled by alpha, minus this tile's zero-point term (added back by
+    the FMAs below: acc*alpha + sum W n - sum W z)."""
+    l = vsplat(al)
+    return (vsub(vmul(vload(acc, o), l), vsplat(zc[zo + g0])),
+            vsub(vmul(vload(acc, o + 16), l), vsplat(zc[zo + g1])),
+            vsub(vmul(vload(acc, o + 32), l), vsplat(zc[zo + g2])),
+            vsub(vmul(vload(acc, o + 48), l), vsplat(zc[zo + g3])))
+
+
+@njit(cache=True)
+def _dpv4(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
+    """acc[r0..r0+3, :] = acc * alpha + sum_t W[r, g, t] * n[pos t, :] - zc[r, g] over one
+    tile, W = p * scale (one FMA per stored value and row: the scale is in W).
+
+    ``v0``: element index of the tile's row 0.  acc is in the int4 chunk order (32 d per
+    chunk: even d then odd d) for int4.
+    """
+    four = vb.itemsize == 2
+    ng = D // G
+    R = ng * DT
+    for h in range(D // 64):
+        g0, g1, g2, g3 = _vgroups(four, G, 64 * h)
+        oa = r0 * D + 64 * h
+        a00, a01, a02, a03 = _acc_in(acc, oa, alpha[r0], zc, r0 * ng, g0, g1, g2, g3)
+        a10, a11, a12, a13 = _acc_in(acc, oa + D, alpha[r0 + 1], zc, (r0 + 1) * ng, g0, g1, g2, g3)
+        a20, a21, a22, a23 = _acc_in(acc, oa + 2 * D, alpha[r0 + 2], zc, (r0 + 2) * ng, g0, g1, g2, g3)
+        a30, a31, a32, a33 = _acc_in(acc, oa + 3 * D, alpha[r0 + 3], zc, (r0 + 3) * ng, g0, g1, g2, g3)
+        for t in range(DT):
+            s = perm[t]
+            if s >= nt:
+                continue
+            e = v0 + s * D + 64 * h
+            x0, x1, x2, x3 = _kvec4(vb, (e >> 1) if four else e, sgn)
+            wo = r0 * R + t
+            a00, a01, a02, a03 = _wfma(W, wo, ng, g0, g1, g2, g3, x0, x1, x2, x3, a00, a01, a02, a03)
+            a10, a11, a12, a13 = _wfma(W, wo + R, ng, g0, g1, g2, g3, x0, x1, x2, x3, a10, a11, a12, a13)
+            a20, a21, a22, a23 = _wfma(W, wo + 2 * R, ng, g0, g1, g2, g3, x0, x1, x2, x3, a20, a21, a22, a23)
+            a30, a31, a32, a33 = _wfma(W, wo + 3 * R, ng, g0, g1, g2, g3, x0, x1, x2, x3, a30, a31, a32, a33)
+        _vst4(acc, oa, a00, a01, a02, a03)
+        _vst4(acc, oa + D, a10, a11, a12, a13)
+        _vst4(acc, oa + 2 * D, a20, a21, a22, a23)
+        _vst4(acc, oa + 3 * D, a30, a31, a32, a33)
+
+
+@njit(inline="always", cache=True)
+def _vst4(arr, o, a0, a1, a2, a3):
+    vstore(arr, o, a0)
+    vstore(arr, o + 16, a1)
+    vstore(arr, o + 32, a2)
+    vstore(arr, o + 48, a3)
+
+
+@njit(cache=True)
+def _dpv1(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
+    """One-row form of :func:`_dpv4`."""
+    four = vb.itemsize == 2
+    ng = D // G
+    for h in range(D // 64):
+        g0, g1, g2, g3 = _vgroups(four, G, 64 * h)
+        oa = r0 * D + 64 * h
+        a0, a1, a2, a3 = _acc_in(acc, oa, alpha[r0], zc, r0 * ng, g0, g1, g2, g3)
+        for t in range(DT):
+            s = perm[t]
+            if s >= nt:
+                continue
+            e = v0 + s * D + 64 * h
+            x0, x1, x2, x3 = _kvec4(vb, (e >> 1) if four else e, sgn)
+            a0, a1, a2, a3 = _wfma(W, r0 * ng * DT + t, ng, g0, g1, g2, g3, x0, x1, x2, x3,
+                                   a0, a1, a2, a3)
+        _vst4(acc, oa, a0, a1, a2, a3)
+
+
+@njit(cache=True)
+def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
+    """W[r, g, t] = p[r, t] * sv[pos t, g] and zc[r, g] = sum_t W[r, g, t] * zv[pos t, g]."""
+    for g in range(ng):
+        for t in range(DT):
+            s = perm[t]
+            i = vs0 + s * ng + g
+            svT[g * DT + t] = vsc[i] if s < nt else np.float32(0.0)
+            zvT[g * DT + t] = vzp[i * zs] if s < nt else np.float32(0.0)
+    part = np.empty(16, np.float32)
+    for r in range(nrow):
+        for g in range(ng):
+            o = (r * ng + g) * DT
+            zacc = vsplat(np.float32(0.0))
+            for t in range(0, DT, 16):
+                w = vmul(vload(sc, r * DT + t), vload(svT, g * DT + t))
+                vstore(W, o + t, w)
+                zacc = vfma(w, vload(zvT, g * DT + t), zacc)
+            if zs:
+                vstore(part, 0, zacc)
+                z = np.float32(0.0)
+                for j in range(16):
+                    z += part[j]
+                zc[r * ng + g] = z
+
+
+@njit(nogil=True, cache=True)
+def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
+               smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc):
+    """Work items ``ids`` (batch, KV head, KV split) of the compressed decode -> partial
+    (m, l, acc) per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8."""
+    B, Hq, Sq, D = qf.shape
+    four = kb.itemsize == 2
+    rep = Hq // Hkv
+    nrow = rep * Sq
+    Rp = (nrow + 3) // 4 * 4
+    n4 = nrow // 4 * 4
+    coff = S - Sq if causal == 2 else 0
+    s_end = S if causal == 0 else min(S, Sq + coff)
+    per = (((S + nsplit - 1) // nsplit + DT - 1) // DT) * DT
+    ngk = D // kG
+    ngv = D // vG
+    bpe = 2 if four else 1  # elements per byte
+    kst_rs = DT // bpe  # staged K row: DT positions, in bytes
+    kst = np.zeros(D * kst_rs // kb.itemsize, kb.dtype)
+    sst = np.zeros(ngk * DT, np.float32)
+    zst = np.zeros(ngk * DT, np.float32)
+    perm = np.empty(DT, np.int64)
+    for t in range(DT):
+        c, v, j = t // 64, (t % 64) // 16, t % 16
+        perm[t] = 64 * c + (2 * (16 * (v >> 1) + j) + (v & 1) if four else 16 * v + j)
+    qb = np.zeros(Rp * D, np.float32)
+    qsum = np.zeros(Rp * ngk, np.float32)
+    sc = np.empty(Rp * DT, np.float32)
+    acc = np.zeros(Rp * D, np.float32)
+    m = np.empty(Rp, np.float32)
+    lv = np.zeros(Rp * 16, np.float32)
+    alpha = np.ones(Rp, np.float32)
+    part = np.empty(16, np.float32)
+    svT = np.empty(ngv * DT, np.float32)
+    zvT = np.empty(ngv * DT, np.float32)
+    W = np.empty(Rp * ngv * DT, np.float32)
+    zc = np.zeros(Rp * ngv, np.float32)
+    scv = vsplat(scale)
+    for it in ids:
+        sp = it % nsplit
+        hk = (it // nsplit) % Hkv
+        b = it // (nsplit * Hkv)
+        sa = sp * per
+        sb = min(s_end, sa + per)
+        kbase = (b * Hkv + hk) * D * S
+        ksbase = (b * Hkv + hk) * ngk * S
+        vbase = (b * Hkv + hk) * S * D
+        vsbase = (b * Hkv + hk) * S * ngv
+        qsum[:] = 0.0
+        for rr in range(nrow):
+            qrow = qf[b, hk * rep + rr // Sq, rr % Sq]
+            for d in range(D):
+                qb[rr * D + d] = qrow[d]
+                qsum[rr * ngk + d // kG] += qrow[d]
+        acc[:] = 0.0
+        lv[:] = 0.0
+        m[:] = NEG_INF
+        for s0 in range(sa, sb, DT):
+            nt = min(DT, sb - s0)
+            if nt == DT:
+                kbuf, k0, rs = kb, (kbase + s0) // bpe, S // bpe
+                scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
+                if s0 + DT < sb:  # the next tile's K lines and V rows
+                    for d in range(D):
+                        prefetch(kb, (k0 + d * rs + kst_rs) // kb.itemsize)
+                        if not four:
+                            prefetch(kb, k0 + d * rs + kst_rs + 64)
+                    nxt = (vbase + (s0 + DT) * D) // bpe
+                    for e in range(nxt, nxt + DT * D // bpe, 64):
+                        prefetch(vb, e // vb.itemsize)
+            else:  # tail tile, staged zero-padded so that the vector loads stay in bounds
+                kbuf, k0, rs = kst, 0, kst_rs
+                scb, zpb, s0i, srs, zs = sst, zst, 0, DT, 1
+                isz = kb.itemsize
+                nel = (nt + isz * bpe - 1) // (isz * bpe)  # buffer elements holding nt values
+                src0 = (kbase + s0) // (bpe * isz)
+                for d in range(D):
+                    for j in range(kst_rs // isz):
+                        kst[d * (kst_rs // isz) + j] = kb[src0 + d * (S // (bpe * isz)) + j] \
+                            if j < nel else 0
+                for g in range(ngk):
+                    for t in range(DT):
+                        sst[g * DT + t] = ksc[ksbase + g * S + s0 + t] if t < nt else np.float32(0.0)
+                        zst[g * DT + t] = kzp[(ksbase + g * S + s0 + t) * kzs] if t < nt \
+                            else np.float32(0.0)
+            sc[:] = 0.0
+            for c in range(DT // 64):
+                for r0 in range(0, n4, 4):
+                    _dscore4(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+                for r0 in range(n4, nrow):
+                    _dscore1(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+            for rr in range(nrow):
+                o = rr * DT
+                if smul:
+                    for t in range(0, DT, 16):
+                        vstore(sc, o + t, vmul(vload(sc, o + t), scv))
+                else:
+                    for t in range(DT):
+                        sc[o + t] = sc[o + t] / scale
+                i = rr % Sq
+                if nt < DT or has_mask or (causal != 0 and s0 + nt - 1 > i + coff):
+                    hq = hk * rep + rr // Sq
+                    for t in range(DT):
+                        s = perm[t]
+                        if s >= nt or (causal != 0 and s0 + s > i + coff):
+                            sc[o + t] = NEG_INF
+                        elif has_mask:
+                            sc[o + t] += mflat[b * mstr[0] + hq * mstr[1] + i * mstr[2]
+                                               + (s0 + s) * mstr[3]]
+                mv = vsplat(m[rr])
+                for t in range(0, DT, 16):
+                    mv = vmax(mv, vload(sc, o + t))
+                vstore(part, 0, mv)
+                mt = m[rr]
+                for j in range(16):
+                    mt = max(mt, part[j])
+                if mt == NEG_INF:
+                    alpha[rr] = np.float32(1.0)
+                    for t in range(DT):
+                        sc[o + t] = np.float32(0.0)
+                    continue
+                al = exp32(m[rr] - mt)
+                alpha[rr] = al
+                m[rr] = mt
+                for t in range(DT):
+                    sc[o + t] = exp32(sc[o + t] - mt)
+                lsum = vmul(vload(lv, rr * 16), vsplat(al))
+                for t in range(0, DT, 16):
+                    lsum = vadd(lsum, vload(sc, o + t))
+                vstore(lv, rr * 16, lsum)
+            _dweights(vsc, vzp, vzs, vsbase + s0 * ngv, ngv, perm, nt, sc, nrow, svT, zvT, W, zc)
+            for r0 in range(0, n4, 4):
+                _dpv4(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
+            for r0 in range(n4, nrow):
+                _dpv1(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
+        for rr in range(nrow):
+            pm[it, rr] = m[rr]
+            ls = np.float32(0.0)
+            for j in range(16):
+                ls += lv[rr * 16 + j]
+            pl[it, rr] = ls
+            for d in range(D):
+                pacc[it, rr, d] = acc[rr * D + d]
+
+
+_POOL = None
+
+
+#: below this many multiply-adds (q.k plus p.v) a call runs on the calling thread only:
+#: handing a share to a pool thread costs ~20-50 us, the work ~1 ns per 16 MACs
+SMALL_WORK = 1 << 20
+
+
+def _run_items(fn, nitems, *args, work=SMALL_WORK):
+    """fn(ids, *args) for the work items [0, nitems), dealt round-robin to
+    numba.get_num_threads() Python threads (``fn`` is ``nogil``; round-robin keeps
+    the causal prefill's growing item costs balanced); the calling thread takes
+    share 0.  ``work``: the call's multiply-adds (small calls stay on one thread)."""
+    global _POOL
+    nth = min(numba.get_num_threads(), nitems) if work >= SMALL_WORK else 1
+    if nth <= 1:
+        fn(np.arange(nitems, dtype=np.int64), *args)
+        return
+    if _POOL is None or _POOL._max_workers < nth - 1:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max_workers=nth - 1, thread_name_prefix="sdpa")
+    shares = [np.arange(i, nitems, nth, dtype=np.int64) for i in range(nth)]
+    futs = [_POOL.submit(fn, shares[i], *args) for i in range(1, nth)]
+    fn(shares[0], *args)
+    for f in futs:
+        f.result()

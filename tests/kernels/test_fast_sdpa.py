@@ -128,3 +128,94 @@ def test_fully_masked_rows_and_rounding_mode():
     o = SD.sdpa(q, SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), rnd=1)
     r = ref(rb(q), rb(k), rb(v), 1 / np.sqrt(D), None, None)
     assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r))
+
+
+# ---------------------------------------------------------------- compressed decode kernel
+# int4/int8 K stored [D, S] and V [S, D], Sq <= 8, D % 64 == 0: the decode kernel
+# (``_dec_items``) folds the scales into the products: per group it sums q * n over
+# G stored integers n, subtracts z * sum(q) and multiplies by the scale.  Error: the
+# f32 sums see terms |q n| up to (max|n| / typical |n - z|) ~ 8x larger than the
+# dequantized products, so the score error is a few times G * u * sum|q k| ~ 1e-6
+# relative for these sizes; the softmax, the split merge (one f32 exp and division
+# per split) and the PV sums add (S/DT + nsplit + 16) ulp.  1e-5 relative to
+# max |out| keeps ~3x margin over the worst seen (3.3e-6, u8 with zero points)
+# while any indexing or merge bug gives errors of order 1.
+DECODE_CASES = [  # B, Hq, Hkv, Sq, S, D, G
+    (1, 8, 2, 1, 1000, 128, 32),   # GQA rep 4 (one 4-row block), tail tile of 104
+    (1, 6, 1, 2, 520, 64, 64),     # MQA rep 6 x 2 queries = 12 rows: 4-row blocks only
+    (2, 6, 2, 1, 260, 128, 128),   # rep 3: three 1-row blocks, G = D (one group)
+    (1, 4, 4, 3, 384, 64, 32),     # MHA with 3 query rows, S a multiple of the tile
+]
+
+
+@pytest.mark.parametrize("kind", ["s4", "u4", "s8", "u8"])
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_decode_kernel_gqa_groups_and_split_merge(kind, case):
+    """Every query head of a group reads its KV head (rows differ per head), and any
+    split of the KV length merges (log-sum-exp) to the same attention."""
+    B, Hq, Hkv, Sq, S, D, G = case
+    rng = np.random.default_rng(abs(hash((kind, "dec") + case)) % 2**32)
+    x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    y = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    K, kd = make(kind, x, G, True, rng)
+    V, vd = make(kind, y, G, False, rng)
+    assert SD._decode_ok(SD.KINDS[kind], SD.KINDS[kind], 1, G, G, True, True, D, S, Sq, 0)
+    mask = rng.standard_normal((B, 1, Sq, S)).astype(np.float32)
+    for splits, causal, m in ((1, None, mask), (2, "bottom_right", None), (3, None, None),
+                              (7, "bottom_right", mask)):
+        o = SD.sdpa(q, K, V, scale=0.09, mask=m, causal=causal, kv_splits=splits)
+        r = ref(q, kd, vd, 0.09, m, causal)
+        assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r)), (splits, causal)
+
+
+def test_decode_kernel_masked_split_and_bf16_out():
+    """A split whose positions are all masked has weight 0 in the merge; a row masked
+    everywhere is NaN (0/0) as in the general kernel; bf16 output rounds the f32 result."""
+    rng = np.random.default_rng(5)
+    B, Hq, Hkv, Sq, S, D, G = 1, 4, 1, 2, 512, 64, 32
+    x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    y = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    K, kd = make("s4", x, G, True, rng)
+    V, vd = make("s4", y, G, False, rng)
+    mask = np.zeros((1, 1, Sq, S), np.float32)
+    mask[..., 200:] = -np.inf   # splits 2..4 of 4 see only -inf
+    mask[:, :, 1, :] = -np.inf  # query row 1 sees nothing
+    o = SD.sdpa(q, K, V, mask=mask, kv_splits=4)
+    r = ref(q[:, :, :1], kd, vd, 1 / np.sqrt(D), mask[:, :, :1], None)
+    assert np.max(np.abs(o[:, :, :1] - r)) <= 1e-5 * np.max(np.abs(r))
+    assert np.isnan(o[:, :, 1]).all()
+    ob = SD.sdpa(q[:, :, :1], K, V, mask=mask[:, :, :1], kv_splits=4, out_dtype="bf16")
+    expect = o[:, :, :1].astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.array_equal(ob, expect)
+
+
+def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
+    """Kernels run on a shared Python thread pool: calls from several threads at once
+    return exactly (bitwise) what one caller gets (fixed split, fixed merge order)."""
+    import threading
+    rng = np.random.default_rng(6)
+    B, Hq, Hkv, Sq, S, D, G = 1, 8, 2, 1, 2048, 64, 32  # above SMALL_WORK: uses the pool
+    assert 2 * Hq * S * D >= SD.SMALL_WORK
+    jobs = []
+    for kind in ("s4", "s8"):
+        x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+        K, _ = make(kind, x, G, True, rng)
+        V, _ = make(kind, x[..., ::-1].copy(), G, False, rng)
+        q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+        jobs.append((q, K, V, SD.sdpa(q, K, V, kv_splits=3)))
+    mismatches = []
+
+    def run(i):
+        q, K, V, want = jobs[i % 2]
+        for _ in range(20):
+            if not np.array_equal(SD.sdpa(q, K, V, kv_splits=3), want):
+                mismatches.append(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not mismatches
