@@ -227,8 +227,11 @@ def select_plan(request: CompileRequest):
         log(f"plan,{what},reference,chosen by GRAPH_API_REFERENCE")
         return ComposedPlan(request)
     if any(lt.encoding is not None for lt in request.lts.values()):
-        # sparse tensors (seed 003): the SpMM plan or the sparse composed plan, never a dense kernel
-        return _sparse(request)
+        # sparse tensors (seed 003): the SpMM plan or the sparse composed plan, never a dense
+        # kernel; the sparse pattern's builder is the one registered for it in KERNELS
+        builder = KERNELS.get((P.SPARSE_MATMUL_POST_OPS, "*", "*")) \
+            if request.pattern == P.SPARSE_MATMUL_POST_OPS.name else None
+        return (builder or _sparse)(request)
     dot = _dot_extensions(request)  # MatMul algorithms / indexing maps: the dot plan or the reference
     if dot is not None:
         return dot
