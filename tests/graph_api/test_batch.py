@@ -99,6 +99,14 @@ def test_in_shapes_and_op_attrs_reinfer_every_produced_shape(inputs):
     assert out.shape is not None and out.shape[0] == 2 and out.shape[-1] == w[0]
 
 
+def test_a_commented_line_inside_a_continuation_is_skipped(tmp_path):
+    from graph_api.batch import logical_lines
+
+    path = tmp_path / "b"
+    path.write_text("--reset --in-shapes=0:1x2,\\\n# 0:3x4,\\\n0:5x6\n--case=x.json  # tail\n")
+    assert list(logical_lines(path)) == [(1, "--reset --in-shapes=0:1x2,0:5x6"), (4, "--case=x.json")]
+
+
 def test_an_id_is_its_leading_integer_as_benchdnn_reads_it(inputs):
     """harness_f32_all's prelu_bwd_dw_5d line spells an id ``2*abc``; benchdnn's stoll reads 2."""
     graph = ga.load(inputs / "op/f32/conv_2d.json")
