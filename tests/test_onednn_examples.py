@@ -810,3 +810,133 @@ def test_sdpa_bottom_right_causal_mask_example(dt_):
     # <= 16 u |q||k| ~ 1e-5 before scaling): 1e-4 covers that bound, a mask off by one
     # position changes outputs by ~1e-1
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- gated_mlp.cpp
+@dataclass
+class MlpDims:
+    mb: int
+    ic: int
+    oc: int
+
+
+def bench_gated_mlp(ekind, dt_, p: MlpDims):
+    """``bench_gated_mlp`` of gated_mlp.cpp: fc_gate and fc_up MatMuls, swish
+    (Sigmoid, Multiply), Multiply, a TypeCast to ``dt`` below f32, fc_down."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    src_sz = [p.mb, p.ic]
+    wei0_sz = [p.ic, p.oc]
+    hd_sz = [p.mb, p.oc]
+    wei2_sz = [p.oc, p.ic]
+    out_sz = [p.mb, p.ic]
+    id_ = itertools.count()
+    dt_inter = dt.f32
+
+    src = logical_tensor(next(id_), dt_, src_sz, layout_type.strided)
+    wei0 = logical_tensor(next(id_), dt_, wei0_sz, layout_type.strided)
+    out0 = logical_tensor(next(id_), dt_inter, hd_sz, layout_type.strided)
+    fc_gate = op(next(id_), K.MatMul, "fc_gate")
+    fc_gate.add_inputs([src, wei0])
+    fc_gate.add_outputs([out0])
+
+    wei1 = logical_tensor(next(id_), dt_, wei0_sz, layout_type.strided)
+    out1 = logical_tensor(next(id_), dt_inter, hd_sz, layout_type.strided)
+    fc_up = op(next(id_), K.MatMul, "fc_up")
+    fc_up.add_inputs([src, wei1])
+    fc_up.add_outputs([out1])
+
+    out2 = logical_tensor(next(id_), dt_inter, hd_sz, layout_type.strided)
+    swi_sig = op(next(id_), K.Sigmoid, "swish/sigmoid")
+    swi_sig.add_inputs([out0])
+    swi_sig.add_outputs([out2])
+
+    out3 = logical_tensor(next(id_), dt_inter, hd_sz, layout_type.strided)
+    swi_mul = op(next(id_), K.Multiply, "swish/multiply")
+    swi_mul.add_inputs([out0, out2])
+    swi_mul.add_outputs([out3])
+
+    out4 = logical_tensor(next(id_), dt_inter, hd_sz, layout_type.strided)
+    mul = op(next(id_), K.Multiply, "mul")
+    mul.add_inputs([out3, out1])
+    mul.add_outputs([out4])
+
+    out4_dt = out4
+    typecast = op(next(id_), K.TypeCast, "typecast")
+    if dt_ != dt_inter:
+        out4_dt = logical_tensor(next(id_), dt_, hd_sz, layout_type.strided)
+        typecast.add_inputs([out4])
+        typecast.add_outputs([out4_dt])
+
+    wei2 = logical_tensor(next(id_), dt_, wei2_sz, layout_type.strided)
+    dst = logical_tensor(next(id_), dt_, out_sz, layout_type.strided)
+    fc_down = op(next(id_), K.MatMul, "fc_down")
+    fc_down.add_inputs([out4_dt, wei2])
+    fc_down.add_outputs([dst])
+
+    mlp = ga.Graph(ekind)
+    mlp.add_op(fc_gate)
+    mlp.add_op(fc_up)
+    mlp.add_op(swi_sig)
+    mlp.add_op(swi_mul)
+    mlp.add_op(mul)
+    if dt_ != dt_inter:
+        mlp.add_op(typecast)
+    mlp.add_op(fc_down)
+    mlp.finalize()
+
+    partitions = mlp.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([src, wei0, wei1, wei2], [dst], eng)
+
+    ts_src, ts_wei0, ts_wei1 = tensor(src, eng), tensor(wei0, eng), tensor(wei1, eng)
+    ts_wei2, ts_dst = tensor(wei2, eng), tensor(dst, eng)
+
+    src_data = np.empty(product(src_sz), np.float32)
+    wei0_data = np.empty(product(wei0_sz), np.float32)
+    wei1_data = np.empty(product(wei0_sz), np.float32)
+    wei2_data = np.empty(product(wei2_sz), np.float32)
+    fill_random(src_data)
+    fill_random(wei0_data)
+    fill_random(wei1_data)
+    fill_random(wei2_data)
+
+    write_to_dnnl_tensor(src_data, ts_src)
+    write_to_dnnl_tensor(wei0_data, ts_wei0)
+    write_to_dnnl_tensor(wei1_data, ts_wei1)
+    write_to_dnnl_tensor(wei2_data, ts_wei2)
+
+    inputs = [ts_src, ts_wei0, ts_wei1, ts_wei2]
+    cp.execute(strm, inputs, [ts_dst])
+    strm.wait()
+    cp.execute(strm, inputs, [ts_dst])
+    strm.wait()
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in inputs}, ts_dst
+
+
+def _gated_mlp_f64(x, w_gate, w_up, w_down):
+    x, w_gate, w_up, w_down = (np.asarray(a, np.float64) for a in (x, w_gate, w_up, w_down))
+    gate = x @ w_gate
+    return (gate / (1 + np.exp(-gate)) * (x @ w_up)) @ w_down
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.bf16, dt.f16], ids=lambda d: d.name)
+def test_gated_mlp_example(dt_):
+    # gated_mlp.cpp's defaults are {mb 1, ic 4096, oc 14336}: reduced, with mb > 1
+    partitions, data, out = bench_gated_mlp(ga.EngineKind.cpu, dt_, MlpDims(4, 64, 160))
+    assert len(partitions) == 1 and "gated_mlp" in partitions[0].get_kind(), partitions
+    if dt_ == dt.f32:
+        # f32 dot products of 64 and then 160 terms (the repeated fill pattern makes
+        # outputs up to ~1e2 with cancellation): the scale-aware f32 rule of graph_api.check
+        want = _gated_mlp_f64(*(data[i] for i in sorted(data)))
+        verdict = compare(want, out.numpy(), dt.f32)
+        assert verdict.ok, verdict.message
+        return
+    # bf16/f16: the unfused reference rounds where the graph's types say (f32 hidden
+    # values, a TypeCast before fc_down); the rule of graph_api.check
+    graph = partitions[0].graph
+    want = reference_arrays(graph, data)[graph.output_ids[0]]
+    verdict = compare(want, out.numpy(), dt_, graph.fpmath, partitions[0].ops)
+    assert verdict.ok, verdict.message
