@@ -21,6 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -1253,3 +1254,195 @@ def test_gated_mlp_int4_example(dt_):
     want = reference_arrays(graph, data)[graph.output_ids[0]]
     verdict = compare(want, out.numpy(), dt_, graph.fpmath, partitions[0].ops)
     assert verdict.ok, verdict.message
+
+
+# ---------------------------------------------------------------- sdpa_quantized.cpp
+@dataclass
+class QuantizedSdpaDims:
+    mb: int
+    seq_len: int
+    head_num: int
+    head_size: int
+
+
+def bench_quantized_sdpa(ekind, dt_, p: QuantizedSdpaDims, fill_scale=1.0):
+    """``bench_quantized_sdpa`` of sdpa_quantized.cpp: Q, K, V and the output in
+    ``dt`` (f8_e4m3, f8_e5m2, s8, u8) with per-tensor scale 0.25 Dequantize/Quantize
+    around f32 attention, the probabilities quantized and dequantized before bmm2.
+    ``fill_scale`` (not in the example) widens the [-1, 1) fill, which s8/u8 store as
+    -1, 0, 1 only and then give an all-zero output."""
+    data_type = dt
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    qkv_sz = [p.mb, p.head_num, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.head_num, p.seq_len, p.seq_len]
+    scale_sz = [1]
+    mask_sz = [p.mb, 1, 1, p.seq_len]
+    id_ = itertools.count()
+
+    q_x8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    q_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    q_deq = op(next(id_), K.Dequantize, "q_deq")
+    q_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    q_deq.set_attr(ga.OpAttr.scales, [0.25])
+    q_deq.add_input(q_x8)
+    q_deq.add_output(q_f32)
+
+    k_x8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    k_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    k_deq = op(next(id_), K.Dequantize, "k_deq")
+    k_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    k_deq.set_attr(ga.OpAttr.scales, [0.25])
+    k_deq.add_input(k_x8)
+    k_deq.add_output(k_f32)
+
+    score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([q_f32, k_f32])
+    bmm1.add_output(score)
+
+    scale = logical_tensor(next(id_), data_type.f32, scale_sz, layout_type.strided)
+    scaled_score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    mask = logical_tensor(next(id_), data_type.f32, mask_sz, layout_type.strided)
+    masked_score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    probs_x8 = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    p_quant = op(next(id_), K.Quantize, "p_quant")
+    p_quant.set_attr(ga.OpAttr.qtype, "per_tensor")
+    p_quant.set_attr(ga.OpAttr.scales, [0.25])
+    p_quant.add_input(probs)
+    p_quant.add_output(probs_x8)
+
+    probs_f32 = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    p_deq = op(next(id_), K.Dequantize, "p_deq")
+    p_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    p_deq.set_attr(ga.OpAttr.scales, [0.25])
+    p_deq.add_input(probs_x8)
+    p_deq.add_output(probs_f32)
+
+    v_x8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    v_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    v_deq = op(next(id_), K.Dequantize, "v_deq")
+    v_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    v_deq.set_attr(ga.OpAttr.scales, [0.25])
+    v_deq.add_input(v_x8)
+    v_deq.add_output(v_f32)
+
+    output = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs_f32, v_f32])
+    bmm2.add_outputs([output])
+
+    output_x8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    o_quant = op(next(id_), K.Quantize, "o_quant")
+    o_quant.set_attr(ga.OpAttr.qtype, "per_tensor")
+    o_quant.set_attr(ga.OpAttr.scales, [0.25])
+    o_quant.add_input(output)
+    o_quant.add_output(output_x8)
+
+    sdpa = ga.Graph(ekind)
+    for o in (q_deq, k_deq, bmm1, scale_div, mask_add, softmax, p_quant, p_deq, v_deq, bmm2, o_quant):
+        sdpa.add_op(o)
+    sdpa.finalize()
+
+    partitions = sdpa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([q_x8, k_x8, scale, mask, v_x8], [output_x8], eng)
+
+    ts_query, ts_key, ts_scale = tensor(q_x8, eng), tensor(k_x8, eng), tensor(scale, eng)
+    ts_mask, ts_value, ts_output = tensor(mask, eng), tensor(v_x8, eng), tensor(output_x8, eng)
+
+    query_data = np.empty(product(qkv_sz), np.float32)
+    key_data = np.empty(product(qkv_sz), np.float32)
+    scale_data = np.full(product(scale_sz), math.sqrt(p.head_size), np.float32)
+    mask_data = np.empty(product(mask_sz), np.float32)
+    value_data = np.empty(product(qkv_sz), np.float32)
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+    fill_mask(mask_data, p.seq_len)
+    for data in (query_data, key_data, value_data):
+        data *= fill_scale
+
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(scale_data, ts_scale)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+    write_to_dnnl_tensor(value_data, ts_value)
+
+    inputs = [ts_query, ts_key, ts_scale, ts_mask, ts_value]
+    cp.execute(strm, inputs, [ts_output])
+    strm.wait()
+    cp.execute(strm, inputs, [ts_output])
+    strm.wait()
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in inputs}, ts_output
+
+
+QUANTIZED_SDPA_TYPES = [dt.f8_e4m3, dt.f8_e5m2, dt.s8, dt.u8]  # the example's bench() calls
+
+
+@pytest.mark.parametrize("dt_", QUANTIZED_SDPA_TYPES, ids=lambda d: d.name)
+def test_sdpa_quantized_example(dt_):
+    # the example's defaults are {2, 128, 16, 64}: reduced
+    p = QuantizedSdpaDims(2, 32, 2, 16)
+    # integers: stored values in [-8, 8] (dequantized to [-2, 2]), so outputs span several steps
+    fill_scale = 8.0 if dt_ in (dt.s8, dt.u8) else 1.0
+    partitions, data, out = bench_quantized_sdpa(ga.EngineKind.cpu, dt_, p, fill_scale)
+    assert len(partitions) == 1 and partitions[0].get_kind().startswith("sdpa"), partitions
+    q, k, scale, mask, v = (np.asarray(data[i], np.float64) for i in sorted(data))
+    quant = _QUANTIZE_F64[dt_]
+    s = (q * 0.25) @ np.swapaxes(k * 0.25, -1, -2) / scale[0] + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    probs = quant(e / e.sum(-1, keepdims=True) / 0.25) * 0.25
+    want = quant(probs @ (v * 0.25) / 0.25)
+    got = out.numpy().astype(np.float64)
+    # the two quantizations round f32 values in the kernel and float64 ones here: where a
+    # value lands within f32 rounding of a rounding boundary it may go either way, which
+    # moves an output by at most one step of its type (a probability step of 0.25 moves
+    # the output by <= 0.25 * 0.25 = one quarter of an output step); anything else, such
+    # as a scale applied twice or a wrong mask, moves most outputs
+    step = _QUANT_STEP[dt_](np.maximum(np.abs(want), np.abs(got)))
+    assert (np.abs(got - want) <= step).all(), np.abs(got - want).max()
+    assert (got == want).mean() > 0.99
+    assert len(np.unique(want)) > 3  # not a degenerate output
+
+
+def _round_f8(f8_type):
+    return lambda x: np.asarray(x, np.float64).astype(f8_type).astype(np.float64)
+
+
+def _f8_step(mantissa_bits, min_exponent):
+    """One unit in the last place of an f8 value of magnitude ``a`` (subnormals included)."""
+    return lambda a: 2.0 ** (np.maximum(np.floor(np.log2(np.maximum(a, 2.0 ** min_exponent))), min_exponent)
+                             - mantissa_bits)
+
+
+_QUANTIZE_F64 = {  # Quantize's final rounding to the stored type: nearest (even), saturating
+    dt.s8: lambda x: np.clip(np.rint(x), -128, 127),
+    dt.u8: lambda x: np.clip(np.rint(x), 0, 255),
+    dt.f8_e4m3: _round_f8(ml_dtypes.float8_e4m3fn),
+    dt.f8_e5m2: _round_f8(ml_dtypes.float8_e5m2),
+}
+_QUANT_STEP = {
+    dt.s8: lambda a: np.ones_like(a),
+    dt.u8: lambda a: np.ones_like(a),
+    dt.f8_e4m3: _f8_step(3, -6),
+    dt.f8_e5m2: _f8_step(2, -14),
+}
