@@ -1446,3 +1446,320 @@ _QUANT_STEP = {
     dt.f8_e4m3: _f8_step(3, -6),
     dt.f8_e5m2: _f8_step(2, -14),
 }
+
+
+# ---------------------------------------------------------------- gqa_training.cpp
+def bench_gqa_forward(ekind, dt_, strm, eng, ts_query, ts_key, ts_scale, ts_mask, ts_value):
+    """``bench_gqa_forward`` of gqa_training.cpp: SoftMax also gives its stats; the
+    output and stats shapes are queried after compile. C++'s out-parameters
+    ``ts_output`` and ``ts_stats`` are returned (None, None when unsupported)."""
+    dt_inter = dt.f32
+    query = ts_query.get_logical_tensor()
+    key = ts_key.get_logical_tensor()
+    value = ts_value.get_logical_tensor()
+    scale = ts_scale.get_logical_tensor()
+    mask = ts_mask.get_logical_tensor()
+    score_sz = mask.get_dims()
+    id_ = itertools.count(1)
+
+    score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([query, key])
+    bmm1.add_outputs([score])
+
+    scaled_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    masked_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    stats = logical_tensor(next(id_), dt_inter, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs, stats])
+
+    output = logical_tensor(next(id_), dt_, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs, value])
+    bmm2.add_outputs([output])
+
+    gqa = ga.Graph(ekind)
+    gqa.add_op(bmm1)
+    gqa.add_op(scale_div)
+    gqa.add_op(mask_add)
+    gqa.add_op(softmax)
+    gqa.add_op(bmm2)
+    gqa.finalize()
+
+    partitions = gqa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([query, key, scale, mask, value], [output, stats], eng)
+    output_w_shape = cp.query_logical_tensor(output.get_id())
+    stats_w_shape = cp.query_logical_tensor(stats.get_id())
+    ts_output = tensor(output_w_shape, eng)
+    ts_stats = tensor(stats_w_shape, eng)
+    cp.execute(strm, [ts_query, ts_key, ts_scale, ts_mask, ts_value], [ts_output, ts_stats])
+    strm.wait()
+    return partitions, ts_output, ts_stats
+
+
+def bench_gqa_backward(ekind, dt_, strm, eng, ts_query, ts_key, ts_scale, ts_mask, ts_value,
+                       ts_output, ts_stats, ts_doutput):
+    """``bench_gqa_backward`` of gqa_training.cpp: probabilities recomputed from the
+    stats, dV and dK summed over the heads sharing a K/V head (ReduceSum axis 2).
+    Returns the partitions and the dQ, dK, dV tensors."""
+    dt_inter = dt.f32
+    query = ts_query.get_logical_tensor()
+    key = ts_key.get_logical_tensor()
+    value = ts_value.get_logical_tensor()
+    scale = ts_scale.get_logical_tensor()
+    mask = ts_mask.get_logical_tensor()
+    output = ts_output.get_logical_tensor()
+    stats = ts_stats.get_logical_tensor()
+    doutput = ts_doutput.get_logical_tensor()
+    q_sz = query.get_dims()
+    kv_sz = key.get_dims()
+    score_sz = mask.get_dims()
+    stats_sz = stats.get_dims()
+    output_sz = output.get_dims()
+    id_ = itertools.count(1)
+
+    score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([query, key])
+    bmm1.add_outputs([score])
+
+    scaled_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    masked_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    sub_out = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    subtract = op(next(id_), K.Subtract, "subtract")
+    subtract.add_inputs([masked_score, stats])
+    subtract.add_outputs([sub_out])
+
+    probs = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    exp = op(next(id_), K.Exp, "exp")
+    exp.add_inputs([sub_out])
+    exp.add_outputs([probs])
+
+    probs_cast = probs
+    typecast = op(next(id_), K.TypeCast, "typecast")
+    if dt_ != dt_inter:
+        probs_cast = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+        typecast.add_inputs([probs])
+        typecast.add_outputs([probs_cast])
+
+    dvalue = logical_tensor(next(id_), dt_, q_sz, layout_type.strided)
+    bmm_p_do = op(next(id_), K.MatMul, "bmm_dv")
+    bmm_p_do.set_attr(ga.OpAttr.transpose_a, True)
+    bmm_p_do.add_inputs([probs_cast, doutput])
+    bmm_p_do.add_outputs([dvalue])
+
+    dvalue_reduced = logical_tensor(next(id_), dt_, kv_sz, layout_type.strided)
+    reduce_dv = op(next(id_), K.ReduceSum, "reduce_dv")
+    reduce_dv.set_attr(ga.OpAttr.axes, [2])
+    reduce_dv.set_attr(ga.OpAttr.keep_dims, True)
+    reduce_dv.add_inputs([dvalue])
+    reduce_dv.add_outputs([dvalue_reduced])
+
+    dprobs = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    bmm_do_v = op(next(id_), K.MatMul, "bmm_dprobs")
+    bmm_do_v.set_attr(ga.OpAttr.transpose_b, True)
+    bmm_do_v.add_inputs([doutput, value])
+    bmm_do_v.add_outputs([dprobs])
+
+    o_do_out = logical_tensor(next(id_), dt_inter, output_sz, layout_type.strided)
+    o_do_mul = op(next(id_), K.Multiply, "mul_o_do")
+    o_do_mul.add_inputs([output, doutput])
+    o_do_mul.add_outputs([o_do_out])
+
+    correction_out = logical_tensor(next(id_), dt_inter, stats_sz, layout_type.strided)
+    correction = op(next(id_), K.ReduceSum, "reducesum_correction")
+    correction.set_attr(ga.OpAttr.axes, [4])
+    correction.set_attr(ga.OpAttr.keep_dims, True)
+    correction.add_inputs([o_do_out])
+    correction.add_outputs([correction_out])
+
+    dp_corrected_out = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    dp_corrected_op = op(next(id_), K.Subtract, "sub_dp_corrected")
+    dp_corrected_op.add_inputs([dprobs, correction_out])
+    dp_corrected_op.add_outputs([dp_corrected_out])
+
+    dmasked_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    softmax_bwd_mul = op(next(id_), K.Multiply, "mul_softmax_bwd")
+    softmax_bwd_mul.add_inputs([probs, dp_corrected_out])
+    softmax_bwd_mul.add_outputs([dmasked_score])
+
+    dscaled_score = logical_tensor(next(id_), dt_inter, score_sz, layout_type.strided)
+    scale_div2 = op(next(id_), K.Divide, "scale_div")
+    scale_div2.add_inputs([dmasked_score, scale])
+    scale_div2.add_outputs([dscaled_score])
+
+    dscaled_score_cast = dscaled_score
+    typecast2 = op(next(id_), K.TypeCast, "typecast")
+    if dt_ != dt_inter:
+        dscaled_score_cast = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+        typecast2.add_inputs([dscaled_score])
+        typecast2.add_outputs([dscaled_score_cast])
+
+    dquery = logical_tensor(next(id_), dt_, q_sz, layout_type.strided)
+    bmm_dscaled_score_k = op(next(id_), K.MatMul, "bmm_dq")
+    bmm_dscaled_score_k.add_inputs([dscaled_score_cast, key])
+    bmm_dscaled_score_k.add_outputs([dquery])
+
+    dkey = logical_tensor(next(id_), dt_, q_sz, layout_type.strided)
+    bmm_dscaled_score_q = op(next(id_), K.MatMul, "bmm_dk")
+    bmm_dscaled_score_q.set_attr(ga.OpAttr.transpose_a, True)
+    bmm_dscaled_score_q.add_inputs([dscaled_score_cast, query])
+    bmm_dscaled_score_q.add_outputs([dkey])
+
+    dkey_reduced = logical_tensor(next(id_), dt_, kv_sz, layout_type.strided)
+    reduce_dk = op(next(id_), K.ReduceSum, "reduce_dk")
+    reduce_dk.set_attr(ga.OpAttr.axes, [2])
+    reduce_dk.set_attr(ga.OpAttr.keep_dims, True)
+    reduce_dk.add_inputs([dkey])
+    reduce_dk.add_outputs([dkey_reduced])
+
+    gqa_bwd = ga.Graph(ekind)
+    for o in (bmm1, scale_div, mask_add, subtract, exp, bmm_p_do, bmm_do_v, o_do_mul, correction,
+              dp_corrected_op, softmax_bwd_mul, scale_div2, bmm_dscaled_score_q, bmm_dscaled_score_k,
+              reduce_dv, reduce_dk):
+        gqa_bwd.add_op(o)
+    if dt_ != dt_inter:
+        gqa_bwd.add_op(typecast)
+        gqa_bwd.add_op(typecast2)
+    gqa_bwd.finalize()
+
+    partitions = gqa_bwd.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None
+    cp = partitions[0].compile([query, key, scale, mask, value, output, stats, doutput],
+                               [dquery, dkey_reduced, dvalue_reduced], eng)
+    ts_dquery = tensor(dquery, eng)
+    ts_dkey = tensor(dkey_reduced, eng)
+    ts_dvalue = tensor(dvalue_reduced, eng)
+    cp.execute(strm, [ts_query, ts_key, ts_scale, ts_mask, ts_value, ts_output, ts_stats, ts_doutput],
+               [ts_dquery, ts_dkey, ts_dvalue])
+    strm.wait()
+    return partitions, (ts_dquery, ts_dkey, ts_dvalue)
+
+
+def bench_gqa_training(ekind, dt_, p: GqaDims):
+    """``bench_gqa`` of gqa_training.cpp: the forward graph, then the backward one
+    fed with the forward's output and stats."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    head_rep = p.q_head_num // p.kv_head_num
+    q_sz = [p.mb, p.kv_head_num, head_rep, p.seq_len, p.head_size]
+    kv_sz = [p.mb, p.kv_head_num, 1, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.kv_head_num, head_rep, p.seq_len, p.seq_len]
+    scale_sz = [1]
+
+    query_lt = logical_tensor(100, dt_, q_sz, layout_type.strided)
+    key_lt = logical_tensor(101, dt_, kv_sz, layout_type.strided)
+    scale_lt = logical_tensor(102, dt_, scale_sz, layout_type.strided)
+    mask_lt = logical_tensor(103, dt_, score_sz, layout_type.strided)
+    value_lt = logical_tensor(104, dt_, kv_sz, layout_type.strided)
+    ts_query = tensor(query_lt, eng)
+    ts_key = tensor(key_lt, eng)
+    ts_scale = tensor(scale_lt, eng)
+    ts_mask = tensor(mask_lt, eng)
+    ts_value = tensor(value_lt, eng)
+
+    query_data = np.empty(product(q_sz), np.float32)
+    key_data = np.empty(product(kv_sz), np.float32)
+    scale_data = np.full(product(scale_sz), math.sqrt(p.head_size), np.float32)
+    mask_data = np.empty(product(score_sz), np.float32)
+    value_data = np.empty(product(kv_sz), np.float32)
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+    fill_mask(mask_data, p.seq_len)
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(scale_data, ts_scale)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+    write_to_dnnl_tensor(value_data, ts_value)
+
+    fwd_partitions, ts_output, ts_stats = bench_gqa_forward(ekind, dt_, strm, eng, ts_query, ts_key,
+                                                            ts_scale, ts_mask, ts_value)
+    if ts_output is None:
+        return fwd_partitions, None, None
+    doutput_sz = ts_output.get_logical_tensor().get_dims()
+    doutput_lt = logical_tensor(105, dt_, doutput_sz, layout_type.strided)
+    ts_doutput = tensor(doutput_lt, eng)
+    doutput_data = np.empty(product(doutput_sz), np.float32)
+    fill_random(doutput_data)
+    write_to_dnnl_tensor(doutput_data, ts_doutput)
+
+    bwd_partitions, grads = bench_gqa_backward(ekind, dt_, strm, eng, ts_query, ts_key, ts_scale, ts_mask,
+                                               ts_value, ts_output, ts_stats, ts_doutput)
+    tensors = {"query": ts_query, "key": ts_key, "scale": ts_scale, "mask": ts_mask, "value": ts_value,
+               "output": ts_output, "stats": ts_stats, "doutput": ts_doutput}
+    return (fwd_partitions, bwd_partitions), tensors, grads
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.bf16, dt.f16], ids=lambda d: d.name)
+def test_gqa_training_example(dt_):
+    # the example's defaults are {2, 128, 16, 2, 64}: reduced
+    p = GqaDims(2, 16, 4, 2, 16)
+    (fwd_partitions, bwd_partitions), ts, grads = bench_gqa_training(ga.EngineKind.cpu, dt_, p)
+    assert [pp.get_kind() for pp in fwd_partitions] == ["sdpa"]  # one partition each, as the example needs
+    assert [pp.get_kind() for pp in bwd_partitions] == ["sdpa_backward"]
+    fwd_got = {"output": ts["output"].numpy(), "stats": ts["stats"].numpy()}
+    grads_got = dict(zip(("dquery", "dkey", "dvalue"), (g.numpy() for g in grads)))
+    assert fwd_got["stats"].shape == (p.mb, p.kv_head_num, p.q_head_num // p.kv_head_num, p.seq_len, 1)
+    if dt_ == dt.f32:
+        want = _gqa_training_f64(*(ts[n].numpy() for n in ("query", "key", "scale", "mask", "value", "doutput")))
+        # f32 dot products of 16 terms, exp/log, and sums over 16 keys and 2 shared heads:
+        # the scale-aware f32 rule (a few ulps of the terms' magnitude) of graph_api.check;
+        # a wrong stats convention, missing correction or head reduction is off by O(1)
+        for name, got in {**fwd_got, **grads_got}.items():
+            verdict = compare(want[name], got, dt.f32)
+            assert verdict.ok, (name, verdict.message)
+        return
+    # bf16/f16: each partition against the unfused reference, which rounds where the
+    # graph's types say (the backward fed with the forward's own output and stats)
+    for partitions, got in ((fwd_partitions, fwd_got), (bwd_partitions, grads_got)):
+        graph = partitions[0].graph
+        feeds = {t.get_logical_tensor().id: t.numpy() for t in ts.values() if t.get_logical_tensor().id in graph.input_ids}
+        names = {"output": ts["output"], "stats": ts["stats"], "dquery": grads[0], "dkey": grads[1], "dvalue": grads[2]}
+        ref = reference_arrays(graph, feeds)
+        for name, value in got.items():
+            lt = names[name].get_logical_tensor()
+            verdict = compare(ref[lt.id], value, lt.get_data_type(), graph.fpmath, partitions[0].ops)
+            assert verdict.ok, (name, verdict.message)
+
+
+def _gqa_training_f64(q, k, scale, mask, v, do):
+    """Forward (output, log-sum-exp stats) and the gradients, K/V heads shared over axis 2."""
+    q, k, scale, mask, v, do = (np.asarray(a, np.float64) for a in (q, k, scale, mask, v, do))
+    s = q @ np.swapaxes(k, -1, -2) / scale[0] + mask
+    m = s.max(-1, keepdims=True)
+    stats = m + np.log(np.exp(s - m).sum(-1, keepdims=True))
+    probs = np.exp(s - stats)
+    out = probs @ v
+    dv = (np.swapaxes(probs, -1, -2) @ do).sum(2, keepdims=True)
+    dprobs = do @ np.swapaxes(v, -1, -2)
+    ds = probs * (dprobs - (out * do).sum(-1, keepdims=True)) / scale[0]
+    dq = ds @ k
+    dk = (np.swapaxes(ds, -1, -2) @ q).sum(2, keepdims=True)
+    return {"output": out, "stats": stats, "dquery": dq, "dkey": dk, "dvalue": dv}
