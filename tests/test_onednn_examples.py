@@ -16,6 +16,16 @@ counts, and run.
   (``bench_sdpa``/``bench_gqa``/``bench_mqa``, with an engine made by
   ``make_engine_with_allocator``) at reduced shapes, in f32 and bf16: 1 partition,
   checked against a float64 formula (f32) or the unfused reference (bf16).
+* ``examples/graph/gated_mlp.cpp``, ``gated_mlp_wei_combined.cpp`` (weights as strided
+  halves of one buffer), ``gated_mlp_int4.cpp`` (u4 per-group DynamicDequantize
+  weights): f32, bf16, f16, 1 gated-MLP partition.
+* ``examples/graph/sdpa_quantized.cpp``: f8_e4m3, f8_e5m2, s8, u8 Q/K/V/output with
+  quantized probabilities: 1 partition, against float64 with both quantizations.
+* ``examples/graph/gqa_training.cpp``: forward with SoftMax stats, then the backward
+  graph: 1 partition each, outputs, stats and dQ/dK/dV against float64 (f32).
+
+These are all the CPU examples of oneDNN's main branch (the others there,
+``gpu_opencl_*`` and ``sycl_*``, need a GPU or SYCL runtime).
 """
 import itertools
 import math
