@@ -1929,3 +1929,60 @@ def test_int8_sdpa_example():
     assert np.abs(got - want).max() <= 1
     assert (got == want).mean() > 0.99
     assert len(np.unique(want)) > 3
+
+
+# ---------------------------------------------------------------- matmul_sel.cpp
+# Not on oneDNN's main branch: examples/graph/matmul_sel.cpp of branch
+# gyh/main/select_post (commit 2378e3e01b, 2025-06-16).
+def test_matmul_sel_example():
+    """``cpu_getting_started_tutorial`` of matmul_sel.cpp, the example's shapes: a
+    MatMul whose output is the ``then`` input of a Select (broadcast condition and
+    ``else``): 1 partition. The example executes on uninitialised memory; the
+    tensors get values here so the result is checked."""
+    data_type = dt
+    MB1, MB2, M, K, N = 1, 16, 32, 256, 32
+    src_dims = [MB1, MB2, M, K]
+    wei_dims = [MB1, MB2, K, N]
+    sel_cond_dims = [1, 1, M, N]
+    sel_src1_dims = [1]
+    dst_dims = [MB1, MB2, M, N]
+
+    mm_src_lt = logical_tensor(0, data_type.f32, src_dims, layout_type.strided)
+    mm_weight_lt = logical_tensor(1, data_type.f32, wei_dims, layout_type.strided)
+    mm_dst_lt = logical_tensor(2, data_type.f32, dst_dims, layout_type.strided)
+    matmul = op(0, K_.MatMul, [mm_src_lt, mm_weight_lt], [mm_dst_lt], "mm")
+
+    select_src1_lt = logical_tensor(3, data_type.f32, sel_src1_dims, layout_type.strided)
+    select_cond_lt = logical_tensor(4, data_type.boolean, sel_cond_dims, layout_type.strided)
+    select_dst_lt = logical_tensor(5, data_type.f32, dst_dims, layout_type.strided)
+    sel = op(1, K_.Select, [select_cond_lt, mm_dst_lt, select_src1_lt], [select_dst_lt], "select")
+
+    g = ga.Graph(ga.EngineKind.cpu)
+    g.add_op(matmul)
+    g.add_op(sel)
+    g.finalize()
+    partitions = g.get_partitions()
+    assert len(partitions) == 1
+
+    alloc = ga.Allocator()
+    eng = ga.make_engine_with_allocator(ga.EngineKind.cpu, 0, alloc)
+    strm = ga.Stream(eng)
+    cp = partitions[0].compile([mm_src_lt, mm_weight_lt, select_cond_lt, select_src1_lt], [select_dst_lt], eng)
+    ts_mm_src = tensor(mm_src_lt, eng)
+    ts_mm_wei = tensor(mm_weight_lt, eng)
+    ts_sel_cond = tensor(select_cond_lt, eng)
+    ts_sel_src1 = tensor(select_src1_lt, eng)
+    ts_sel_dst = tensor(select_dst_lt, eng)
+    rng = np.random.default_rng(3)  # not in the example: values to check
+    ts_mm_src.write(rng.integers(-4, 5, src_dims).astype(np.float32))
+    ts_mm_wei.write(rng.integers(-4, 5, wei_dims).astype(np.float32))
+    ts_sel_cond.write(rng.random(sel_cond_dims) < 0.5)
+    ts_sel_src1.write(np.array([-1000.5], np.float32))
+
+    cp.execute(strm, [ts_mm_src, ts_mm_wei, ts_sel_cond, ts_sel_src1], [ts_sel_dst])
+    strm.wait()
+
+    prod = ts_mm_src.numpy().astype(np.float64) @ ts_mm_wei.numpy().astype(np.float64)
+    want = np.where(ts_sel_cond.numpy(), prod, -1000.5)
+    # small integers: every product and partial sum (|sum| <= 256 * 16) is exact in f32
+    np.testing.assert_array_equal(ts_sel_dst.numpy(), want)
