@@ -1986,3 +1986,101 @@ def test_matmul_sel_example():
     want = np.where(ts_sel_cond.numpy(), prod, -1000.5)
     # small integers: every product and partial sum (|sum| <= 256 * 16) is exact in f32
     np.testing.assert_array_equal(ts_sel_dst.numpy(), want)
+
+
+# ---------------------------------------------------------------- multiple_binary_ops.cpp
+# Not on oneDNN's main branch: examples/graph/multiple_binary_ops.cpp of branch
+# dev-v3.8-thunk-preview (commit bf0efd64f9, 2025-08-06).
+def multi_binary_ops(ekind, dt_):
+    """``multi_binary_ops`` of multiple_binary_ops.cpp: a chain of ten Multiply, a
+    TypeCast below f32, a MatMul, ten more Multiply and a TypeCast. The example's 22
+    ``src_i`` variables are the list ``src`` here, created in the same id order.
+    Returns the partitions and, when there is one (the example returns otherwise),
+    the inputs and output."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    id_ = itertools.count()
+    in_sz = [8, 8, 8, 8]
+    dt_inter = dt.f32
+    opk = K.Multiply
+
+    src = [logical_tensor(next(id_), dt_, in_sz, layout_type.strided) for _ in range(22)]
+
+    def binary(i, lhs, rhs):  # dst_i = logical_tensor(id++ ...); binary_i = op(id++, opk, ...)
+        dst_i = logical_tensor(next(id_), dt_inter, in_sz, layout_type.strided)
+        binary_i = op(next(id_), opk, f"binary_{i}")
+        binary_i.add_inputs([lhs, rhs])
+        binary_i.add_outputs([dst_i])
+        return dst_i, binary_i
+
+    def typecast(name, x):
+        x_dt = x
+        tc = op(next(id_), K.TypeCast, name)
+        if dt_ != dt_inter:
+            x_dt = logical_tensor(next(id_), dt_, in_sz, layout_type.strided)
+            tc.add_input(x)
+            tc.add_output(x_dt)
+        return x_dt, tc
+
+    dst, binaries = src[0], []
+    for i in range(10):
+        dst, b = binary(i, dst, src[i + 1])
+        binaries.append(b)
+    dst_9_dt, tc_0 = typecast("tc_0", dst)
+
+    dst_10 = logical_tensor(next(id_), dt_inter, in_sz, layout_type.strided)
+    mm = op(next(id_), K.MatMul, "matmul")
+    mm.add_inputs([dst_9_dt, src[11]])
+    mm.add_outputs([dst_10])
+
+    dst = dst_10
+    for i in range(10, 20):
+        dst, b = binary(i, dst, src[i + 2])
+        binaries.append(b)
+    dst_20_dt, tc_1 = typecast("tc_1", dst)
+
+    gh = ga.Graph(ekind)
+    for b in binaries[:10]:
+        gh.add_op(b)
+    if dt_ != dt_inter:
+        gh.add_op(tc_0)
+    gh.add_op(mm)
+    for b in binaries[10:]:
+        gh.add_op(b)
+    if dt_ != dt_inter:
+        gh.add_op(tc_1)
+    gh.finalize()
+
+    partitions = gh.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile(src, [dst_20_dt], eng)
+    ts_src = [tensor(s, eng) for s in src]
+    ts_dst_20 = tensor(dst_20_dt, eng)
+    rng = np.random.default_rng(4)  # not in the example (uninitialised inputs): values to check
+    for ts in ts_src:
+        ts.write(rng.uniform(0.5, 1.5, in_sz).astype(np.float32))
+    cp.execute(strm, ts_src, [ts_dst_20])
+    strm.wait()
+    return partitions, [ts.numpy() for ts in ts_src], ts_dst_20
+
+
+@pytest.mark.parametrize("dt_", [dt.f32, dt.f16, dt.bf16], ids=lambda d: d.name)
+def test_multiple_binary_ops_example(dt_):
+    partitions, x, out = multi_binary_ops(ga.EngineKind.cpu, dt_)
+    assert len(partitions) == 1, [(p.get_kind(), sorted(p.get_ops())) for p in partitions]
+    if dt_ == dt.f32:
+        x = [a.astype(np.float64) for a in x]
+        want = math.prod(x[:11]) @ x[11] * math.prod(x[12:])
+        # twenty f32 products (each one rounding) and an 8-term dot product of positive
+        # values: ~30 ulps at most, inside the scale-aware f32 rule of graph_api.check;
+        # a skipped or repeated factor changes outputs by >= 50 %
+        verdict = compare(want, out.numpy(), dt.f32)
+        assert verdict.ok, verdict.message
+        return
+    # f16/bf16: the unfused reference rounds at the two TypeCasts as the graph says
+    graph = partitions[0].graph
+    want = reference_arrays(graph, dict(enumerate(x)))[graph.output_ids[0]]
+    verdict = compare(want, out.numpy(), dt_, graph.fpmath, partitions[0].ops)
+    assert verdict.ok, verdict.message
