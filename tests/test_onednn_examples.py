@@ -2084,3 +2084,83 @@ def test_multiple_binary_ops_example(dt_):
     want = reference_arrays(graph, dict(enumerate(x)))[graph.output_ids[0]]
     verdict = compare(want, out.numpy(), dt_, graph.fpmath, partitions[0].ops)
     assert verdict.ok, verdict.message
+
+
+# ---------------------------------------------------------------- grouped_matmul.cpp
+# Not on oneDNN's main branch: examples/graph/grouped_matmul.cpp of branch
+# lvtao/main/gmm-poc (commit 1c4e16adcb, 2026-06-08).
+def grouped_matmul(ekind, k=256, n=1024):
+    """``grouped_matmul`` of grouped_matmul.cpp: eight independent MatMuls with
+    different M in one graph. Returns the partitions, and when there is one (the
+    example returns otherwise) the input and output tensors."""
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    num = 8
+    m = [10, 20, 30, 40, 50, 60, 70, 80]
+    id_ = itertools.count(100)
+    src_ids = [0, 1, 2, 3, 4, 5, 6, 7]
+    wei_ids = [8, 9, 10, 11, 12, 13, 14, 15]
+    dst_ids = [16, 17, 18, 19, 20, 21, 22, 23]
+    dt_ = dt.f32
+
+    gmm = ga.Graph(ekind)
+    for i in range(num):
+        src = logical_tensor(src_ids[i], dt_, [m[i], k], layout_type.strided)
+        wei = logical_tensor(wei_ids[i], dt_, [k, n], layout_type.strided)
+        dst = logical_tensor(dst_ids[i], dt_, [m[i], n], layout_type.strided)
+        mm = op(next(id_), K.MatMul, "mm_" + str(i))
+        mm.add_inputs([src, wei])
+        mm.add_outputs([dst])
+        gmm.add_op(mm)
+    gmm.finalize()
+
+    partitions = gmm.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    inputs, outputs = [], []
+    for i in range(num):
+        inputs.append(logical_tensor(src_ids[i], dt_, [m[i], k], layout_type.strided))
+        inputs.append(logical_tensor(wei_ids[i], dt_, [k, n], layout_type.strided))
+        outputs.append(logical_tensor(dst_ids[i], dt_, [m[i], n], layout_type.strided))
+    cp = partitions[0].compile(inputs, outputs, eng)
+    ts_inputs = [tensor(lt, eng) for lt in inputs]
+    ts_outputs = [tensor(lt, eng) for lt in outputs]
+    rng = np.random.default_rng(5)  # not in the example (uninitialised inputs): values to check
+    for ts in ts_inputs:
+        ts.write(rng.integers(-4, 5, ts.get_logical_tensor().get_dims()).astype(np.float32))
+    cp.execute(strm, ts_inputs, ts_outputs)
+    strm.wait()
+    return partitions, ts_inputs, ts_outputs
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "no grouped-MatMul partition: the pattern library fuses connected subgraphs only, so the "
+    "eight independent MatMuls give eight single-op partitions where the gmm-poc branch gives one"))
+def test_grouped_matmul_example():
+    partitions, ts_inputs, ts_outputs = grouped_matmul(ga.EngineKind.cpu, k=64, n=96)  # k 256, n 1024: reduced
+    assert len(partitions) == 1, [(p.get_kind(), sorted(p.get_ops())) for p in partitions]
+    for i, ts_dst in enumerate(ts_outputs):
+        a, b = (t.numpy().astype(np.float64) for t in ts_inputs[2 * i:2 * i + 2])
+        # small integers: every product and partial sum (|sum| <= 64 * 16) is exact in f32
+        np.testing.assert_array_equal(ts_dst.numpy(), a @ b)
+
+
+def test_grouped_matmul_graph_runs_as_eight_partitions():
+    """What the grouped_matmul.cpp graph gives today: one single-op partition per
+    MatMul, each run with the example's loop and checked."""
+    graph = ga.Graph(ga.EngineKind.cpu)
+    m, k, n = [10, 20, 30, 40, 50, 60, 70, 80], 64, 96
+    for i in range(8):
+        graph.add_op(op(100 + i, K.MatMul, [logical_tensor(i, dt.f32, [m[i], k], layout_type.strided),
+                                            logical_tensor(8 + i, dt.f32, [k, n], layout_type.strided)],
+                        [logical_tensor(16 + i, dt.f32, [m[i], n], layout_type.strided)], f"mm_{i}"))
+    graph.finalize()
+    assert sorted(sorted(p.get_ops()) for p in graph.get_partitions()) == [[100 + i] for i in range(8)]
+    rng = np.random.default_rng(5)
+    shapes = {**{i: [m[i], k] for i in range(8)}, **{8 + i: [k, n] for i in range(8)}}
+    data = {i: rng.integers(-4, 5, s).astype(np.float32) for i, s in shapes.items()}
+    tensors = _run_like_the_example(graph, shapes, data)
+    for i in range(8):
+        # small integers: exact in f32, as above
+        np.testing.assert_array_equal(tensors[16 + i].numpy(), data[i].astype(np.float64) @ data[8 + i])
