@@ -2164,3 +2164,160 @@ def test_grouped_matmul_graph_runs_as_eight_partitions():
     for i in range(8):
         # small integers: exact in f32, as above
         np.testing.assert_array_equal(tensors[16 + i].numpy(), data[i].astype(np.float64) @ data[8 + i])
+
+
+# ---------------------------------------------------------------- sdpa_dynamic_quantized.cpp
+# Not on oneDNN's main branch: examples/graph/sdpa_dynamic_quantized.cpp (stored commit
+# aaaf1e3d87), using the ``mask`` attribute of DynamicQuantize/DynamicDequantize that
+# branch lvtao/main/quant-mask adds (commit 58549a26d7, 2026-08-18).
+def bench_dynamic_quantized_sdpa(ekind, dt_, p: QuantizedSdpaDims):
+    """``bench_quantized_sdpa`` of sdpa_dynamic_quantized.cpp: f8_e4m3 Q/K/V
+    dequantized with [mb, head_num] scale tensors selected by ``mask = 3`` (dims 0
+    and 1), probabilities dynamically quantized and dequantized, a bf16 output."""
+    data_type = dt
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    qkv_sz = [p.mb, p.head_num, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.head_num, p.seq_len, p.seq_len]
+    scale_sz = [1]
+    mask_sz = [p.mb, 1, 1, p.seq_len]
+    qkv_scales_sz = [p.mb, p.head_num]
+    id_ = itertools.count()
+
+    q_x8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    q_scales = logical_tensor(next(id_), data_type.f32, qkv_scales_sz, layout_type.strided)
+    q_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    q_deq = op(next(id_), K.DynamicDequantize, "q_deq")
+    q_deq.set_attr("mask", 3)  # ga.OpAttr has no ``mask`` (the branch's new attribute)
+    q_deq.add_inputs([q_x8, q_scales])
+    q_deq.add_output(q_f32)
+
+    k_x8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    k_scales = logical_tensor(next(id_), data_type.f32, qkv_scales_sz, layout_type.strided)
+    k_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    k_deq = op(next(id_), K.DynamicDequantize, "k_deq")
+    k_deq.set_attr("mask", 3)
+    k_deq.add_inputs([k_x8, k_scales])
+    k_deq.add_output(k_f32)
+
+    score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([q_f32, k_f32])
+    bmm1.add_output(score)
+
+    scale = logical_tensor(next(id_), data_type.f32, scale_sz, layout_type.strided)
+    scaled_score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    mask = logical_tensor(next(id_), data_type.f32, mask_sz, layout_type.strided)
+    masked_score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    p_quant_scales = logical_tensor(next(id_), data_type.f32, scale_sz, layout_type.strided)
+    probs_x8 = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    p_quant = op(next(id_), K.DynamicQuantize, "p_quant")
+    p_quant.set_attr(ga.OpAttr.qtype, "per_tensor")
+    p_quant.add_inputs([probs, p_quant_scales])
+    p_quant.add_output(probs_x8)
+
+    p_deq_scales = logical_tensor(next(id_), data_type.f32, scale_sz, layout_type.strided)
+    probs_f32 = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    p_deq = op(next(id_), K.DynamicDequantize, "p_deq")
+    p_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    p_deq.add_inputs([probs_x8, p_deq_scales])
+    p_deq.add_output(probs_f32)
+
+    v_x8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    v_scales = logical_tensor(next(id_), data_type.f32, qkv_scales_sz, layout_type.strided)
+    v_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    v_deq = op(next(id_), K.DynamicDequantize, "v_deq")
+    v_deq.set_attr("mask", 3)
+    v_deq.add_inputs([v_x8, v_scales])
+    v_deq.add_output(v_f32)
+
+    output_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs_f32, v_f32])
+    bmm2.add_outputs([output_f32])
+
+    output = logical_tensor(next(id_), data_type.bf16, qkv_sz, layout_type.strided)
+    tc = op(next(id_), K.TypeCast, "typecast")
+    tc.add_input(output_f32)
+    tc.add_output(output)
+
+    sdpa = ga.Graph(ekind)
+    for o in (q_deq, k_deq, bmm1, scale_div, mask_add, softmax, p_quant, p_deq, v_deq, bmm2, tc):
+        sdpa.add_op(o)
+    sdpa.finalize()
+
+    partitions = sdpa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    inputs_lt = [q_x8, q_scales, k_x8, k_scales, scale, mask, p_quant_scales, p_deq_scales, v_x8, v_scales]
+    cp = partitions[0].compile(inputs_lt, [output], eng)
+    ts_inputs = [tensor(lt, eng) for lt in inputs_lt]
+    (ts_query, ts_q_scales, ts_key, ts_k_scales, ts_scale, ts_mask, ts_p_quant_scales, ts_p_deq_scales,
+     ts_value, ts_v_scales) = ts_inputs
+    ts_output = tensor(output, eng)
+
+    query_data = np.empty(product(qkv_sz), np.float32)
+    key_data = np.empty(product(qkv_sz), np.float32)
+    qkv_scales_data = np.full(product(qkv_scales_sz), 0.25, np.float32)
+    scale_data = np.full(product(scale_sz), math.sqrt(p.head_size), np.float32)
+    mask_data = np.empty(product(mask_sz), np.float32)
+    pt_scales_data = np.full(product(scale_sz), 0.25, np.float32)
+    value_data = np.empty(product(qkv_sz), np.float32)
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+    fill_mask(mask_data, p.seq_len)
+
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(qkv_scales_data, ts_q_scales)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(qkv_scales_data, ts_k_scales)
+    write_to_dnnl_tensor(scale_data, ts_scale)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+    write_to_dnnl_tensor(pt_scales_data, ts_p_quant_scales)
+    write_to_dnnl_tensor(pt_scales_data, ts_p_deq_scales)
+    write_to_dnnl_tensor(value_data, ts_value)
+    write_to_dnnl_tensor(qkv_scales_data, ts_v_scales)
+
+    cp.execute(strm, ts_inputs, [ts_output])
+    strm.wait()
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in ts_inputs}, ts_output
+
+
+@pytest.mark.xfail(strict=True, raises=ga.errors.InvalidGraphOp, reason=(
+    "DynamicQuantize/DynamicDequantize have no 'mask' attribute (scales over the dims its "
+    "bits select, here [mb, head_num] of a 4-D src; qtype per_tensor); add_op rejects it"))
+def test_sdpa_dynamic_quantized_example():
+    # the example's defaults are {2, 128, 16, 64}: reduced
+    p = QuantizedSdpaDims(2, 32, 2, 16)
+    partitions, data, out = bench_dynamic_quantized_sdpa(ga.EngineKind.cpu, dt.f8_e4m3, p)
+    assert len(partitions) == 1 and partitions[0].get_kind().startswith("sdpa"), partitions
+    (q, q_scales, k, k_scales, scale, mask, pq_scale, pd_scale, v, v_scales) = (
+        np.asarray(data[i], np.float64) for i in sorted(data))
+    per_head = lambda x, s: x * s[:, :, None, None]  # noqa: E731  (mask 3: dims 0 and 1)
+    f8 = _QUANTIZE_F64[dt.f8_e4m3]
+    s = per_head(q, q_scales) @ np.swapaxes(per_head(k, k_scales), -1, -2) / scale[0] + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    probs = f8(e / e.sum(-1, keepdims=True) / pq_scale[0]) * pd_scale[0]
+    want = probs @ per_head(v, v_scales)
+    # one f8 step of the probabilities may differ where f32 and float64 round differently;
+    # the bf16 output adds one bf16 rounding: the rule of graph_api.check for bf16
+    verdict = compare(want, out.numpy(), dt.bf16)
+    assert verdict.ok, verdict.message
