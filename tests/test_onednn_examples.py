@@ -25,7 +25,11 @@ counts, and run.
   graph: 1 partition each, outputs, stats and dQ/dK/dV against float64 (f32).
 
 These are all the CPU examples of oneDNN's main branch (the others there,
-``gpu_opencl_*`` and ``sycl_*``, need a GPU or SYCL runtime).
+``gpu_opencl_*`` and ``sycl_*``, need a GPU or SYCL runtime). Examples found only on
+oneDNN development branches follow, each marked with its branch and commit:
+``int8_sdpa.cpp`` and ``fp8_sdpa.cpp`` (scalar ``scales``/``zps`` attributes),
+``matmul_sel.cpp``, ``multiple_binary_ops.cpp``; ``grouped_matmul.cpp`` and
+``sdpa_dynamic_quantized.cpp`` are strict xfails naming what is missing.
 """
 import itertools
 import math
@@ -1416,6 +1420,11 @@ def test_sdpa_quantized_example(dt_):
     fill_scale = 8.0 if dt_ in (dt.s8, dt.u8) else 1.0
     partitions, data, out = bench_quantized_sdpa(ga.EngineKind.cpu, dt_, p, fill_scale)
     assert len(partitions) == 1 and partitions[0].get_kind().startswith("sdpa"), partitions
+    _check_quantized_sdpa(data, out, dt_)
+
+
+def _check_quantized_sdpa(data, out, dt_):
+    """sdpa_quantized.cpp's output against float64 with both quantizations."""
     q, k, scale, mask, v = (np.asarray(data[i], np.float64) for i in sorted(data))
     quant = _QUANTIZE_F64[dt_]
     s = (q * 0.25) @ np.swapaxes(k * 0.25, -1, -2) / scale[0] + mask
@@ -2323,3 +2332,141 @@ def test_sdpa_dynamic_quantized_example():
     # the bf16 output adds one bf16 rounding: the rule of graph_api.check for bf16
     verdict = compare(want, out.numpy(), dt.bf16)
     assert verdict.ok, verdict.message
+
+
+# ---------------------------------------------------------------- fp8_sdpa.cpp
+# Not on oneDNN's main branch: examples/graph/fp8_sdpa.cpp of branch
+# lvtao/v3.11.2/fp8-sdpa (commit 63c4738123, 2026-04-08).
+def bench_fp8_sdpa(ekind, dt_, p: QuantizedSdpaDims):
+    """``bench_fp8_sdpa`` of fp8_sdpa.cpp: sdpa_quantized.cpp's graph (which it
+    preceded) with the scales set as one float, ``set_attr<float>(scales, 0.25f)``."""
+    data_type = dt
+    alloc = create_allocator(ekind)
+    eng = ga.make_engine_with_allocator(ekind, 0, alloc)
+    strm = ga.Stream(eng)
+    qkv_sz = [p.mb, p.head_num, p.seq_len, p.head_size]
+    score_sz = [p.mb, p.head_num, p.seq_len, p.seq_len]
+    scale_sz = [1]
+    mask_sz = [p.mb, 1, 1, p.seq_len]
+    id_ = itertools.count()
+
+    q_fp8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    q_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    q_deq = op(next(id_), K.Dequantize, "q_deq")
+    q_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    q_deq.set_attr(ga.OpAttr.scales, 0.25)
+    q_deq.add_input(q_fp8)
+    q_deq.add_output(q_f32)
+
+    k_fp8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    k_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    k_deq = op(next(id_), K.Dequantize, "k_deq")
+    k_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    k_deq.set_attr(ga.OpAttr.scales, 0.25)
+    k_deq.add_input(k_fp8)
+    k_deq.add_output(k_f32)
+
+    score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    bmm1 = op(next(id_), K.MatMul, "bmm1")
+    bmm1.set_attr(ga.OpAttr.transpose_b, True)
+    bmm1.add_inputs([q_f32, k_f32])
+    bmm1.add_output(score)
+
+    scale = logical_tensor(next(id_), data_type.f32, scale_sz, layout_type.strided)
+    scaled_score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    scale_div = op(next(id_), K.Divide, "scale_div")
+    scale_div.add_inputs([score, scale])
+    scale_div.add_outputs([scaled_score])
+
+    mask = logical_tensor(next(id_), data_type.f32, mask_sz, layout_type.strided)
+    masked_score = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    mask_add = op(next(id_), K.Add, "mask_add")
+    mask_add.add_inputs([scaled_score, mask])
+    mask_add.add_outputs([masked_score])
+
+    probs = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    softmax = op(next(id_), K.SoftMax, "softmax")
+    softmax.set_attr(ga.OpAttr.axis, -1)
+    softmax.set_attr(ga.OpAttr.mode, "inf_as_zero")
+    softmax.add_inputs([masked_score])
+    softmax.add_outputs([probs])
+
+    probs_fp8 = logical_tensor(next(id_), dt_, score_sz, layout_type.strided)
+    p_quant = op(next(id_), K.Quantize, "p_quant")
+    p_quant.set_attr(ga.OpAttr.qtype, "per_tensor")
+    p_quant.set_attr(ga.OpAttr.scales, 0.25)
+    p_quant.add_input(probs)
+    p_quant.add_output(probs_fp8)
+
+    probs_f32 = logical_tensor(next(id_), data_type.f32, score_sz, layout_type.strided)
+    p_deq = op(next(id_), K.Dequantize, "p_deq")
+    p_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    p_deq.set_attr(ga.OpAttr.scales, 0.25)
+    p_deq.add_input(probs_fp8)
+    p_deq.add_output(probs_f32)
+
+    v_fp8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    v_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    v_deq = op(next(id_), K.Dequantize, "v_deq")
+    v_deq.set_attr(ga.OpAttr.qtype, "per_tensor")
+    v_deq.set_attr(ga.OpAttr.scales, 0.25)
+    v_deq.add_input(v_fp8)
+    v_deq.add_output(v_f32)
+
+    output = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
+    bmm2 = op(next(id_), K.MatMul, "bmm2")
+    bmm2.add_inputs([probs_f32, v_f32])
+    bmm2.add_outputs([output])
+
+    output_fp8 = logical_tensor(next(id_), dt_, qkv_sz, layout_type.strided)
+    o_quant = op(next(id_), K.Quantize, "o_quant")
+    o_quant.set_attr(ga.OpAttr.qtype, "per_tensor")
+    o_quant.set_attr(ga.OpAttr.scales, 0.25)
+    o_quant.add_input(output)
+    o_quant.add_output(output_fp8)
+
+    sdpa = ga.Graph(ekind)
+    for o in (q_deq, k_deq, bmm1, scale_div, mask_add, softmax, p_quant, p_deq, v_deq, bmm2, o_quant):
+        sdpa.add_op(o)
+    sdpa.finalize()
+
+    partitions = sdpa.get_partitions()
+    if len(partitions) != 1:
+        return partitions, None, None
+    cp = partitions[0].compile([q_fp8, k_fp8, scale, mask, v_fp8], [output_fp8], eng)
+
+    ts_query, ts_key, ts_scale = tensor(q_fp8, eng), tensor(k_fp8, eng), tensor(scale, eng)
+    ts_mask, ts_value, ts_output = tensor(mask, eng), tensor(v_fp8, eng), tensor(output_fp8, eng)
+
+    query_data = np.empty(product(qkv_sz), np.float32)
+    key_data = np.empty(product(qkv_sz), np.float32)
+    scale_data = np.full(product(scale_sz), math.sqrt(p.head_size), np.float32)
+    mask_data = np.empty(product(mask_sz), np.float32)
+    value_data = np.empty(product(qkv_sz), np.float32)
+    fill_random(query_data)
+    fill_random(key_data)
+    fill_random(value_data)
+    fill_mask(mask_data, p.seq_len)
+
+    write_to_dnnl_tensor(query_data, ts_query)
+    write_to_dnnl_tensor(key_data, ts_key)
+    write_to_dnnl_tensor(scale_data, ts_scale)
+    write_to_dnnl_tensor(mask_data, ts_mask)
+    write_to_dnnl_tensor(value_data, ts_value)
+
+    inputs = [ts_query, ts_key, ts_scale, ts_mask, ts_value]
+    cp.execute(strm, inputs, [ts_output])
+    strm.wait()
+    cp.execute(strm, inputs, [ts_output])
+    strm.wait()
+    return partitions, {t.get_logical_tensor().id: t.numpy() for t in inputs}, ts_output
+
+
+def test_fp8_sdpa_example():
+    # the example's defaults are {2, 128, 16, 64}; it runs f8_e4m3 only. The same graph and
+    # check as test_sdpa_quantized_example[f8_e4m3], with the scalar scales spelling
+    p = QuantizedSdpaDims(2, 32, 2, 16)
+    partitions, data, out = bench_fp8_sdpa(ga.EngineKind.cpu, dt.f8_e4m3, p)
+    assert len(partitions) == 1 and partitions[0].get_kind().startswith("sdpa"), partitions
+    assert partitions[0].ops[0].attrs["scales"] == [0.25]  # the scalar stored as a list, as oneDNN does
+    _check_quantized_sdpa(data, out, dt.f8_e4m3)
