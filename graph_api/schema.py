@@ -137,6 +137,10 @@ def _normalize_attr(op, spec: Attr, value):
             raise bad()
         return dict(value)
     if kind in ("s64[]", "f32[]"):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # oneDNN's dnnl_graph_op_set_attr_f32/_s64 store a list-valued attribute
+            # set with one scalar (C++ set_attr<float>(scales, 0.25f)) as a one-element list
+            value = [value]
         if not isinstance(value, (list, tuple)):
             raise bad()
         if kind == "s64[]":

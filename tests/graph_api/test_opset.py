@@ -262,7 +262,7 @@ GENERIC_ERRORS = [
     ("End takes no attrs", "End", ["f32:2"], [], {"axis": 1}, "unknown attribute"),
     ("wrong attribute kind", "SoftMax", ["f32:2"], ["f32:2"], {"axis": 1.5}, "must be s64"),
     ("bool is not s64", "Concat", ["f32:2"], ["f32:2"], {"axis": True}, "must be s64"),
-    ("list attr", "StaticTranspose", ["f32:2"], ["f32:2"], {"order": 0}, "must be s64[]"),
+    ("list attr", "StaticTranspose", ["f32:2"], ["f32:2"], {"order": "0"}, "must be s64[]"),
     ("alternative kinds", "DynamicDequantize", ["s8:2", "f32:1"], ["f32:2"], {"axis": "x"},
      "must be s64|s64[]"),
     ("bad choice", "GELU", ["f32:2"], ["f32:2"], {"mode": "gelu_fast"}, "is not one of"),
@@ -294,6 +294,14 @@ def test_generic_schema_errors(case):
         verify(kind, ins, outs, **attrs)
     assert f"op {OP_ID}" in str(info.value)
     assert fragment in str(info.value)
+
+
+def test_scalar_for_a_list_attribute_is_a_one_element_list():
+    """As oneDNN's C API stores set_attr<float>(scales, 0.25f) / set_attr<int64_t>(zps, 128)."""
+    op = verify("Dequantize", ["u8:2"], ["f32:2"], qtype="per_tensor", scales=0.25, zps=128)
+    assert op.attrs["scales"] == [0.25] and op.attrs["zps"] == [128]
+    with pytest.raises(InvalidGraphOp, match="must be f32"):
+        verify("Dequantize", ["u8:2"], ["f32:2"], qtype="per_tensor", scales=True)
 
 
 # --------------------------------------------------- per-op constraints
