@@ -27,12 +27,14 @@ import numpy as np
 
 from . import dtypes
 from .config import log
+from .enums import PartitionPolicy
 from .tensor import Tensor
 from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest, ComposedPlan
 from graph_api.kernels.registry import select_plan
 from graph_api.kernels.scratch import arena as scratch_arena
 from graph_api.patterns import explain as pattern_explain
+from graph_api.kernels import composite as composite_kernels
 from graph_api.kernels.composite import FAST_COMPOSITES
 from graph_api.patterns.partitioner import partition_graph
 
@@ -45,6 +47,22 @@ _PLACEHOLDER = {"float": 0.5, "int": 1, "bool": True}
 #: requests warmed in this process -> scratch bytes they measured (oldest dropped first)
 _WARMED: OrderedDict = OrderedDict()
 _WARMED_LIMIT = 4096
+
+
+def _partition_native(ops, fpmath):
+    """A composite's native ops as a finalized graph, partitioned (for
+    :mod:`graph_api.kernels.composite`, which may not import the runtime)."""
+    from .graph import Graph  # graph imports this module: Graph exists only once both are loaded
+
+    graph = Graph(fpmath_mode=fpmath.mode, apply_to_int=fpmath.apply_to_int)
+    for op in ops:
+        graph.add_op(op)
+    graph.finalize()
+    fusions = partition_graph(graph, PartitionPolicy.fusion)
+    return fusions, graph.tensors, [graph.ops[i] for i in graph.topological_op_ids()]
+
+
+composite_kernels.partition_native = _partition_native
 
 
 @dataclass

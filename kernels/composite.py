@@ -109,12 +109,15 @@ class CompositePlan:
         self.plan.execute(inputs, outputs)
 
 
+#: ``(ops, fpmath) -> (fusions, tensors, ops in topological order)``: the native ops
+#: as a finalized graph, partitioned.  Graphs belong to the runtime, above this layer,
+#: so the runtime's backend seam installs this function (graph_api.backend) and the
+#: kernels never import it.
+partition_native: Callable | None = None
+
+
 def _native_request(request: CompileRequest, native: Native) -> CompileRequest:
     """The native ops as a request of their own, with the pattern that fuses them."""
-    from graph_api.enums import PartitionPolicy
-    from graph_api.graph import Graph
-    from graph_api.patterns.partitioner import partition_graph
-
     op = request.ops[0]
     ports = {lt.id: request.lts[lt.id] for lt in op.inputs + op.outputs}
     fresh = itertools.count(max(request.lts) + 1)
@@ -122,18 +125,15 @@ def _native_request(request: CompileRequest, native: Native) -> CompileRequest:
     for o in ops:
         o.inputs = [ports.get(lt.id, lt) for lt in o.inputs]
         o.outputs = [ports.get(lt.id, lt) for lt in o.outputs]
-    graph = Graph(fpmath_mode=request.fpmath.mode, apply_to_int=request.fpmath.apply_to_int)
-    for o in ops:
-        graph.add_op(o)
-    graph.finalize()
-    fusions = partition_graph(graph, PartitionPolicy.fusion)
+    if partition_native is None:
+        raise RuntimeError("graph_api.backend did not install kernels.composite.partition_native")
+    fusions, tensors, ordered = partition_native(ops, request.fpmath)
     pattern, bindings = None, {}
     if len(fusions) == 1 and fusions[0].pattern is not None:
         pattern, bindings = fusions[0].pattern.name, dict(fusions[0].bindings)
     lts = dict(request.lts)
-    for tid, lt in graph.tensors.items():
+    for tid, lt in tensors.items():
         lts.setdefault(tid, lt.with_shape(lt.shape, dense_strides(lt.shape)))
-    ordered = [graph.ops[i] for i in graph.topological_op_ids()]
     return CompileRequest(pattern, ordered, lts, list(request.input_ids), list(request.output_ids),
                           request.fpmath, bindings)
 
