@@ -70,8 +70,10 @@ def main(small: bool = False) -> None:
             stored = int(n * k * BYTES[int_dt] + per_elem[:, ::group].size * 4)
             name = "per row" if group == k else f"groups of {group}"
             print(f"{int_dt.name:5s} {name:18s} {stored:16d} {err.max():16.4f} {rms:12.2e}")
-            # rounding to the nearest step: 1/2 a scale, plus f32 rounding of x/scale
-            gallery.error(f"{int_dt.name} {name} round trip, max |err| in scales", float(err.max()), 0.5 + 1e-5)
+            # rounding to the nearest step: 1/2 a scale, plus the f32 roundings of x/scale + zp (values
+            # up to 2^8, whose ulp is 2^-15: two roundings of half an ulp) and of (q - zp) * scale
+            # (2^-24 relative of at most 2^8 steps): below 2^-14 of a step in all
+            gallery.error(f"{int_dt.name} {name} round trip, max |err| in scales", float(err.max()), 0.5 + 2.0 ** -14)
             if not shown and int_dt == dt.u4:
                 gallery.graph(*picture)
                 shown = True
