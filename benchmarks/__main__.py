@@ -38,6 +38,7 @@ def main(argv=None):
             f"python {platform.python_version()}, numba {numba.__version__} "
             f"({numba.config.THREADING_LAYER} layer, {numba.get_num_threads()} threads), "
             f"torch {'yes' if peers.have_torch() else 'no'}, onnxruntime {'yes' if peers.have_ort() else 'no'}",
+            _cpu_line(), _openblas_line(),
             f"measured read bandwidth: cold (> L3) {bw[0]:.1f} GB/s, L3-resident {bw[1]:.1f} GB/s", ""]
     print("\n".join(head), flush=True)
 
@@ -119,6 +120,40 @@ def main(argv=None):
     with open(args.out, "w") as f:
         f.write("\n".join(head) + "\n" + table + f"\n\ntotal suite time {time.perf_counter() - t_start:.0f} s\n")
     print(f"\nwritten to {args.out} ({time.perf_counter() - t_start:.0f} s)")
+
+
+#: the instruction sets the kernels and the peers depend on (PyTorch uses AMX where it exists; Numba cannot)
+_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512fp16",
+          "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpu_line() -> str:
+    """CPU model, core count and which of the flags that matter it has (from /proc/cpuinfo)."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    have = [f for f in _FLAGS if f in flags]
+    missing = [f for f in _FLAGS if f not in flags]
+    return (f"cpu: {model}, {os.cpu_count()} logical cores; has {' '.join(have) or '-'}; "
+            f"lacks {' '.join(missing) or '-'}")
+
+
+def _openblas_line() -> str:
+    """The OpenBLAS tuning variables this machine kind sets; benchmarks should run with both unset."""
+    found = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    if not found:
+        return "OpenBLAS variables: none set"
+    return ("OpenBLAS variables: " + ", ".join(f"{k}={v}" for k, v in found.items()) +
+            " (numpy BLAS slowed: run with env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)")
 
 
 def _fmt(r):
