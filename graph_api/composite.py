@@ -403,6 +403,8 @@ class Library:
     @contextlib.contextmanager
     def scope(self):
         """Definitions made inside the block are dropped at its end (tests, samples)."""
+        if self is LIBRARY:  # load the shipped ones first, or the block's end would drop them for good
+            _ensure_shipped()
         saved = dict(self._entries)
         try:
             yield self

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -298,3 +301,15 @@ def test_attribute_constant_must_fit_its_tensor():
     with pytest.raises(ga.InvalidGraph, match="constant tensor 2: value"):
         Decomposition("t.bad", [lt(1)], [lt(3)], [ga.Op(0, K.Add, [lt(1), lt(2, [2])], [lt(3)])],
                       constants={2: [[1.0], [2.0, 3.0]]})
+
+
+def test_a_scope_opened_first_keeps_the_shipped_library():
+    """Regression: a LIBRARY.scope() entered before anything loaded the shipped decompositions
+    loaded them inside the block, and its end dropped them for the rest of the process."""
+    code = ("from graph_api import composite\n"
+            "with composite.LIBRARY.scope():\n"
+            "    pass\n"
+            "print(composite.LIBRARY.get('tanh', 1) is not None, composite.LIBRARY.get('sdpa', 1) is not None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.split() == ["True", "True"], done.stderr
