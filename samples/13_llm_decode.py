@@ -301,8 +301,8 @@ def main(small: bool = False) -> None:
     print(f"{cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} query / {cfg['kv_heads']} KV heads, "
           f"prompt {cfg['prompt']}, {cfg['steps']} decode steps, cache capacity {int4.capacity} "
           f"(attend compiled once for the prefill rows, once for the decode row)")
-    print(f"prefill {prefill_s * 1e3:.1f} ms (compiles its graphs); decode graphs compiled and warmed up in {compile_s * 1e3:.1f} ms "
-          f"(int4 and f32); decode {decode_s / cfg['steps'] * 1e3:.2f} ms per token "
+    print(f"prefill {prefill_s * 1e3:.1f} ms (compiles its graphs); decode graphs compiled and warmed up "
+          f"in {compile_s * 1e3:.1f} ms (int4 and f32); decode {decode_s / cfg['steps'] * 1e3:.2f} ms per token "
           f"({cfg['steps'] / decode_s:.1f} tokens/s)")
     print(f"K/V cache at {length} tokens: int4 {int4.cache_bytes()} bytes (values + f32 scales), "
           f"bf16 {values * 2} bytes, f32 {f32.cache_bytes()} bytes")
