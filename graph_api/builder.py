@@ -117,6 +117,11 @@ class GraphBuilder:
         if array.dtype != dtypes.numpy_dtype(dt):
             array = dtypes.convert(array, dt)
         lt = LogicalTensor(next(self._tensor_ids), dt, array.shape, property=PropertyType.constant)
+        if dtypes.info(dt).packed:
+            # s4/u4 are held as their packed bytes (oneDNN's handle form): a direct tensor the kernels
+            # read in place, so a prepared weight is cached across runs; an unpacked array would be a
+            # mirror that every execute re-packs into fresh memory, preparing the weight again
+            array = dtypes.pack_int4(array)
         self.constants[lt.id] = array
         return Value(lt)
 

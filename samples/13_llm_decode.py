@@ -31,7 +31,6 @@ import numpy as np
 
 from graph_api import DataType as dt
 from graph_api import GraphBuilder
-from graph_api.dtypes import pack_int4
 from samples import gallery
 
 G = 32  # quantization group (weights along K, cache along the head dim)
@@ -88,11 +87,7 @@ class Graphs:
         if self.mode == "f32":
             return b.matmul(x, b.constant(self.layer.f32[name]), transpose_b=True)
         q, scale = self.layer.q[name]
-        packed = b.constant(q.astype(ml_dtypes.int4))
-        # hand the weight over as its packed bytes (oneDNN's s4 handle): a direct tensor the kernels read
-        # in place, so its prepared copy is cached across calls (an unpacked int4 array is a mirror that
-        # every execute re-packs into fresh memory, which re-prepares the weight every call)
-        b.constants[packed.lt.id] = pack_int4(q)
+        packed = b.constant(q.astype(ml_dtypes.int4))  # the builder keeps it as packed bytes
         w = b.dynamic_dequantize(packed, b.constant(scale), qtype="per_group", group_shape=[1, G])
         return b.matmul(x, w, transpose_b=True)
 
