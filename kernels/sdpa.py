@@ -611,6 +611,35 @@ def _score_kr(qb, kr, s, part, Rp, D, ntc):
 
 
 @njit(inline="always", cache=True)
+def _online_softmax_row(sc, o, n, rr, m, alpha, lv, part):
+    """One row's tile of ``n`` scores (a multiple of 16) at ``sc[o:]`` joins the running
+    softmax: the new running max ``m[rr]``, the factor ``alpha[rr]`` that rescales the
+    earlier sums, the scores turned into ``exp(score - max)`` and added to the running
+    sums ``lv[rr*16:]``.  A row masked so far keeps max -inf, alpha 1 and zero weights."""
+    mv = vsplat(m[rr])
+    for t in range(0, n, 16):
+        mv = vmax(mv, vload(sc, o + t))
+    vstore(part, 0, mv)
+    mt = m[rr]
+    for j in range(16):
+        mt = max(mt, part[j])
+    if mt == NEG_INF:
+        alpha[rr] = np.float32(1.0)
+        for t in range(n):
+            sc[o + t] = np.float32(0.0)
+        return
+    al = exp32(m[rr] - mt)
+    alpha[rr] = al
+    m[rr] = mt
+    for t in range(n):
+        sc[o + t] = exp32(sc[o + t] - mt)
+    lsum = vmul(vload(lv, rr * 16), vsplat(al))
+    for t in range(0, n, 16):
+        lsum = vadd(lsum, vload(sc, o + t))
+    vstore(lv, rr * 16, lsum)
+
+
+@njit(inline="always", cache=True)
 def _pv(s, vf, acc, alpha, Rp, D, nt):
     """acc[r, :] = acc[r, :] * alpha[r] + sum_{t < nt} s[r, t] * vf[t, :]; 4 rows x 64 lanes."""
     Dm = D - D % 64
@@ -806,27 +835,7 @@ def _attn_v(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, v
                     for t in range(nt):
                         if pos[t] > i + coff:
                             sc[o + t] = NEG_INF
-                mv = vsplat(m[rr])
-                for t in range(0, ntc, 16):
-                    mv = vmax(mv, vload(sc, o + t))
-                vstore(part, 0, mv)
-                mt = m[rr]
-                for j in range(16):
-                    mt = max(mt, part[j])
-                if mt == NEG_INF:
-                    alpha[rr] = np.float32(1.0)
-                    for t in range(ntc):
-                        sc[o + t] = np.float32(0.0)
-                    continue
-                al = exp32(m[rr] - mt)
-                alpha[rr] = al
-                m[rr] = mt
-                for t in range(ntc):
-                    sc[o + t] = exp32(sc[o + t] - mt)
-                lsum = vmul(vload(lv, rr * 16), vsplat(al))
-                for t in range(0, ntc, 16):
-                    lsum = vadd(lsum, vload(sc, o + t))
-                vstore(lv, rr * 16, lsum)
+                _online_softmax_row(sc, o, ntc, rr, m, alpha, lv, part)
             if vvec:
                 _vrows(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, (b * Hkv + hk) * S * D,
                        (b * Hkv + hk) * S * vng, pos, nt, D, vflat)
@@ -1438,27 +1447,7 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                         elif has_mask:
                             sc[o + t] += mflat[b * mstr[0] + hq * mstr[1] + i * mstr[2]
                                                + (s0 + s) * mstr[3]]
-                mv = vsplat(m[rr])
-                for t in range(0, DT, 16):
-                    mv = vmax(mv, vload(sc, o + t))
-                vstore(part, 0, mv)
-                mt = m[rr]
-                for j in range(16):
-                    mt = max(mt, part[j])
-                if mt == NEG_INF:
-                    alpha[rr] = np.float32(1.0)
-                    for t in range(DT):
-                        sc[o + t] = np.float32(0.0)
-                    continue
-                al = exp32(m[rr] - mt)
-                alpha[rr] = al
-                m[rr] = mt
-                for t in range(DT):
-                    sc[o + t] = exp32(sc[o + t] - mt)
-                lsum = vmul(vload(lv, rr * 16), vsplat(al))
-                for t in range(0, DT, 16):
-                    lsum = vadd(lsum, vload(sc, o + t))
-                vstore(lv, rr * 16, lsum)
+                _online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
             _dweights(vsc, vzp, vzs, vsbase + s0 * ngv, ngv, perm, nt, sc, nrow, svT, zvT, W, zc)
             for r0 in range(0, n4, 4):
                 _dpv4(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
