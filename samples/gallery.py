@@ -115,7 +115,7 @@ def draw(the_graph, partitions, kernels: dict) -> str:
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
-    from matplotlib.patches import FancyBboxPatch
+    from matplotlib.patches import FancyBboxPatch, Patch
 
     column = _layers(the_graph)
     rows: dict[int, int] = {}
@@ -136,6 +136,7 @@ def draw(the_graph, partitions, kernels: dict) -> str:
                 bend = "arc3,rad=-0.18" if y0 == y1 and x1 - x0 > 2.3 else "arc3"
                 ax.annotate("", (x1 - 0.8, y1), (x0 + 0.8, y0),
                             arrowprops=dict(arrowstyle="->", color="#555", lw=0.8, connectionstyle=bend))
+    legend = []
     for i, part in enumerate(partitions):
         colour = _COLOURS[i % len(_COLOURS)]
         xs = [place[op.id][0] for op in part.ops]
@@ -143,9 +144,16 @@ def draw(the_graph, partitions, kernels: dict) -> str:
         ax.add_patch(FancyBboxPatch((min(xs) - 0.95, min(ys) - 0.45), max(xs) - min(xs) + 1.9,
                                     max(ys) - min(ys) + 1.0, boxstyle="round,pad=0.05",
                                     fc=colour, alpha=0.22, ec=colour, lw=1.5))
-        label = f"{part.get_kind()}" + (f"\n{kernels[part.id]}" if part.id in kernels else "")
-        ax.text(min(xs) - 0.9, max(ys) + 0.62, label, fontsize=7, color=colour, va="bottom",
+        # neighbouring clusters sit one column (2.2 units) apart, narrower than a
+        # "kind / kernel" text: the box carries a short tag, the legend the words
+        # drawn just above the partition's last op: the bounding boxes of two
+        # partitions can share a corner, their last ops never share a place
+        tag = f"p{part.id}"
+        tx, ty = max((place[op.id] for op in part.ops), key=lambda xy: (xy[0], xy[1]))
+        ax.text(tx - 0.75, ty + 0.3, tag, fontsize=7, color=colour, va="bottom",
                 fontweight="bold")
+        words = part.get_kind() + (f" / {kernels[part.id]}" if part.id in kernels else "")
+        legend.append(Patch(fc=colour, alpha=0.5, ec=colour, label=f"{tag}: {words}"))
     for op in the_graph.ops.values():
         x, y = place[op.id]
         ax.add_patch(FancyBboxPatch((x - 0.75, y - 0.25), 1.5, 0.5, boxstyle="round,pad=0.02",
@@ -154,6 +162,8 @@ def draw(the_graph, partitions, kernels: dict) -> str:
     ax.set_xlim(-1.2, width - 1.0)
     ax.set_ylim(-depth - 0.7, 1.3)
     ax.axis("off")
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(0.0, 0.0), fontsize=7,
+              ncol=max(1, min(3, int(width // 9) + 1)), frameon=False)
     out = io.StringIO()
     fig.savefig(out, format="svg", bbox_inches="tight")
     plt.close(fig)

@@ -1,4 +1,6 @@
 """Every sample of the gallery runs (small shapes); samples assert their own errors."""
+import re
+
 import pytest
 
 from samples import SAMPLES, gallery, load
@@ -30,6 +32,12 @@ def test_gallery_runs_prints_a_summary_and_writes_the_page(tmp_path, capsys):
     page = (tmp_path / "index.html").read_text()
     assert page.count("<svg") == 2  # one picture per graph the sample ran
     assert "matmul_compressed" in page and "numba_wmatmul" in page  # partitions labelled with kernels
+    # each cluster carries a short tag; the legend spells out kind and kernel once
+    # (long labels on neighbouring clusters used to be drawn over each other)
+    tags = re.findall(r"<!-- (p\d+) -->", page)
+    legend = re.findall(r"<!-- (p\d+): ([^>]+) -->", page)
+    assert tags and sorted(tags) == sorted(t for t, _ in legend)
+    assert any(words.startswith("matmul_compressed / numba_wmatmul") for _, words in legend)
     assert "First graph" in page and "def main" in page  # its description and its code
 
 
