@@ -125,6 +125,16 @@ def find_fusion(graph, pattern, anchor: int, owner: dict, taken: dict,
     return None
 
 
+def _region_kinds(graph) -> dict[int, frozenset]:
+    """Op id -> the op kinds of its weakly connected part of the graph: every op
+    a match anchored there can bind lies in that part."""
+    kinds = {}
+    for part in nx.weakly_connected_components(graph.nx):
+        found = frozenset(graph.ops[op_id].kind for op_id in part)
+        kinds.update(dict.fromkeys(part, found))
+    return kinds
+
+
 def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:
     """Greedy by priority over ops in reverse topological order."""
     owner: dict[int, object] = {}  # op id -> fusion key
@@ -132,11 +142,17 @@ def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:
     fusions: list[Fusion] = []
     position = {op_id: i for i, op_id in enumerate(topo)}
     sparse = sparse_op_ids(graph)  # seed 003: ops on sparse tensors join sparse patterns only
+    region_kinds = _region_kinds(graph)
     for pattern in patterns:
         anchors = pattern.anchor_kinds()
+        required = pattern.required_kinds()
         blocked = taken if not sparse or pattern.name in SPARSE_PATTERN_NAMES else {**sparse, **taken}
         for anchor in reversed(topo):
             if anchor in blocked or graph.ops[anchor].kind not in anchors:
+                continue
+            # the search backtracks through long post-op chains in time exponential in
+            # their length before it learns that, say, no Convolution exists at all
+            if any(kinds.isdisjoint(region_kinds[anchor]) for kinds in required):
                 continue
             match = find_fusion(graph, pattern, anchor, owner, blocked)
             if match is None:

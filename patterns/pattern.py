@@ -231,6 +231,11 @@ class Pattern:
                 todo.append(self.node(node.via))
         return frozenset(kinds)
 
+    def required_kinds(self) -> tuple:
+        """The kind sets of the nodes every match binds (not optional, outside
+        repetitions): a graph region that lacks one of them cannot match."""
+        return tuple(n.kinds for n in self.nodes if isinstance(n, Node) and not n.optional)
+
     def op_kinds(self) -> frozenset:
         kinds: set = set()
         for node in self.nodes:

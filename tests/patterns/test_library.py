@@ -240,6 +240,25 @@ def test_more_than_20_post_ops_leave_the_rest_to_another_partition():
     assert [p.get_ops_num() for p in graph.get_partitions()] == [21, 3]
 
 
+def test_patterns_whose_required_ops_are_absent_are_not_searched(monkeypatch):
+    # the conv_quantized search over a 20-op MatMul post-op chain backtracked for
+    # ~100 s before failing; a pattern needing a Convolution must not even start
+    from graph_api.patterns import partitioner
+
+    searched = set()
+    real = partitioner.iter_matches
+
+    def spy(graph, pattern, anchor, taken=None, trace=None):
+        searched.add(pattern.name)
+        return real(graph, pattern, anchor, taken, trace)
+
+    monkeypatch.setattr(partitioner, "iter_matches", spy)
+    graph = gr.matmul_chain(post=("relu", "add", "swish") + ("tanh", "multiply", "abs") * 5)
+    assert kinds(graph) == ["matmul_post_ops"]
+    assert "matmul_post_ops" in searched
+    assert not searched & {"conv_quantized", "conv_post_ops", "sdpa", "pool_post_ops"}
+
+
 def test_mlp_bindings_tell_gate_from_up():
     graph = gr.gated_mlp(weights=dt.s4)
     b = the_fusion(graph).fusion.bindings
