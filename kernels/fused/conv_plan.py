@@ -198,7 +198,8 @@ def _int8_params(request, conv, ops_by_out):
     return {"x_id": xd.inputs[0].id, "w_id": wd.inputs[0].id, "x_zp": zp,
             "scale": np.broadcast_to(scale, (oc,)).reshape(-1, 1),
             "scale_vec": np.ascontiguousarray(np.broadcast_to(scale, (oc,)), np.float64),
-            "chunk": cv.exact_chunk(max(abs(lo - zp), abs(hi - zp)), 128), "skip": {xd.id, wd.id}}
+            "chunk": cv.exact_chunk(max(abs(lo - zp), abs(hi - zp)), 128), "skip": {xd.id, wd.id},
+            "x_range": max(abs(lo - zp), abs(hi - zp))}
 
 
 # ---------------------------------------------------------------- the chain on blocks
@@ -284,6 +285,17 @@ def _view2d(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
     v = a.view()
     v.shape = (rows, cols)
     return v
+
+
+def _exact_reduction(w2: np.ndarray, int8: dict) -> int:
+    """The longest exact f32 reduction for these integer weights: every partial sum
+    of ``(x - zp) * w`` over output channel ``o`` is bounded by ``x_range * sum|w[o]|``,
+    so when that is below 2^24 the whole reduction is exact in f32 in any order
+    (one GEMM, no chunks); else the bound of the worst weight, ``int8["chunk"]``."""
+    worst = float(np.abs(w2).sum(axis=-1).max()) if w2.size else 0.0
+    if int8["x_range"] * worst < cv.F32_EXACT:
+        return w2.shape[-1]
+    return int8["chunk"]
 
 
 def _fast_stage_reason(stage: ConvStage, lts) -> str | None:
@@ -496,7 +508,8 @@ class ConvPlan:
                     else:
                         chan[step] = value
             full = None if seg.full_id is None else to_ncx(arrays[seg.full_id], self.fmt)
-            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full))
+            chunk = _exact_reduction(w2, st.int8) if st.int8 is not None and not st.direct_depthwise else 0
+            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk))
         is_int = out.dtype != np.float32
         lo, hi = _INT8.get(self.outputs[self.fast[-1].out_id].dtype, (0, 0))
         x_all = to_ncx(arrays[self.fast[0].stage.x_id], self.fmt)
@@ -505,7 +518,7 @@ class ConvPlan:
         last = len(self.fast) - 1
         for n in range(self.n_images):
             x = x_all[n]
-            for s, (seg, (w2, bias, chan, fpar, full)) in enumerate(zip(self.fast, prepared)):
+            for s, (seg, (w2, bias, chan, fpar, full, chunk)) in enumerate(zip(self.fast, prepared)):
                 st, geo = seg.stage, seg.stage.geo
                 kh, kw = geo.kernel
                 sh, sw = geo.strides
@@ -523,8 +536,10 @@ class ConvPlan:
                     else:
                         cols = scratch.empty((geo.reduction, P), np.float32)
                         cf.im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols)
-                    if st.int8 is not None:
-                        y = cv.int_gemm(cols[None], w2, st.int8["chunk"])
+                    if st.int8 is not None and geo.reduction > chunk:
+                        y = cv.int_gemm(cols[None], w2, chunk)  # exact integer sums, f64
+                    elif st.int8 is not None:  # one f32 GEMM is exact: its integer sums as they are
+                        y = np.matmul(w2[0], cols, out=scratch.empty((OC, P), np.float32))
                     else:
                         y = np.matmul(w2[0], cols, out=scratch.empty((OC, P), np.float32))
                 scale = _EMPTY if st.int8 is None else st.int8["scale_vec"]
