@@ -24,6 +24,21 @@ first and run the float path on the dequantized values, as the reference does.
 
 Ops before the convolution (dequantization of data, weights, and binary
 operands) run as reference steps on whole tensors before the image loop.
+
+The fast 2-D path (:class:`FastSegment`, kernels in :mod:`graph_api.kernels.conv_fast`)
+takes every partition whose convolutions are 2-D, ungrouped or depthwise, f32
+(or the exact int8 form above), and whose post-ops are ReLU, Clamp, binary ops
+with a scalar, per-channel or full-shape operand, BiasAdd, and a final Quantize
+(strict fpmath, one output).  Per image and convolution: a Numba im2col (zero
+padding, zero point and conversion to f32 in one pass; none for a float 1x1),
+one f32 BLAS GEMM (int8: exact, see ``_exact_reduction``) or the Numba
+depthwise kernel, then one Numba epilogue pass that applies the int8 scale,
+the bias and the whole post-op program and stores into the output tensor
+(or into the next fused convolution's input).  A full-shape operand that is
+a per-tensor Dequantize of an int8 partition input (the int8 residual) is
+read and dequantized inside the epilogue.  Every other partition runs the
+block path above.  Known slow spot: NXC data runs the same channels-first
+kernels through strided views (correct, not blocked for channels last).
 """
 from __future__ import annotations
 
@@ -325,7 +340,7 @@ def _operand_source(lt_shape, out_shape, channel_axis) -> int | None:
     return None
 
 
-def _fast_segments(request, flow, pre, fmt):
+def _fast_segments(request, flow, pre, fmt, flow_ids):
     """``(segments, dropped pre-step op ids)`` of the fast 2-D path, or None when
     some op of the partition needs the general block path."""
     if request.fpmath.rounding is not None or len(request.output_ids) != 1:
@@ -376,7 +391,7 @@ def _fast_segments(request, flow, pre, fmt):
             elif op.kind in _FAST_BINARY or op.kind == K.BiasAdd:
                 pos = ins.index(value)
                 other = ins[1 - pos]
-                if other == value:
+                if other in flow_ids:  # an earlier value of the flow: the epilogue keeps only the running one
                     return None
                 if op.kind == K.BiasAdd:
                     code, src = cf.ADD, (cf.CHANNEL if pos == 0 else None)
@@ -676,7 +691,7 @@ def build(request: CompileRequest):
         return "a partition output is not computed from the convolution"
     constants = {tid for tid in request.input_ids if lts[tid].property == PropertyType.constant}
     n_images = lts[first.inputs[0].id].shape[0]
-    fast = _fast_segments(request, flow, pre, fmt)
+    fast = _fast_segments(request, flow, pre, fmt, flow_ids)
     if fast is not None:
         segments, dropped = fast
         pre = [step for step in pre if step[1].id not in dropped]
