@@ -239,3 +239,61 @@ def test_int8_conv_transpose_accumulates_exactly():
     acc = direct_deconv(x.astype(np.int64) - 2, w.astype(np.int64), 1, 1, 1, 1, cg.HW)
     want = (acc * (np.float64(np.float32(0.25)) * np.float64(np.float32(0.75)))).astype(np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------- the fast 2-D path
+def _fast_vs_reference(graph, feeds, rule_dtype=None):
+    """The fused run must take the fast 2-D path and match the reference ops run one by one."""
+    fused = ga.run_graph(graph, feeds)
+    plans = [r.compiled.plan for r in fused.partitions]
+    assert [p.name for p in plans] == ["conv_im2col_blas"] and plans[0].fast is not None
+    ref = ga.run_graph(graph, feeds, ga.PartitionPolicy.debug)
+    for tid in graph.output_ids:
+        verdict = compare(ref.outputs[tid], fused.outputs[tid], rule_dtype or graph.tensors[tid].dtype)
+        assert verdict.ok, verdict.message
+    return fused
+
+
+# f32: the conv's f32 sums against the reference's f64 sums (graph_api.check's f32 rule:
+# a few ulps of max|y|); the post-ops are single f32 operations, rounded as the reference rounds
+@pytest.mark.parametrize("fmt,k,stride,post", [
+    ("NCX", 1, 1, ("add", "relu")), ("NCX", 3, 1, ("maximum", "add", "clamp")),
+    ("NXC", 3, 2, ("subtract", "multiply", "relu")), ("NXC", 1, 1, ("minimum", "divide")),
+    ("NCX", 3, 2, ("multiply", "subtract"))])
+def test_fast_path_post_op_chains_match_the_reference(fmt, k, stride, post):
+    graph = cg.conv(fmt=fmt, wfmt="OIX" if fmt == "NCX" else "XIO", k=k, stride=stride, pad=k // 2, post=post)
+    feeds = fill_inputs(graph, 11)
+    _fast_vs_reference(graph, feeds)
+
+
+def test_fast_path_folds_batchnorm_and_runs_the_fused_depthwise_stage():
+    graph = cg.conv(bias="op", bn=True, post=("relu",))
+    _fast_vs_reference(graph, fill_inputs(graph, 4))
+    graph = cg.conv_depthwise(post=("clamp",), dw_post=("add", "relu"))
+    _fast_vs_reference(graph, fill_inputs(graph, 5))
+
+
+@pytest.mark.parametrize("fmt,groups,residual", [("NCX", 1, True), ("NXC", 1, True), ("NCX", cg.C, False),
+                                                 ("NXC", 1, False)])
+def test_fast_int8_path_with_residual_dequantize_and_quantize_matches_the_reference(fmt, groups, residual):
+    """Exact integer sums scaled once, f32 post-ops, Quantize rounding half to even: equal to the
+    reference up to one u8 step where an f32 value sits on a rounding boundary."""
+    graph = cg.quantized_conv(fmt=fmt, groups=groups, residual=residual, post=("relu",))
+    feeds = fill_inputs(graph, 6)
+    fused = _fast_vs_reference(graph, feeds)
+    if residual:  # the residual's Dequantize is read inside the epilogue, not run as a step
+        plan = fused.partitions[0].compiled.plan
+        assert not any(op.kind == K.Dequantize for _, op, _, _ in plan.pre_steps)
+
+
+def test_exact_reduction_bound_uses_the_weights_absolute_sums():
+    from graph_api.kernels.fused.conv_plan import _exact_reduction
+    int8 = {"x_range": 255, "chunk": cv.exact_chunk(255, 128)}
+    small = np.full((1, 4, 576), 100.0, np.float32)  # 255 * 57600 < 2^24: one GEMM is exact
+    assert _exact_reduction(small, int8) == 576
+    big = np.full((1, 4, 576), 127.0, np.float32)  # 255 * 73152 > 2^24: chunks
+    assert _exact_reduction(big, int8) == 514
+    # and the one-GEMM case really is exact: worst-case operands at the bound
+    cols = np.full((1, 576, 5), 255.0, np.float32)
+    got = np.matmul(small[0], cols[0]).astype(np.float64)
+    assert (got == 576 * 100 * 255).all()

@@ -1,0 +1,268 @@
+"""Numba kernels of the fast 2-D convolution path (``kernels/fused/conv_plan.py``).
+
+One image at a time, channels first (``[C, H, W]`` views; NXC data arrives as a
+strided view and is read through its strides):
+
+* :func:`im2col_2d` gathers ``cols[(c, i, j), (y, x)] = x[c, y*sh - ph + i*dh,
+  x*sw - pw + j*dw] - zp`` as f32, zero where the window leaves the image, in
+  one parallel pass (padding, the integer zero point and the conversion to f32
+  included; no padded copy of the image).
+* :func:`depthwise_2d`: ``y[c, p] = sum_t w[c, t] * (x[c, ...] - zp)`` in f32,
+  taps in kernel order (the order of ``graph_api.kernels.conv.conv_depthwise``),
+  vectorised along the output row.
+* :func:`epilogue`: the GEMM's ``[OC, P]`` result (f32, or the exact f64 integer
+  sums of ``conv.int_gemm``) -> optional per-channel int8 scale (in f64, then one
+  rounding to f32) -> bias -> the post-op program -> stored into the destination
+  (f32, or u8/s8 after a Quantize: NaN -> 0, round half to even, saturate, as
+  ``graph_api.dtypes.convert``).  Each step is one vectorised loop over an
+  L1-resident piece of a channel row, so the whole chain costs one read and one
+  write of the output.
+
+Every step computes in f32 exactly as the reference op does (binary ops, ReLU,
+Clamp and the Quantize formula ``x / scale + zp`` are single f32 operations, so
+the reference's f64 evaluation rounds to the same f32 value).  No fastmath:
+divisions stay divisions.
+"""
+from __future__ import annotations
+
+from graph_api.kernels.numba_setup import numba  # noqa: F401
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+# ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)) ----
+RELU, CLAMP, ADD, SUB, RSUB, MUL, DIV, RDIV, MAX, MIN, QUANTIZE = range(1, 12)
+#: operand sources of binary steps: a scalar (a), per-channel row (chan[i, c]),
+#: the full-shape operand (dequantized with (fscale, fzp) when it is an integer array)
+SCALAR, CHANNEL, FULL = 0, 1, 2
+
+_PIECE = 512  # row piece kept in registers/L1 while the program runs over it
+
+
+@njit(inline="always", cache=True)
+def _inside(ow, sw, off, width):
+    """Output columns ``[x0, x1)`` whose input column ``q*sw + off`` lies in ``[0, width)``."""
+    x0 = 0
+    while x0 < ow and x0 * sw + off < 0:
+        x0 += 1
+    x1 = ow
+    while x1 > x0 and (x1 - 1) * sw + off >= width:
+        x1 -= 1
+    return x0, x1
+
+
+# Loops below index 1-D slices from 0 with the loop variable: Numba's negative-index
+# wraparound then folds away and LLVM sees unit-stride loads it can vectorise.
+@njit(parallel=True, cache=True)
+def im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols):
+    """``cols`` [C*kh*kw, oh*ow] f32 from image ``x`` [C, H, W] (any dtype, any strides)."""
+    C, H, W = x.shape
+    for r in prange(C * kh * kw):
+        c = r // (kh * kw)
+        i = (r // kw) % kh
+        j = r % kw
+        off = j * dw - pw
+        x0, x1 = _inside(ow, sw, off, W)
+        row = cols[r]
+        for y in range(oh):
+            iy = y * sh - ph + i * dh
+            dst = row[y * ow:(y + 1) * ow]
+            if iy < 0 or iy >= H:
+                dst[:] = 0
+                continue
+            dst[:x0] = 0
+            dst[x1:] = 0
+            mid = dst[x0:x1]
+            if sw == 1:
+                src = x[c, iy, x0 + off:x1 + off]
+                for q in range(x1 - x0):
+                    mid[q] = np.float32(src[q]) - zp
+            else:
+                src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
+                for q in range(x1 - x0):
+                    mid[q] = np.float32(src[q]) - zp
+
+
+@njit(parallel=True, cache=True)
+def depthwise_2d(x, zp, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, out):
+    """``out`` [C, oh*ow] f32: per channel, taps in kernel order, each window
+    position outside the image contributing nothing (the zero padding)."""
+    C, H, W = x.shape
+    if sh == 1 and sw == 1 and ph >= 0 and pw >= 0:
+        _depthwise_unit_stride(x, zp, w, kh, kw, dh, dw, ph, pw, oh, ow, out)
+        return
+    for c in prange(C):
+        acc = np.empty(ow, np.float32)
+        xf = np.empty(W, np.float32)
+        for y in range(oh):
+            acc[:] = 0
+            for i in range(kh):
+                iy = y * sh - ph + i * dh
+                if iy < 0 or iy >= H:
+                    continue
+                src = x[c, iy]
+                for q in range(W):
+                    xf[q] = np.float32(src[q]) - zp
+                for j in range(kw):
+                    wt = w[c, i * kw + j]
+                    off = j * dw - pw
+                    x0, x1 = _inside(ow, sw, off, W)
+                    a = acc[x0:x1]
+                    xs = xf[x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
+                    for q in range(x1 - x0):
+                        a[q] += wt * xs[q]
+            dst = out[c, y * ow:(y + 1) * ow]
+            for q in range(ow):
+                dst[q] = acc[q]
+
+
+@njit(parallel=True, cache=True)
+def _depthwise_unit_stride(x, zp, w, kh, kw, dh, dw, ph, pw, oh, ow, out):
+    """Stride 1: each channel padded once into a row-major plane of width ``Wp``;
+    every tap is then one long unit-stride loop over ``oh * Wp`` positions (the
+    ``Wp - ow`` extra columns of each row are computed and dropped)."""
+    C, H, W = x.shape
+    Wp = max(W + pw, (ow - 1) + (kw - 1) * dw + 1)
+    Hp = max(H + ph, (oh - 1) + (kh - 1) * dh + 1) + 1  # + 1 row: the last taps read past the end
+    L = oh * Wp
+    for c in prange(C):
+        xp = np.zeros(Hp * Wp, np.float32)
+        for iy in range(H):
+            src = x[c, iy]
+            dst = xp[(iy + ph) * Wp + pw:(iy + ph) * Wp + pw + W]
+            for q in range(W):
+                dst[q] = np.float32(src[q]) - zp
+        acc = np.zeros(L, np.float32)
+        for i in range(kh):
+            for j in range(kw):
+                wt = w[c, i * kw + j]
+                start = i * dh * Wp + j * dw
+                xs = xp[start:start + L]
+                for q in range(L):
+                    acc[q] += wt * xs[q]
+        for y in range(oh):
+            dst = out[c, y * ow:(y + 1) * ow]
+            src = acc[y * Wp:y * Wp + ow]
+            for q in range(ow):
+                dst[q] = src[q]
+
+
+@njit(inline="always", cache=True)
+def _fdiv(a, b):
+    """IEEE ``a / b`` in f32 (Numba's default error model raises on a zero divisor)."""
+    if b != 0:
+        return a / b
+    if a != a or a == 0:
+        return np.float32(np.nan)
+    return np.float32(math.copysign(np.inf, a) * math.copysign(1.0, b))
+
+
+@njit(inline="always", cache=True)
+def _max(v, o):  # NaN from either side, as numpy's maximum
+    return v if (v > o or v != v) else o
+
+
+@njit(inline="always", cache=True)
+def _min(v, o):
+    return v if (v < o or v != v) else o
+
+
+@njit(parallel=True, cache=True)
+def epilogue(y, scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is_int, lo, hi):
+    """``out[c, p] = store(program(f32(y[c, p] * scale[c]) + bias[c]))``.
+
+    ``scale`` / ``bias`` of length 0 are skipped; ``full`` is the full-shape
+    operand ``[C, P]`` (any dtype: an integer one is dequantized as
+    ``(v - fzp) * fscale`` in f32, the Dequantize formula); ``is_int``: ``out``
+    holds integers in ``[lo, hi]``."""
+    C, P = y.shape
+    has_scale = scale.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    full_int = fscale != np.float32(1.0) or fzp != np.float32(0.0)
+    zero = np.float32(0.0)
+    for c in prange(C):
+        vb = np.empty(_PIECE, np.float32)
+        ob = np.empty(_PIECE, np.float32)
+        for p0 in range(0, P, _PIECE):
+            n = min(P - p0, _PIECE)
+            v = vb[:n]
+            o = ob[:n]
+            yr = y[c, p0:p0 + n]
+            if has_scale:
+                s = scale[c]
+                for q in range(n):
+                    v[q] = np.float32(yr[q] * s)
+            else:
+                for q in range(n):
+                    v[q] = np.float32(yr[q])
+            if has_bias:
+                b = bias[c]
+                for q in range(n):
+                    v[q] += b
+            for i in range(codes.shape[0]):
+                code = codes[i]
+                a = fpar[i, 0]
+                if code == RELU:
+                    for q in range(n):
+                        v[q] = v[q] if v[q] > zero else v[q] * zero
+                    continue
+                if code == CLAMP:  # NaN becomes the min (oneDNN's clip)
+                    bb = fpar[i, 1]
+                    for q in range(n):
+                        w = v[q] if v[q] > a else a
+                        v[q] = w if w < bb else bb
+                    continue
+                if code == QUANTIZE:  # x / scale + zp in f32; rounding happens at the store
+                    s = chan[i, c]
+                    for q in range(n):
+                        v[q] = v[q] / s + a
+                    continue
+                src = srcs[i]
+                if src == FULL:
+                    fr = full[c, p0:p0 + n]
+                    if full_int:
+                        for q in range(n):
+                            o[q] = (np.float32(fr[q]) - fzp) * fscale
+                    else:
+                        for q in range(n):
+                            o[q] = np.float32(fr[q])
+                else:
+                    r = a if src == SCALAR else chan[i, c]
+                    for q in range(n):
+                        o[q] = r
+                if code == ADD:
+                    for q in range(n):
+                        v[q] = v[q] + o[q]
+                elif code == SUB:
+                    for q in range(n):
+                        v[q] = v[q] - o[q]
+                elif code == RSUB:
+                    for q in range(n):
+                        v[q] = o[q] - v[q]
+                elif code == MUL:
+                    for q in range(n):
+                        v[q] = v[q] * o[q]
+                elif code == DIV:
+                    for q in range(n):
+                        v[q] = _fdiv(v[q], o[q])
+                elif code == RDIV:
+                    for q in range(n):
+                        v[q] = _fdiv(o[q], v[q])
+                elif code == MAX:
+                    for q in range(n):
+                        v[q] = _max(v[q], o[q])
+                elif code == MIN:
+                    for q in range(n):
+                        v[q] = _min(v[q], o[q])
+            dst = out[c, p0:p0 + n]
+            if is_int:
+                for q in range(n):
+                    w = v[q]
+                    w = zero if w != w else w
+                    w = lo if w < lo else (hi if w > hi else w)
+                    dst[q] = np.rint(w)
+            else:
+                for q in range(n):
+                    dst[q] = v[q]
