@@ -1062,6 +1062,18 @@ def _f32_to_bf16_bits(x):
 # points are a zeros buffer read with index stride 0 (no branch to unswitch);
 # threads are Python threads around one ``nogil`` function (a parfor wrapper
 # re-optimises all the code it links, costing as much again).
+#
+# How far from the limit (measured on the AMD EPYC Zen 4 machine, `inspect_asm` + perf):
+# in strict f32 every K and every V element costs ``rep`` FMA lanes (the rows of the
+# head group), and Zen 4 retires one 512-bit FMA (16 lanes) per cycle per core, so at
+# rep = 4 the floor is 0.25 cycles per K/V element: Hq=32 Hkv=8 L=4096 needs >= 0.40 ms
+# on 2 cores at 2.6 GHz while reading the int4 cache takes ~0.12-0.2 ms -- "60% of read
+# bandwidth" is out of reach in strict f32 at rep >= 2 (it needs fpmath bf16/int8 dot
+# instructions).  The inner loops emit 32 FMAs in 65 instructions (scores: 8 unpack =
+# vpmovzxbd + vpsrld + 2 vpermd per 32 nibbles, 8 q broadcasts) and 16 FMAs in 39 (P*V);
+# the whole kernel runs 0.35-0.37 cycles per element hot on one core (softmax, scale
+# gathers and the per-group scale FMAs are the rest).  At rep = 1 (Hkv = Hq) the unpack
+# dominates: ~3 vector instructions per 16 elements, measured ~0.3 cycles per element.
 DT = 128  #: KV positions per decode tile
 _HAS_AVX512 = "+avx512f" in os.environ.get("NUMBA_CPU_FEATURES", "")
 _NIB_S = [float(i if i < 8 else i - 16) for i in range(16)]
