@@ -1057,11 +1057,23 @@ def _f32_to_bf16_bits(x):
 # (16 register accumulators) and a 1-row form for the rest (MHA decode).
 #
 # Compile cost (the first call on an empty cache pays it): one signature per
-# storage dtype -- int4 data arrive as a uint16 view, so ``kb.itemsize`` tells
+# storage dtype -- int4 data arrive as a uint16 view, so ``kb``'s item size (:func:`_isz`) tells
 # int4 from 8-bit and LLVM drops the other branch before optimising; absent zero
 # points are a zeros buffer read with index stride 0 (no branch to unswitch);
 # threads are Python threads around one ``nogil`` function (a parfor wrapper
 # re-optimises all the code it links, costing as much again).
+#
+# How far from the limit (measured on the AMD EPYC Zen 4 machine, `inspect_asm` + perf):
+# in strict f32 every K and every V element costs ``rep`` FMA lanes (the rows of the
+# head group), and Zen 4 retires one 512-bit FMA (16 lanes) per cycle per core, so at
+# rep = 4 the floor is 0.25 cycles per K/V element: Hq=32 Hkv=8 L=4096 needs >= 0.40 ms
+# on 2 cores at 2.6 GHz while reading the int4 cache takes ~0.12-0.2 ms -- "60% of read
+# bandwidth" is out of reach in strict f32 at rep >= 2 (it needs fpmath bf16/int8 dot
+# instructions).  The inner loops emit 32 FMAs in 65 instructions (scores: 8 unpack =
+# vpmovzxbd + vpsrld + 2 vpermd per 32 nibbles, 8 q broadcasts) and 16 FMAs in 39 (P*V);
+# the whole kernel runs 0.35-0.37 cycles per element hot on one core (softmax, scale
+# gathers and the per-group scale FMAs are the rest).  At rep = 1 (Hkv = Hq) the unpack
+# dominates: ~3 vector instructions per 16 elements, measured ~0.3 cycles per element.
 DT = 128  #: KV positions per decode tile
 _HAS_AVX512 = "+avx512f" in os.environ.get("NUMBA_CPU_FEATURES", "")
 _NIB_S = [float(i if i < 8 else i - 16) for i in range(16)]
@@ -1107,11 +1119,56 @@ vnib_tlo = _vnib_table(False)
 vnib_thi = _vnib_table(True)
 
 
+@intrinsic
+def _isz(typingctx, arr):
+    """``arr.itemsize`` as a compile-time constant (Numba's ``.itemsize`` is a field read at
+    run time, so branches on it survived into the machine code and ``x // itemsize`` was an
+    ``idiv``)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(types.intp, arr.dtype.bitwidth // 8)
+
+    return types.intp(arr), codegen
+
+
+@intrinsic
+def _vbc(typingctx, arr, idx):
+    """16 copies of float32 ``arr.flat[idx]`` (no negative-index wraparound: plain
+    ``arr[i]`` costs a sar/and/lea per load, which crowded the FMA loops)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        x = builder.load(builder.gep(ary.data, [i]), align=4)
+        v = builder.insert_element(ir.Constant(_V16, ir.Undefined), x, ir.IntType(32)(0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+
+    return f32x16(arr, idx), codegen
+
+
+@intrinsic
+def _ld(typingctx, arr, idx):
+    """float32 ``arr.flat[idx]`` without negative-index wraparound (see :func:`_vbc`)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        return builder.load(builder.gep(ary.data, [i]), align=4)
+
+    return types.float32(arr, idx), codegen
+
+
 @njit(inline="always", cache=True)
 def _kvec4(buf, p, sgn):
     """The 4 vectors of 64 stored values from byte p: int4 (``buf`` a uint16 view): the
     low/high nibbles of bytes p..p+15, then of p+16..p+31; 8-bit: p, p+16, p+32, p+48."""
-    if buf.itemsize == 2:
+    if _isz(buf) == 2:
         return (vnib_tlo(buf, p, sgn), vnib_thi(buf, p, sgn),
                 vnib_tlo(buf, p + 16, sgn), vnib_thi(buf, p + 16, sgn))
     return (vld_any(buf, p, False), vld_any(buf, p + 16, False),
@@ -1133,9 +1190,9 @@ def _dscore4(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
 
     ``k0``: byte offset of row d=0 of the tile, ``rs`` the row stride in bytes;
     ``s0i``: scale index of group 0 at the tile's first position, ``srs`` the group
-    stride; zero points at ``s0i * zs`` (zs = 0: a zeros buffer).
+    stride; zero points at ``s0i`` too, read only when ``zs`` = 1.
     """
-    four = buf.itemsize == 2
+    four = _isz(buf) == 2
     ng = D // G
     z = vsplat(np.float32(0.0))
     sub = (32 if four else 64) * c
@@ -1159,33 +1216,39 @@ def _dscore4(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
         a33 = z
         for d in range(g * G, g * G + G):
             x0, x1, x2, x3 = _kvec4(buf, k0 + d * rs + sub, sgn)
-            q = vsplat(qb[r0 * D + d])
+            q = _vbc(qb, r0 * D + d)
             a00 = vfma(q, x0, a00)
             a01 = vfma(q, x1, a01)
             a02 = vfma(q, x2, a02)
             a03 = vfma(q, x3, a03)
-            q = vsplat(qb[(r0 + 1) * D + d])
+            q = _vbc(qb, (r0 + 1) * D + d)
             a10 = vfma(q, x0, a10)
             a11 = vfma(q, x1, a11)
             a12 = vfma(q, x2, a12)
             a13 = vfma(q, x3, a13)
-            q = vsplat(qb[(r0 + 2) * D + d])
+            q = _vbc(qb, (r0 + 2) * D + d)
             a20 = vfma(q, x0, a20)
             a21 = vfma(q, x1, a21)
             a22 = vfma(q, x2, a22)
             a23 = vfma(q, x3, a23)
-            q = vsplat(qb[(r0 + 3) * D + d])
+            q = _vbc(qb, (r0 + 3) * D + d)
             a30 = vfma(q, x0, a30)
             a31 = vfma(q, x1, a31)
             a32 = vfma(q, x2, a32)
             a33 = vfma(q, x3, a33)
         si = s0i + g * srs + 64 * c
-        z0, z1, z2, z3 = _kparam4(zpb, si * zs, four)
         s0, s1, s2, s3 = _kparam4(scb, si, four)
-        _sacc(sc, o0, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a00, a01, a02, a03)
-        _sacc(sc, o0 + DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 1) * ng + g], a10, a11, a12, a13)
-        _sacc(sc, o0 + 2 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 2) * ng + g], a20, a21, a22, a23)
-        _sacc(sc, o0 + 3 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 3) * ng + g], a30, a31, a32, a33)
+        if zs:
+            z0, z1, z2, z3 = _kparam4(zpb, si, four)
+            _sacc(sc, o0, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a00, a01, a02, a03)
+            _sacc(sc, o0 + DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 1) * ng + g], a10, a11, a12, a13)
+            _sacc(sc, o0 + 2 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 2) * ng + g], a20, a21, a22, a23)
+            _sacc(sc, o0 + 3 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 3) * ng + g], a30, a31, a32, a33)
+        else:  # no zero points: skip their loads and FMAs (~10% of the 1-row kernel)
+            _sacc0(sc, o0, s0, s1, s2, s3, a00, a01, a02, a03)
+            _sacc0(sc, o0 + DT, s0, s1, s2, s3, a10, a11, a12, a13)
+            _sacc0(sc, o0 + 2 * DT, s0, s1, s2, s3, a20, a21, a22, a23)
+            _sacc0(sc, o0 + 3 * DT, s0, s1, s2, s3, a30, a31, a32, a33)
 
 
 @njit(inline="always", cache=True)
@@ -1198,10 +1261,19 @@ def _sacc(sc, o, s0, s1, s2, s3, z0, z1, z2, z3, nq, a0, a1, a2, a3):
     vstore(sc, o + 48, vfma(s3, vfma(z3, n, a3), vload(sc, o + 48)))
 
 
+@njit(inline="always", cache=True)
+def _sacc0(sc, o, s0, s1, s2, s3, a0, a1, a2, a3):
+    """:func:`_sacc` without zero points: sc[o + 16v ..] += s_v * a_v."""
+    vstore(sc, o, vfma(s0, a0, vload(sc, o)))
+    vstore(sc, o + 16, vfma(s1, a1, vload(sc, o + 16)))
+    vstore(sc, o + 32, vfma(s2, a2, vload(sc, o + 32)))
+    vstore(sc, o + 48, vfma(s3, a3, vload(sc, o + 48)))
+
+
 @njit(cache=True)
 def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
     """One-row form of :func:`_dscore4`."""
-    four = buf.itemsize == 2
+    four = _isz(buf) == 2
     ng = D // G
     z = vsplat(np.float32(0.0))
     sub = (32 if four else 64) * c
@@ -1212,15 +1284,18 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
         a3 = z
         for d in range(g * G, g * G + G):
             x0, x1, x2, x3 = _kvec4(buf, k0 + d * rs + sub, sgn)
-            q = vsplat(qb[r0 * D + d])
+            q = _vbc(qb, r0 * D + d)
             a0 = vfma(q, x0, a0)
             a1 = vfma(q, x1, a1)
             a2 = vfma(q, x2, a2)
             a3 = vfma(q, x3, a3)
         si = s0i + g * srs + 64 * c
-        z0, z1, z2, z3 = _kparam4(zpb, si * zs, four)
         s0, s1, s2, s3 = _kparam4(scb, si, four)
-        _sacc(sc, r0 * DT + 64 * c, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a0, a1, a2, a3)
+        if zs:
+            z0, z1, z2, z3 = _kparam4(zpb, si, four)
+            _sacc(sc, r0 * DT + 64 * c, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a0, a1, a2, a3)
+        else:
+            _sacc0(sc, r0 * DT + 64 * c, s0, s1, s2, s3, a0, a1, a2, a3)
 
 
 @njit(inline="always", cache=True)
@@ -1234,8 +1309,8 @@ def _vgroups(four, G, d0):
 @njit(inline="always", cache=True)
 def _wfma(W, wo, ng, g0, g1, g2, g3, x0, x1, x2, x3, a0, a1, a2, a3):
     """a_v += W[g_v] * x_v (W[g] at W[wo + g * DT]) for one row."""
-    return (vfma(vsplat(W[wo + g0 * DT]), x0, a0), vfma(vsplat(W[wo + g1 * DT]), x1, a1),
-            vfma(vsplat(W[wo + g2 * DT]), x2, a2), vfma(vsplat(W[wo + g3 * DT]), x3, a3))
+    return (vfma(_vbc(W, wo + g0 * DT), x0, a0), vfma(_vbc(W, wo + g1 * DT), x1, a1),
+            vfma(_vbc(W, wo + g2 * DT), x2, a2), vfma(_vbc(W, wo + g3 * DT), x3, a3))
 
 
 @njit(inline="always", cache=True)
@@ -1257,7 +1332,7 @@ def _dpv4(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
     ``v0``: element index of the tile's row 0.  acc is in the int4 chunk order (32 d per
     chunk: even d then odd d) for int4.
     """
-    four = vb.itemsize == 2
+    four = _isz(vb) == 2
     ng = D // G
     R = ng * DT
     for h in range(D // 64):
@@ -1295,7 +1370,7 @@ def _vst4(arr, o, a0, a1, a2, a3):
 @njit(cache=True)
 def _dpv1(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
     """One-row form of :func:`_dpv4`."""
-    four = vb.itemsize == 2
+    four = _isz(vb) == 2
     ng = D // G
     for h in range(D // 64):
         g0, g1, g2, g3 = _vgroups(four, G, 64 * h)
@@ -1314,23 +1389,34 @@ def _dpv1(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
 
 @njit(cache=True)
 def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
-    """W[r, g, t] = p[r, t] * sv[pos t, g] and zc[r, g] = sum_t W[r, g, t] * zv[pos t, g]."""
-    for g in range(ng):
-        for t in range(DT):
-            s = perm[t]
-            i = vs0 + s * ng + g
-            svT[g * DT + t] = vsc[i] if s < nt else np.float32(0.0)
-            zvT[g * DT + t] = vzp[i * zs] if s < nt else np.float32(0.0)
+    """W[r, g, t] = p[r, t] * sv[pos t, g] and zc[r, g] = sum_t W[r, g, t] * zv[pos t, g]
+    (zc only with zero points, zs = 1).  Full tiles gather the scales without per-element
+    tests (this transpose ran scalar at ~10% of the kernel's time)."""
+    if nt == DT:  # stores contiguous (LLVM vectorised the other loop order with scatters)
+        for g in range(ng):
+            for t in range(DT):
+                svT[g * DT + t] = _ld(vsc, vs0 + perm[t] * ng + g)
+        if zs:
+            for g in range(ng):
+                for t in range(DT):
+                    zvT[g * DT + t] = _ld(vzp, vs0 + perm[t] * ng + g)
+    else:
+        for g in range(ng):
+            for t in range(DT):
+                s = perm[t]
+                i = vs0 + s * ng + g
+                svT[g * DT + t] = vsc[i] if s < nt else np.float32(0.0)
+                zvT[g * DT + t] = vzp[i * zs] if s < nt else np.float32(0.0)
     part = np.empty(16, np.float32)
     for r in range(nrow):
         for g in range(ng):
             o = (r * ng + g) * DT
-            zacc = vsplat(np.float32(0.0))
             for t in range(0, DT, 16):
-                w = vmul(vload(sc, r * DT + t), vload(svT, g * DT + t))
-                vstore(W, o + t, w)
-                zacc = vfma(w, vload(zvT, g * DT + t), zacc)
+                vstore(W, o + t, vmul(vload(sc, r * DT + t), vload(svT, g * DT + t)))
             if zs:
+                zacc = vsplat(np.float32(0.0))
+                for t in range(0, DT, 16):
+                    zacc = vfma(vload(W, o + t), vload(zvT, g * DT + t), zacc)
                 vstore(part, 0, zacc)
                 z = np.float32(0.0)
                 for j in range(16):
@@ -1344,7 +1430,7 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     """Work items ``ids`` (batch, KV head, KV split) of the compressed decode -> partial
     (m, l, acc) per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8."""
     B, Hq, Sq, D = qf.shape
-    four = kb.itemsize == 2
+    four = _isz(kb) == 2
     rep = Hq // Hkv
     nrow = rep * Sq
     Rp = (nrow + 3) // 4 * 4
@@ -1356,7 +1442,7 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     ngv = D // vG
     bpe = 2 if four else 1  # elements per byte
     kst_rs = DT // bpe  # staged K row: DT positions, in bytes
-    kst = np.zeros(D * kst_rs // kb.itemsize, kb.dtype)
+    kst = np.zeros(D * kst_rs // _isz(kb), kb.dtype)
     sst = np.zeros(ngk * DT, np.float32)
     zst = np.zeros(ngk * DT, np.float32)
     perm = np.empty(DT, np.int64)
@@ -1402,16 +1488,16 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                 scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
                 if s0 + DT < sb:  # the next tile's K lines and V rows
                     for d in range(D):
-                        prefetch(kb, (k0 + d * rs + kst_rs) // kb.itemsize)
+                        prefetch(kb, (k0 + d * rs + kst_rs) // _isz(kb))
                         if not four:
                             prefetch(kb, k0 + d * rs + kst_rs + 64)
                     nxt = (vbase + (s0 + DT) * D) // bpe
                     for e in range(nxt, nxt + DT * D // bpe, 64):
-                        prefetch(vb, e // vb.itemsize)
+                        prefetch(vb, e // _isz(vb))
             else:  # tail tile, staged zero-padded so that the vector loads stay in bounds
                 kbuf, k0, rs = kst, 0, kst_rs
                 scb, zpb, s0i, srs, zs = sst, zst, 0, DT, 1
-                isz = kb.itemsize
+                isz = _isz(kb)
                 nel = (nt + isz * bpe - 1) // (isz * bpe)  # buffer elements holding nt values
                 src0 = (kbase + s0) // (bpe * isz)
                 for d in range(D):

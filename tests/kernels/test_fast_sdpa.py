@@ -169,6 +169,33 @@ def test_decode_kernel_gqa_groups_and_split_merge(kind, case):
         assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r)), (splits, causal)
 
 
+@pytest.mark.parametrize("kind", ["u4", "u8"])
+@pytest.mark.parametrize("zp_on", ["k", "v"])
+def test_decode_kernel_zero_points_on_one_operand(kind, zp_on):
+    """Unsigned K/V where only one operand has zero points: the other takes the kernel's
+    no-zero-point branch (scales only) while this one folds z * sum(q) / z * sum(p s).
+    Full tiles and a tail (S = 600), 4-row and 1-row blocks (rep 5).  Bound: the
+    1e-5 relative bound of the cases above (same sums, same lengths)."""
+    B, Hq, Hkv, Sq, S, D, G = 1, 10, 2, 1, 600, 128, 32
+    rng = np.random.default_rng(11 if zp_on == "k" else 12)
+    x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    y = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    K, kd = make(kind, x, G, True, rng)
+    V, vd = make(kind, y, G, False, rng)
+    # the operand that loses its zero points holds n * s = dequantized + z * s (float64)
+    if zp_on == "k":
+        vd = vd + np.repeat(V.zps.astype(np.float64) * V.scales, G, -1)
+        V.zps = None
+    else:  # K is stored [D, S]: scales and zero points [B, H, D/G, S]
+        kd = kd + np.repeat(K.zps.astype(np.float64) * K.scales, G, -2).swapaxes(-1, -2)
+        K.zps = None
+    for splits in (1, 3):
+        o = SD.sdpa(q, K, V, scale=0.09, kv_splits=splits)
+        r = ref(q, kd, vd, 0.09, None, None)
+        assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r)), splits
+
+
 def test_decode_kernel_masked_split_and_bf16_out():
     """A split whose positions are all masked has weight 0 in the merge; a row masked
     everywhere is NaN (0/0) as in the general kernel; bf16 output rounds the f32 result."""
