@@ -18,18 +18,21 @@ Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
 ``transpose_b``).  Scales are ``[K/G, N/G_N]``: groups run along K, along N
 (``WeightSpec.group_n``, oneDNN's ``group_shape [1, G_N]``) or both.
 
-* **blocked** (fastest; made by :func:`prepare` once per constant weight):
-  block ``b`` holds ``2 * cbw`` int4 columns (``cbw`` = 64..256 bytes per
-  row, as many as divide N) for every ``k``, one contiguous stream; byte ``j``
-  of a row has column ``2j`` in its low nibble, ``2j+1`` in its high nibble;
-  one scale (and zero point) per column and group.  int8: 128 columns, one
-  byte each.  Each thread streams whole blocks.
+* **interleaved** (fastest; made by :func:`prepare` once per constant int4
+  weight): blocks of 128 columns, each one contiguous stream of 64-byte rows
+  whose 16 dwords hold 8 nibbles each (see :mod:`graph_api.kernels.wgemv4`:
+  one 512-bit load and a ``vpermps`` lookup per 16 weights, the nibbles
+  stored as given and looked up as the exact integer ``q``, so ``z`` is the
+  zero point itself and s4 needs no +8).  int8 (**blocked**): 128 columns,
+  one byte each, ``[nblk, K, 128]``.  One scale (and zero point) per column
+  and group.  Each thread streams whole blocks.
 * **natural [K, N]** (packed row-major, ``N % 128 == 0``, groups along K): the
-  same kernels address the user's buffer in place (see
-  :class:`PreparedWeight`: flat arrays with block and row strides, so both
-  layouts share one compiled signature); other N use the generic kernel.
+  byte-wise int4 kernels (``_gemv4_m1``: byte ``j`` of a row chunk holds
+  column ``2j`` in its low nibble, ``2j+1`` in its high one) address the
+  user's buffer in place (see :class:`PreparedWeight`: flat arrays with
+  block and row strides); other N use the generic kernel.
 * **natural [N, K]** (transpose_b, groups ``[1, G]``): one row per output
-  column; :func:`prepare` repacks it to blocked (a transpose of nibbles).  The
+  column; :func:`prepare` repacks it to interleaved (a transpose of nibbles).  The
   direct (non-constant weight) path dequantizes panels and uses BLAS for
   M > 8 and a K-reduction kernel for decode.
 
@@ -64,6 +67,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from graph_api.kernels import wgemv4 as W4
 from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
                           round_code, i8_to_f32, load_row_f32)
 
@@ -783,6 +787,7 @@ class PreparedWeight:
     xm: int  # XOR mask: 0x88 turns s4 nibbles into q + 8; 0x80 reads int8 as signed
     src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
     bounds: tuple | None = None  # (max |scale|, max |zero point|) for :func:`_fast_is_exact`
+    table: np.ndarray | None = None  # int4 interleaved layout (wgemv4): nibble -> q lookup table
 
     @property
     def blocked(self) -> bool:
@@ -801,7 +806,8 @@ def _unpack4(w, count, signed):
 
 
 def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
-    """Repack a weight (user layout) into the blocked layout; call once per constant."""
+    """Repack a weight (user layout) into the kernels' layout (int4: interleaved,
+    int8: blocked); call once per constant."""
     K, N, G = spec.K, spec.N, spec.group
     ng = K // G
     bits4 = spec.kind in (S4, U4)
@@ -818,42 +824,31 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
     zp = None if zps is None else np.asarray(zps).astype(np.float32)
     if zp is not None:
         zp = np.repeat((zp.T if spec.transposed else zp).reshape(ng, N // spec.group_n), spec.group_n, axis=1)
-        if bits4 and signed:
-            zp = zp + np.float32(8)  # s4 is stored as u = q + 8, so u - (z + 8) = q - z
     Np = -(-N // 128) * 128
-    if bits4:
-        cols = 128 * _block_units(Np // 128)
-        nblk = Np // cols
-        u = (q + 8) if signed else q  # s4 -> q + 8 (matches XOR 0x88 of the nibble)
-        u = np.pad(u, ((0, 0), (0, Np - N))).astype(np.uint8)
-        byte = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)  # [K, Np/2]
-        cbw, xm, zc = cols // 2, 0, 8.0 if signed and zp is None else 0.0
-        wb = np.ascontiguousarray(byte.reshape(K, nblk, cbw).transpose(1, 0, 2))
-    else:
-        cols = 128
-        nblk = Np // cols
-        qq = np.pad(q, ((0, 0), (0, Np - N))).astype(np.int8 if signed else np.uint8)
-        wb = np.ascontiguousarray(qq.reshape(K, nblk, 128).transpose(1, 0, 2)).view(np.uint8)
-        cbw, xm, zc = 128, 0x80 if signed else 0, 0.0
-    scp = np.ascontiguousarray(np.pad(sc, ((0, 0), (0, Np - N))).reshape(ng, nblk, cols)
-                               .transpose(1, 0, 2))
-    if zp is not None:
-        zf = np.ascontiguousarray(np.pad(zp, ((0, 0), (0, Np - N))).reshape(ng, nblk, cols)
-                                  .transpose(1, 0, 2)).reshape(-1)
-    else:
-        zf = np.zeros(1, np.float32)
-    return PreparedWeight(spec, wb.reshape(-1), K * cbw, cbw, cbw, nblk, scp.reshape(-1), zf,
-                          ng * cols, cols, 1 if zp is not None else 0, zc, xm, (w, scales, zps),
+    if bits4:  # the interleaved layout of the lookup-table kernels (graph_api.kernels.wgemv4)
+        nblk = Np // W4.BLOCK_COLS
+        wb, table = W4.pack_interleaved(np.pad(q, ((0, 0), (0, Np - N))), signed)
+        wbs, sbs, sgs = W4.block_params(K, G, nblk)
+        return PreparedWeight(spec, wb, wbs, W4.ROW_BYTES, W4.ROW_BYTES, nblk, _per_block(sc, Np, nblk),
+                              _per_block(zp, Np, nblk) if zp is not None else np.zeros(1, np.float32),
+                              sbs, sgs, 1 if zp is not None else 0, 0.0, 0, (w, scales, zps),
+                              param_bounds(sc, zp), table)
+    cols = 128
+    nblk = Np // cols
+    qq = np.pad(q, ((0, 0), (0, Np - N))).astype(np.int8 if signed else np.uint8)
+    wb = np.ascontiguousarray(qq.reshape(K, nblk, 128).transpose(1, 0, 2)).view(np.uint8)
+    cbw, xm = 128, 0x80 if signed else 0
+    zf = _per_block(zp, Np, nblk) if zp is not None else np.zeros(1, np.float32)
+    return PreparedWeight(spec, wb.reshape(-1), K * cbw, cbw, cbw, nblk, _per_block(sc, Np, nblk), zf,
+                          ng * cols, cols, 1 if zp is not None else 0, 0.0, xm, (w, scales, zps),
                           param_bounds(sc, zp))
 
 
-def _block_units(n128: int) -> int:
-    """128-column units per int4 block: up to 4 (512 columns), dividing ``n128``.
-
-    Wide blocks make each vector loop of the decode kernels run 4-16 iterations
-    per four rows, so the loop set-up (and LLVM's runtime alias checks) is paid
-    once per 512 weights... per 2048; 64-byte rows ran ~30% slower."""
-    return next(d for d in (4, 3, 2, 1) if n128 % d == 0)
+def _per_block(a, Np, nblk):
+    """[ng, N] per-column parameters -> flat [nblk, ng, Np/nblk] (columns padded with 0)."""
+    ng, N = a.shape
+    return np.ascontiguousarray(np.pad(a, ((0, 0), (0, Np - N))).reshape(ng, nblk, Np // nblk)
+                                .transpose(1, 0, 2)).reshape(-1)
 
 
 def natural_chunk(N: int) -> int:
@@ -990,7 +985,10 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         cols = pw.nblk * (2 * pw.cbw if bits4 else pw.cbw)
         part = np.empty((S, M, cols), np.float32)
         args = (xf, xs, pw.w, pw.wbs, pw.wks)
-        if bits4:
+        if pw.table is not None:
+            (W4.gemv_m1 if M == 1 else W4.gemv_rows)(xf, xs, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs,
+                                                     pw.zmode, G, part)
+        elif bits4:
             (_gemv4_m1 if M == 1 else _gemv4_rows)(*args, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs,
                                                    pw.sgs, pw.zmode, np.float32(pw.zc), G, part)
         else:
@@ -1060,7 +1058,7 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
     N = spec.N
     bits4 = spec.kind in (S4, U4)
     use_blk = prepared is not None and bits4
-    unit = 2 * prepared.cbw if use_blk else 128  # int4 prepared/natural: whole blocks per panel
+    unit = 2 * prepared.cbw if use_blk and prepared.table is None else 128  # int4 prepared/natural: whole blocks per panel
     ncols = prepared.nblk * unit if use_blk else -(-N // 128) * 128
     step = max(unit, PANEL_BYTES // (4 * max(K, 1)) // unit * unit)
     npanels = -(-ncols // step)
@@ -1076,7 +1074,11 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
     for n0 in range(0, ncols, step):
         width = min(step, ncols - n0)
         pv, tv = (panel, tile) if width == panel.shape[1] else (panel[:, :width], tile[:, :width])
-        if use_blk:
+        if use_blk and prepared.table is not None:
+            pw = prepared
+            W4.dequant_panel(pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, spec.group, n0 // unit,
+                             rnd_w, pv)
+        elif use_blk:
             pw = prepared
             _dequant_panel_blk(pw.w, pw.wbs, pw.wks, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs,
                                pw.zmode, np.float32(pw.zc), spec.group, n0 // unit, rnd_w, pv)
