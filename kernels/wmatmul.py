@@ -68,6 +68,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from graph_api.kernels import wgemv4 as W4
+from graph_api.kernels import wgemv8 as W8
 from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
                           round_code, i8_to_f32, load_row_f32)
 
@@ -350,23 +351,6 @@ def _prep_x(x, kind, rnd, G, xf, xs):
 _U = 4  #: rows per step of the int4 kernels (accumulators loaded/stored once per step)
 
 
-@intrinsic
-def _s8x(typingctx, b, sm):
-    """uint8 ``b`` as a signed (``sm = 0x80``) or unsigned (``sm = 0``) byte, as float32.
-
-    ``(b ^ sm) - sm`` in i32 lanes: one signature for s8 and u8 weights."""
-    sig = types.float32(b, sm)
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        v, m = args
-        v = builder.zext(builder.trunc(v, ir.IntType(8)) if v.type.width > 8 else v, i32)
-        m = builder.zext(builder.trunc(m, ir.IntType(8)) if m.type.width > 8 else m, i32)
-        return builder.sitofp(builder.sub(builder.xor(v, m), m), ir.FloatType())
-
-    return sig, codegen
-
-
 @njit(inline="always", cache=True)
 def _scale_group(xsum, sc, zf, so, zmode, zc, pE, pO, accE, accO, r):
     """acc[r] += s * (p[r] - z * xsum) for one group (z: the zero point array when
@@ -552,59 +536,6 @@ def _gemv4_rows(xf, xs, w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, pa
                    min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
 
 
-@njit(parallel=True, cache=True)
-def _gemv8(xf, xs, w, wbs, wks, sm, sc, zf, sbs, sgs, zmode, G, part):
-    """int8 decode GEMV; block rows of 128 bytes (one column each, s8 or u8 by
-    ``sm``), addressed like :func:`_gemv4_m1`; part[S, M, NBLK*128]."""
-    S, M = part.shape[0], part.shape[1]
-    K = xf.shape[1]
-    NBLK = part.shape[2] // 128
-    ng = K // G
-    gps = (ng + S - 1) // S
-    for t in prange(NBLK * S):
-        blk = t // S
-        s = t % S
-        wo = blk * wbs
-        p = np.empty((M, 128), np.float32)
-        acc = np.zeros((M, 128), np.float32)
-        for g in range(min(s * gps, ng), min((s + 1) * gps, ng)):
-            p[:] = 0.0
-            k = g * G
-            while k < g * G + G:
-                r0 = wo + k * wks
-                if k + 2 <= g * G + G:  # two rows per step: p loaded and stored once
-                    _prefetch_rows(w, wo + min(k + 16, K - 2) * wks, wks, 128, 2)
-                    w0 = w[r0:r0 + 128]
-                    w1 = w[r0 + wks:r0 + wks + 128]
-                    for m in range(M):
-                        x0 = xf[m, k]
-                        x1 = xf[m, k + 1]
-                        for j in range(128):
-                            a = fma32(x0, _s8x(w0[j], sm), p[m, j])
-                            p[m, j] = fma32(x1, _s8x(w1[j], sm), a)
-                    k += 2
-                else:
-                    w0 = w[r0:r0 + 128]
-                    for m in range(M):
-                        x0 = xf[m, k]
-                        for j in range(128):
-                            p[m, j] = fma32(x0, _s8x(w0[j], sm), p[m, j])
-                    k += 1
-            so = blk * sbs + g * sgs
-            srow = sc[so:so + 128]
-            for m in range(M):
-                xsum = xs[m, g]
-                if zmode == 1:
-                    zrow = zf[so:so + 128]
-                    for j in range(128):
-                        acc[m, j] = fma32(srow[j], p[m, j] - zrow[j] * xsum, acc[m, j])
-                else:
-                    for j in range(128):
-                        acc[m, j] = fma32(srow[j], p[m, j], acc[m, j])
-        for m in range(M):
-            for j in range(128):
-                part[s, m, blk * 128 + j] = acc[m, j]
-
 # ------------------------------------------------------ generic (any layout)
 @njit(inline="always", cache=True)
 def _wval(w, idx, bits4, signed):
@@ -773,18 +704,18 @@ class PreparedWeight:
     """
 
     spec: WeightSpec
-    w: np.ndarray  # flat uint8
+    w: np.ndarray  # flat uint8 (int8 for the 8-bit kernels)
     wbs: int
     wks: int
-    cbw: int  # bytes per block row: 64 (int4) or 128 (int8) when blocked
+    cbw: int  # bytes per block row: 64 (int4 interleaved) or 128 (int8 blocked)
     nblk: int
     sc: np.ndarray  # flat f32
-    zf: np.ndarray  # flat f32 zero points (s4: + 8), or a 1-element dummy
+    zf: np.ndarray  # flat f32 zero points (natural-layout s4: + 8; prepared u8: - 128), or a 1-element dummy
     sbs: int
     sgs: int
     zmode: int  # 1: zero points in zf; else the constant zc
-    zc: float  # 8 for s4 without zero points (nibbles read as q + 8), else 0
-    xm: int  # XOR mask: 0x88 turns s4 nibbles into q + 8; 0x80 reads int8 as signed
+    zc: float  # natural-layout s4 without zero points: 8 (nibbles read as q + 8), else 0
+    xm: int  # XOR mask of the natural-layout int4 kernels: 0x88 turns s4 nibbles into q + 8
     src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
     bounds: tuple | None = None  # (max |scale|, max |zero point|) for :func:`_fast_is_exact`
     table: np.ndarray | None = None  # int4 interleaved layout (wgemv4): nibble -> q lookup table
@@ -833,14 +764,18 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
                               _per_block(zp, Np, nblk) if zp is not None else np.zeros(1, np.float32),
                               sbs, sgs, 1 if zp is not None else 0, 0.0, 0, (w, scales, zps),
                               param_bounds(sc, zp), table)
+    # int8 (graph_api.kernels.wgemv8): blocked [nblk, K, 128] signed bytes; u8 as q - 128
+    # with zero point z - 128 (q - z unchanged), so one signed kernel serves both
     cols = 128
     nblk = Np // cols
-    qq = np.pad(q, ((0, 0), (0, Np - N))).astype(np.int8 if signed else np.uint8)
-    wb = np.ascontiguousarray(qq.reshape(K, nblk, 128).transpose(1, 0, 2)).view(np.uint8)
-    cbw, xm = 128, 0x80 if signed else 0
+    if not signed:
+        q = q - 128
+        zp = (zp if zp is not None else np.zeros((ng, N), np.float32)) - np.float32(128)
+    wb = np.ascontiguousarray(np.pad(q, ((0, 0), (0, Np - N))).astype(np.int8)
+                              .reshape(K, nblk, cols).transpose(1, 0, 2))
     zf = _per_block(zp, Np, nblk) if zp is not None else np.zeros(1, np.float32)
-    return PreparedWeight(spec, wb.reshape(-1), K * cbw, cbw, cbw, nblk, _per_block(sc, Np, nblk), zf,
-                          ng * cols, cols, 1 if zp is not None else 0, 0.0, xm, (w, scales, zps),
+    return PreparedWeight(spec, wb.reshape(-1), K * cols, cols, cols, nblk, _per_block(sc, Np, nblk), zf,
+                          ng * cols, cols, 1 if zp is not None else 0, 0.0, 0, (w, scales, zps),
                           param_bounds(sc, zp))
 
 
@@ -992,7 +927,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
             (_gemv4_m1 if M == 1 else _gemv4_rows)(*args, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs,
                                                    pw.sgs, pw.zmode, np.float32(pw.zc), G, part)
         else:
-            _gemv8(*args, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs, pw.zmode, G, part)
+            W8.gemv(xf, xs, pw.w, pw.wbs, pw.sc, pw.zf, pw.sbs, pw.zmode, G, part)
         finish(part, out, okind, ep)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0 and spec.group_n == 1:

@@ -132,3 +132,31 @@ def test_lookup_both_code_paths(monkeypatch, permute):
         words = w[off:off + 64].view("<u4").astype(np.int64)
         for j in range(8):
             assert np.array_equal(out[base + 16 * j:base + 16 * j + 16], table[(words >> (4 * j)) & 15])
+
+
+@pytest.mark.parametrize("kind,zp", [("s8", False), ("s8", True), ("u8", False), ("u8", True)])
+@pytest.mark.parametrize("M,K,N,G,S", CASES[:6] + CASES[-2:])
+def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
+    """wgemv8 through wmatmul.prepare's blocked int8 copy (u8 stored as q - 128
+    with zero point z - 128); same bound as the int4 kernels."""
+    from graph_api.kernels import wgemv8
+    from graph_api.kernels import wmatmul as W
+    rng = np.random.default_rng(hash((M, K, N, G, S, kind, zp)) % 2**32)
+    lo, hi = (-128, 127) if kind == "s8" else (0, 255)
+    q = rng.integers(lo, hi + 1, (K, N))
+    sc = (rng.random((K // G, N)) + 0.5).astype(np.float32)
+    z = rng.integers(lo, hi + 1, (K // G, N)) if zp else None
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    pw = W.prepare(q.astype(np.int8 if kind == "s8" else np.uint8), W.WeightSpec(kind, K, N, G, False), sc, z)
+    xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
+    part = np.full((S, M, N), np.nan, np.float32)
+    wgemv8.gemv(x, xs, pw.w, pw.wbs, pw.sc, pw.zf, pw.sbs, pw.zmode, G, part)
+    y = part.astype(np.float64).sum(0)
+    zz = np.repeat(z, G, 0) if zp else 0
+    s = np.repeat(sc, G, 0).astype(np.float64)
+    w32 = ((q - zz) * s).astype(np.float32).astype(np.float64)
+    x64 = x.astype(np.float64)
+    zabs = np.abs(zz) if kind == "s8" else np.abs(np.asarray(zz) - 128)  # stored: q - 128, z - 128
+    qabs = np.abs(q) if kind == "s8" else np.abs(q - 128)
+    bound = (G + K // G + 4 + S) * U * (np.abs(x64) @ ((qabs + zabs) * s))
+    assert np.all(np.abs(y - x64 @ w32) <= bound)
