@@ -63,14 +63,12 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from graph_api.kernels import wgemv4 as W4
 from graph_api.kernels import wgemv8 as W8
 from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
-                          round_code, i8_to_f32, load_row_f32)
+                          round_code, load_row_f32)
 
 PANEL_BYTES = 64 << 20  #: prefill: f32 bytes of one dequantized panel (K x width)
 DECODE_MAX_M = 8
