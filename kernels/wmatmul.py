@@ -18,18 +18,21 @@ Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
 ``transpose_b``).  Scales are ``[K/G, N/G_N]``: groups run along K, along N
 (``WeightSpec.group_n``, oneDNN's ``group_shape [1, G_N]``) or both.
 
-* **blocked** (fastest; made by :func:`prepare` once per constant weight):
-  block ``b`` holds ``2 * cbw`` int4 columns (``cbw`` = 64..256 bytes per
-  row, as many as divide N) for every ``k``, one contiguous stream; byte ``j``
-  of a row has column ``2j`` in its low nibble, ``2j+1`` in its high nibble;
-  one scale (and zero point) per column and group.  int8: 128 columns, one
-  byte each.  Each thread streams whole blocks.
+* **interleaved** (fastest; made by :func:`prepare` once per constant int4
+  weight): blocks of 128 columns, each one contiguous stream of 64-byte rows
+  whose 16 dwords hold 8 nibbles each (see :mod:`graph_api.kernels.wgemv4`:
+  one 512-bit load and a ``vpermps`` lookup per 16 weights, the nibbles
+  stored as given and looked up as the exact integer ``q``, so ``z`` is the
+  zero point itself and s4 needs no +8).  int8 (**blocked**): 128 columns,
+  one byte each, ``[nblk, K, 128]``.  One scale (and zero point) per column
+  and group.  Each thread streams whole blocks.
 * **natural [K, N]** (packed row-major, ``N % 128 == 0``, groups along K): the
-  same kernels address the user's buffer in place (see
-  :class:`PreparedWeight`: flat arrays with block and row strides, so both
-  layouts share one compiled signature); other N use the generic kernel.
+  byte-wise int4 kernels (``_gemv4_m1``: byte ``j`` of a row chunk holds
+  column ``2j`` in its low nibble, ``2j+1`` in its high one) address the
+  user's buffer in place (see :class:`PreparedWeight`: flat arrays with
+  block and row strides); other N use the generic kernel.
 * **natural [N, K]** (transpose_b, groups ``[1, G]``): one row per output
-  column; :func:`prepare` repacks it to blocked (a transpose of nibbles).  The
+  column; :func:`prepare` repacks it to interleaved (a transpose of nibbles).  The
   direct (non-constant weight) path dequantizes panels and uses BLAS for
   M > 8 and a K-reduction kernel for decode.
 
@@ -60,12 +63,12 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
+from graph_api.kernels import wgemv4 as W4
+from graph_api.kernels import wgemv8 as W8
 from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
-                          round_code, i8_to_f32, load_row_f32)
+                          round_code, load_row_f32)
 
 PANEL_BYTES = 64 << 20  #: prefill: f32 bytes of one dequantized panel (K x width)
 DECODE_MAX_M = 8
@@ -346,23 +349,6 @@ def _prep_x(x, kind, rnd, G, xf, xs):
 _U = 4  #: rows per step of the int4 kernels (accumulators loaded/stored once per step)
 
 
-@intrinsic
-def _s8x(typingctx, b, sm):
-    """uint8 ``b`` as a signed (``sm = 0x80``) or unsigned (``sm = 0``) byte, as float32.
-
-    ``(b ^ sm) - sm`` in i32 lanes: one signature for s8 and u8 weights."""
-    sig = types.float32(b, sm)
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        v, m = args
-        v = builder.zext(builder.trunc(v, ir.IntType(8)) if v.type.width > 8 else v, i32)
-        m = builder.zext(builder.trunc(m, ir.IntType(8)) if m.type.width > 8 else m, i32)
-        return builder.sitofp(builder.sub(builder.xor(v, m), m), ir.FloatType())
-
-    return sig, codegen
-
-
 @njit(inline="always", cache=True)
 def _scale_group(xsum, sc, zf, so, zmode, zc, pE, pO, accE, accO, r):
     """acc[r] += s * (p[r] - z * xsum) for one group (z: the zero point array when
@@ -548,59 +534,6 @@ def _gemv4_rows(xf, xs, w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, pa
                    min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
 
 
-@njit(parallel=True, cache=True)
-def _gemv8(xf, xs, w, wbs, wks, sm, sc, zf, sbs, sgs, zmode, G, part):
-    """int8 decode GEMV; block rows of 128 bytes (one column each, s8 or u8 by
-    ``sm``), addressed like :func:`_gemv4_m1`; part[S, M, NBLK*128]."""
-    S, M = part.shape[0], part.shape[1]
-    K = xf.shape[1]
-    NBLK = part.shape[2] // 128
-    ng = K // G
-    gps = (ng + S - 1) // S
-    for t in prange(NBLK * S):
-        blk = t // S
-        s = t % S
-        wo = blk * wbs
-        p = np.empty((M, 128), np.float32)
-        acc = np.zeros((M, 128), np.float32)
-        for g in range(min(s * gps, ng), min((s + 1) * gps, ng)):
-            p[:] = 0.0
-            k = g * G
-            while k < g * G + G:
-                r0 = wo + k * wks
-                if k + 2 <= g * G + G:  # two rows per step: p loaded and stored once
-                    _prefetch_rows(w, wo + min(k + 16, K - 2) * wks, wks, 128, 2)
-                    w0 = w[r0:r0 + 128]
-                    w1 = w[r0 + wks:r0 + wks + 128]
-                    for m in range(M):
-                        x0 = xf[m, k]
-                        x1 = xf[m, k + 1]
-                        for j in range(128):
-                            a = fma32(x0, _s8x(w0[j], sm), p[m, j])
-                            p[m, j] = fma32(x1, _s8x(w1[j], sm), a)
-                    k += 2
-                else:
-                    w0 = w[r0:r0 + 128]
-                    for m in range(M):
-                        x0 = xf[m, k]
-                        for j in range(128):
-                            p[m, j] = fma32(x0, _s8x(w0[j], sm), p[m, j])
-                    k += 1
-            so = blk * sbs + g * sgs
-            srow = sc[so:so + 128]
-            for m in range(M):
-                xsum = xs[m, g]
-                if zmode == 1:
-                    zrow = zf[so:so + 128]
-                    for j in range(128):
-                        acc[m, j] = fma32(srow[j], p[m, j] - zrow[j] * xsum, acc[m, j])
-                else:
-                    for j in range(128):
-                        acc[m, j] = fma32(srow[j], p[m, j], acc[m, j])
-        for m in range(M):
-            for j in range(128):
-                part[s, m, blk * 128 + j] = acc[m, j]
-
 # ------------------------------------------------------ generic (any layout)
 @njit(inline="always", cache=True)
 def _wval(w, idx, bits4, signed):
@@ -769,20 +702,21 @@ class PreparedWeight:
     """
 
     spec: WeightSpec
-    w: np.ndarray  # flat uint8
+    w: np.ndarray  # flat uint8 (int8 for the 8-bit kernels)
     wbs: int
     wks: int
-    cbw: int  # bytes per block row: 64 (int4) or 128 (int8) when blocked
+    cbw: int  # bytes per block row: 64 (int4 interleaved) or 128 (int8 blocked)
     nblk: int
     sc: np.ndarray  # flat f32
-    zf: np.ndarray  # flat f32 zero points (s4: + 8), or a 1-element dummy
+    zf: np.ndarray  # flat f32 zero points (natural-layout s4: + 8; prepared u8: - 128), or a 1-element dummy
     sbs: int
     sgs: int
     zmode: int  # 1: zero points in zf; else the constant zc
-    zc: float  # 8 for s4 without zero points (nibbles read as q + 8), else 0
-    xm: int  # XOR mask: 0x88 turns s4 nibbles into q + 8; 0x80 reads int8 as signed
+    zc: float  # natural-layout s4 without zero points: 8 (nibbles read as q + 8), else 0
+    xm: int  # XOR mask of the natural-layout int4 kernels: 0x88 turns s4 nibbles into q + 8
     src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
     bounds: tuple | None = None  # (max |scale|, max |zero point|) for :func:`_fast_is_exact`
+    table: np.ndarray | None = None  # int4 interleaved layout (wgemv4): nibble -> q lookup table
 
     @property
     def blocked(self) -> bool:
@@ -801,7 +735,8 @@ def _unpack4(w, count, signed):
 
 
 def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
-    """Repack a weight (user layout) into the blocked layout; call once per constant."""
+    """Repack a weight (user layout) into the kernels' layout (int4: interleaved,
+    int8: blocked); call once per constant."""
     K, N, G = spec.K, spec.N, spec.group
     ng = K // G
     bits4 = spec.kind in (S4, U4)
@@ -818,42 +753,35 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
     zp = None if zps is None else np.asarray(zps).astype(np.float32)
     if zp is not None:
         zp = np.repeat((zp.T if spec.transposed else zp).reshape(ng, N // spec.group_n), spec.group_n, axis=1)
-        if bits4 and signed:
-            zp = zp + np.float32(8)  # s4 is stored as u = q + 8, so u - (z + 8) = q - z
     Np = -(-N // 128) * 128
-    if bits4:
-        cols = 128 * _block_units(Np // 128)
-        nblk = Np // cols
-        u = (q + 8) if signed else q  # s4 -> q + 8 (matches XOR 0x88 of the nibble)
-        u = np.pad(u, ((0, 0), (0, Np - N))).astype(np.uint8)
-        byte = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)  # [K, Np/2]
-        cbw, xm, zc = cols // 2, 0, 8.0 if signed and zp is None else 0.0
-        wb = np.ascontiguousarray(byte.reshape(K, nblk, cbw).transpose(1, 0, 2))
-    else:
-        cols = 128
-        nblk = Np // cols
-        qq = np.pad(q, ((0, 0), (0, Np - N))).astype(np.int8 if signed else np.uint8)
-        wb = np.ascontiguousarray(qq.reshape(K, nblk, 128).transpose(1, 0, 2)).view(np.uint8)
-        cbw, xm, zc = 128, 0x80 if signed else 0, 0.0
-    scp = np.ascontiguousarray(np.pad(sc, ((0, 0), (0, Np - N))).reshape(ng, nblk, cols)
-                               .transpose(1, 0, 2))
-    if zp is not None:
-        zf = np.ascontiguousarray(np.pad(zp, ((0, 0), (0, Np - N))).reshape(ng, nblk, cols)
-                                  .transpose(1, 0, 2)).reshape(-1)
-    else:
-        zf = np.zeros(1, np.float32)
-    return PreparedWeight(spec, wb.reshape(-1), K * cbw, cbw, cbw, nblk, scp.reshape(-1), zf,
-                          ng * cols, cols, 1 if zp is not None else 0, zc, xm, (w, scales, zps),
+    if bits4:  # the interleaved layout of the lookup-table kernels (graph_api.kernels.wgemv4)
+        nblk = Np // W4.BLOCK_COLS
+        wb, table = W4.pack_interleaved(np.pad(q, ((0, 0), (0, Np - N))), signed)
+        wbs, sbs, sgs = W4.block_params(K, G, nblk)
+        return PreparedWeight(spec, wb, wbs, W4.ROW_BYTES, W4.ROW_BYTES, nblk, _per_block(sc, Np, nblk),
+                              _per_block(zp, Np, nblk) if zp is not None else np.zeros(1, np.float32),
+                              sbs, sgs, 1 if zp is not None else 0, 0.0, 0, (w, scales, zps),
+                              param_bounds(sc, zp), table)
+    # int8 (graph_api.kernels.wgemv8): blocked [nblk, K, 128] signed bytes; u8 as q - 128
+    # with zero point z - 128 (q - z unchanged), so one signed kernel serves both
+    cols = 128
+    nblk = Np // cols
+    if not signed:
+        q = q - 128
+        zp = (zp if zp is not None else np.zeros((ng, N), np.float32)) - np.float32(128)
+    wb = np.ascontiguousarray(np.pad(q, ((0, 0), (0, Np - N))).astype(np.int8)
+                              .reshape(K, nblk, cols).transpose(1, 0, 2))
+    zf = _per_block(zp, Np, nblk) if zp is not None else np.zeros(1, np.float32)
+    return PreparedWeight(spec, wb.reshape(-1), K * cols, cols, cols, nblk, _per_block(sc, Np, nblk), zf,
+                          ng * cols, cols, 1 if zp is not None else 0, 0.0, 0, (w, scales, zps),
                           param_bounds(sc, zp))
 
 
-def _block_units(n128: int) -> int:
-    """128-column units per int4 block: up to 4 (512 columns), dividing ``n128``.
-
-    Wide blocks make each vector loop of the decode kernels run 4-16 iterations
-    per four rows, so the loop set-up (and LLVM's runtime alias checks) is paid
-    once per 512 weights... per 2048; 64-byte rows ran ~30% slower."""
-    return next(d for d in (4, 3, 2, 1) if n128 % d == 0)
+def _per_block(a, Np, nblk):
+    """[ng, N] per-column parameters -> flat [nblk, ng, Np/nblk] (columns padded with 0)."""
+    ng, N = a.shape
+    return np.ascontiguousarray(np.pad(a, ((0, 0), (0, Np - N))).reshape(ng, nblk, Np // nblk)
+                                .transpose(1, 0, 2)).reshape(-1)
 
 
 def natural_chunk(N: int) -> int:
@@ -990,11 +918,14 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         cols = pw.nblk * (2 * pw.cbw if bits4 else pw.cbw)
         part = np.empty((S, M, cols), np.float32)
         args = (xf, xs, pw.w, pw.wbs, pw.wks)
-        if bits4:
+        if pw.table is not None:
+            (W4.gemv_m1 if M == 1 else W4.gemv_rows)(xf, xs, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs,
+                                                     pw.zmode, G, part)
+        elif bits4:
             (_gemv4_m1 if M == 1 else _gemv4_rows)(*args, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs,
                                                    pw.sgs, pw.zmode, np.float32(pw.zc), G, part)
         else:
-            _gemv8(*args, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs, pw.zmode, G, part)
+            W8.gemv(xf, xs, pw.w, pw.wbs, pw.sc, pw.zf, pw.sbs, pw.zmode, G, part)
         finish(part, out, okind, ep)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0 and spec.group_n == 1:
@@ -1060,7 +991,7 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
     N = spec.N
     bits4 = spec.kind in (S4, U4)
     use_blk = prepared is not None and bits4
-    unit = 2 * prepared.cbw if use_blk else 128  # int4 prepared/natural: whole blocks per panel
+    unit = 2 * prepared.cbw if use_blk and prepared.table is None else 128  # int4 prepared/natural: whole blocks per panel
     ncols = prepared.nblk * unit if use_blk else -(-N // 128) * 128
     step = max(unit, PANEL_BYTES // (4 * max(K, 1)) // unit * unit)
     npanels = -(-ncols // step)
@@ -1076,7 +1007,11 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
     for n0 in range(0, ncols, step):
         width = min(step, ncols - n0)
         pv, tv = (panel, tile) if width == panel.shape[1] else (panel[:, :width], tile[:, :width])
-        if use_blk:
+        if use_blk and prepared.table is not None:
+            pw = prepared
+            W4.dequant_panel(pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, spec.group, n0 // unit,
+                             rnd_w, pv)
+        elif use_blk:
             pw = prepared
             _dequant_panel_blk(pw.w, pw.wbs, pw.wks, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs,
                                pw.zmode, np.float32(pw.zc), spec.group, n0 // unit, rnd_w, pv)

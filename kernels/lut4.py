@@ -1,0 +1,84 @@
+"""int4 nibbles to f32 vectors by a 16-entry table lookup (one ``vpermps`` per 16 weights).
+
+The weight-compressed decode kernels are compute-bound in strict f32: every
+weight costs one FMA, so the unpack must be as cheap as possible.  A 512-bit
+load holds 16 dwords of 8 nibbles each; nibble ``j`` of all 16 dwords becomes
+16 f32 lanes with a right shift by ``4 j`` and ``vpermps`` on a 16-float table
+(``vpermps`` reads only the low 4 bits of each index lane, so no mask is
+needed): 2 vector operations per 16 weights (1 for ``j = 0``) instead of the
+zero-extend, mask, shift and int-to-float convert of the byte-wise unpack.
+The table holds the exact integer values (s4: 0..7, -8..-1 for the stored
+two's complement nibbles; u4: 0..15), so the lookup is exact.
+
+Numba cannot express ``vpermps``; :func:`vlut4` emits the x86 intrinsic when
+the compile target has AVX-512F and, elsewhere, the same lookup lane by lane
+(identical values, slower).
+"""
+from __future__ import annotations
+
+import os
+
+from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from graph_api.kernels.bits import f32x16
+
+_V16 = ir.VectorType(ir.FloatType(), 16)
+_I32 = ir.IntType(32)
+_I32V = ir.VectorType(_I32, 16)
+
+
+def _target_has_avx512() -> bool:
+    """Does the code Numba generates target AVX-512F (numba_setup passes the host features)?"""
+    feats = os.environ.get("NUMBA_CPU_FEATURES")
+    if feats is None:
+        import llvmlite.binding as llvm
+        feats = llvm.get_host_cpu_features().flatten()
+    return "+avx512f" in feats.split(",")
+
+
+HAS_VPERMPS = _target_has_avx512()
+
+#: lookup tables: stored nibble -> exact integer weight
+TABLE_S4 = [float(i if i < 8 else i - 16) for i in range(16)]
+TABLE_U4 = [float(i) for i in range(16)]
+
+
+@intrinsic
+def vlut4(typingctx, table, arr, idx, shift):
+    """``table[(word[l] >> shift) & 15]`` for the 16 little-endian dwords ``word``
+    at byte offset ``idx`` of ``arr``'s buffer (64 bytes, unchecked), as f32x16.
+
+    ``shift`` is a multiple of 4 below 32 (a literal in practice; LLVM folds it).
+    """
+    if not isinstance(arr, types.Array):
+        return None
+    sig = f32x16(table, arr, idx, shift)
+
+    def codegen(context, builder, signature, args):
+        tab, ary_val, i_val, sh = args
+        ary = context.make_array(signature.args[1])(context, builder, ary_val)
+        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        i = context.cast(builder, i_val, signature.args[2], types.intp)
+        p = builder.bitcast(builder.gep(base, [i]), _I32V.as_pointer())
+        words = builder.load(p, align=1)
+        sh = context.cast(builder, sh, signature.args[3], types.int32)
+        shv = builder.insert_element(ir.Constant(_I32V, ir.Undefined), sh, _I32(0))
+        shv = builder.shuffle_vector(shv, shv, ir.Constant(_I32V, [0] * 16))
+        idxv = builder.lshr(words, shv)
+        if HAS_VPERMPS:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V16, [_V16, _I32V]), "llvm.x86.avx512.permvar.sf.512")
+            return builder.call(fn, [tab, idxv])
+        idxv = builder.and_(idxv, ir.Constant(_I32V, [15] * 16))
+        out = ir.Constant(_V16, ir.Undefined)
+        for lane in range(16):
+            e = builder.extract_element(tab, builder.extract_element(idxv, _I32(lane)))
+            out = builder.insert_element(out, e, _I32(lane))
+        return out
+
+    return sig, codegen

@@ -1,0 +1,153 @@
+"""int8 decode GEMV (M <= 8) on the blocked prepared layout, partial sums in registers.
+
+Layout (made by ``wmatmul.prepare``): blocks of 128 columns, block ``b`` one
+contiguous stream of ``K`` rows of 128 signed bytes, ``[nblk, K, 128]`` int8;
+u8 weights are stored as ``q - 128`` with zero point ``z - 128`` (``q - z``
+unchanged, exactly), so one signed signature serves s8 and u8.  Scales and
+zero points ``[nblk, K/G, 128]`` f32 as in :mod:`graph_api.kernels.wgemv4`,
+and the same formula and order: per group ``p = sum_k x[k] * q[k]`` by
+sequential FMAs, then ``acc = fma(s, p - z * xs, acc)``; error bound
+``(G + K/G + 3) * 2**-24 * sum_k |x_k| (|q| + |z|) |s|``.
+
+Per 16 weights and activation row: one sign-extending load, one int-to-float
+convert and one FMA (broadcast ``x[k]``); eight partial sums (M = 1) or two
+rows x eight (M > 1, converted once per row pair) stay in registers.
+"""
+from __future__ import annotations
+
+from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+
+import numpy as np
+from numba import njit, prange
+
+from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vstore, vsub
+from graph_api.kernels.wgemv4 import _scale4
+
+COLS = 128
+_PF = 4096  #: software prefetch distance in bytes of the block stream (32 rows)
+
+
+@njit(cache=True)
+def _blk_m1(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+    """One block, groups g0..g1, M == 1: 8 partial sums and 8 accumulators in registers."""
+    zero = vsplat(np.float32(0.0))
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
+    last = w.shape[0] - 64
+    for g in range(g0, g1):
+        p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = zero
+        r = wo + g * G * COLS
+        for k in range(g * G, g * G + G):
+            prefetch(w, min(r + _PF, last))
+            prefetch(w, min(r + _PF + 64, last))
+            xv = vsplat(xf[0, k])
+            p0 = vfma(xv, vcvt8(w, r), p0)
+            p1 = vfma(xv, vcvt8(w, r + 16), p1)
+            p2 = vfma(xv, vcvt8(w, r + 32), p2)
+            p3 = vfma(xv, vcvt8(w, r + 48), p3)
+            p4 = vfma(xv, vcvt8(w, r + 64), p4)
+            p5 = vfma(xv, vcvt8(w, r + 80), p5)
+            p6 = vfma(xv, vcvt8(w, r + 96), p6)
+            p7 = vfma(xv, vcvt8(w, r + 112), p7)
+            r += COLS
+        o = so + g * COLS
+        if zmode == 1:
+            xsv = vsplat(xs[0, g])
+            p0 = vsub(p0, vmul(vload(zf, o), xsv))
+            p1 = vsub(p1, vmul(vload(zf, o + 16), xsv))
+            p2 = vsub(p2, vmul(vload(zf, o + 32), xsv))
+            p3 = vsub(p3, vmul(vload(zf, o + 48), xsv))
+            p4 = vsub(p4, vmul(vload(zf, o + 64), xsv))
+            p5 = vsub(p5, vmul(vload(zf, o + 80), xsv))
+            p6 = vsub(p6, vmul(vload(zf, o + 96), xsv))
+            p7 = vsub(p7, vmul(vload(zf, o + 112), xsv))
+        a0 = vfma(vload(sc, o), p0, a0)
+        a1 = vfma(vload(sc, o + 16), p1, a1)
+        a2 = vfma(vload(sc, o + 32), p2, a2)
+        a3 = vfma(vload(sc, o + 48), p3, a3)
+        a4 = vfma(vload(sc, o + 64), p4, a4)
+        a5 = vfma(vload(sc, o + 80), p5, a5)
+        a6 = vfma(vload(sc, o + 96), p6, a6)
+        a7 = vfma(vload(sc, o + 112), p7, a7)
+    d = s * part.shape[2] + blk * COLS  # part[s, 0, blk*128 ...] (M == 1)
+    vstore(part, d, a0)
+    vstore(part, d + 16, a1)
+    vstore(part, d + 32, a2)
+    vstore(part, d + 48, a3)
+    vstore(part, d + 64, a4)
+    vstore(part, d + 80, a5)
+    vstore(part, d + 96, a6)
+    vstore(part, d + 112, a7)
+
+
+@njit(cache=True)
+def _blk_rows(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+    """One block for 1 < M <= 8: row pairs (a missing second row repeats the
+    first and is not stored), 2 x 8 partial sums in registers; the scaled
+    accumulators live in L1, updated once per group."""
+    M = xf.shape[0]
+    zero = vsplat(np.float32(0.0))
+    acc = np.zeros(M * COLS, np.float32)
+    last = w.shape[0] - 64
+    for g in range(g0, g1):
+        o = so + g * COLS
+        for m0 in range(0, M, 2):
+            i1 = min(m0 + 1, M - 1)
+            p0 = p1 = p2 = p3 = p4 = p5 = p6 = p7 = zero
+            q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = zero
+            r = wo + g * G * COLS
+            for k in range(g * G, g * G + G):
+                prefetch(w, min(r + _PF, last))
+                prefetch(w, min(r + _PF + 64, last))
+                x0 = vsplat(xf[m0, k])
+                x1 = vsplat(xf[i1, k])
+                u = vcvt8(w, r)
+                p0 = vfma(x0, u, p0)
+                q0 = vfma(x1, u, q0)
+                u = vcvt8(w, r + 16)
+                p1 = vfma(x0, u, p1)
+                q1 = vfma(x1, u, q1)
+                u = vcvt8(w, r + 32)
+                p2 = vfma(x0, u, p2)
+                q2 = vfma(x1, u, q2)
+                u = vcvt8(w, r + 48)
+                p3 = vfma(x0, u, p3)
+                q3 = vfma(x1, u, q3)
+                u = vcvt8(w, r + 64)
+                p4 = vfma(x0, u, p4)
+                q4 = vfma(x1, u, q4)
+                u = vcvt8(w, r + 80)
+                p5 = vfma(x0, u, p5)
+                q5 = vfma(x1, u, q5)
+                u = vcvt8(w, r + 96)
+                p6 = vfma(x0, u, p6)
+                q6 = vfma(x1, u, q6)
+                u = vcvt8(w, r + 112)
+                p7 = vfma(x0, u, p7)
+                q7 = vfma(x1, u, q7)
+                r += COLS
+            _scale4(acc, m0, 0, p0, p1, p2, p3, sc, zf, o, zmode, xs, g)
+            _scale4(acc, m0, 64, p4, p5, p6, p7, sc, zf, o, zmode, xs, g)
+            if m0 + 1 < M:
+                _scale4(acc, m0 + 1, 0, q0, q1, q2, q3, sc, zf, o, zmode, xs, g)
+                _scale4(acc, m0 + 1, 64, q4, q5, q6, q7, sc, zf, o, zmode, xs, g)
+    for m in range(M):
+        for j in range(COLS):
+            part[s, m, blk * COLS + j] = acc[m * COLS + j]
+
+
+@njit(parallel=True, cache=True)
+def gemv(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
+    """int8 decode GEMV: part[S, M, nblk*128] raw sums; work item = (block, K split)."""
+    S, M = part.shape[0], part.shape[1]
+    nblk = part.shape[2] // COLS
+    ng = xf.shape[1] // G
+    gps = (ng + S - 1) // S
+    for t in prange(nblk * S):
+        blk = t // S
+        s = t % S
+        g0 = min(s * gps, ng)
+        g1 = min((s + 1) * gps, ng)
+        if M == 1:
+            _blk_m1(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G, g0, g1, part, s, blk)
+        else:
+            _blk_rows(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G, g0, g1, part, s, blk)

@@ -1,0 +1,162 @@
+"""The interleaved int4 layout and its lookup-table kernels (kernels/wgemv4.py, kernels/lut4.py).
+
+References are independent: the layout is decoded with numpy from its documented
+bit positions, and products are summed in float64.
+
+Tolerance of the GEMV kernels: per group, ``G`` sequential f32 FMAs (one
+rounding each, relative to a partial sum bounded by ``sum |x| |q - z|``), the
+zero-point term ``z * xs`` and the subtraction (2 roundings), then one FMA per
+group into the accumulator (``K/G`` roundings).  The reference dequantizes in
+f32 first (one rounding of ``(q - z) * s``).  Each rounding is at most
+``u = 2**-24`` relative to a partial sum bounded by ``B = |x| @ ((|q| + |z|)
+|s|)`` (``|xs| <= sum |x|``), so ``|y - y64| <= (G + K/G + 4) * u * B``.
+The dequantized panel is exact: ``q - z`` is an exact small integer and
+``(q - z) * s`` is rounded once, as the reference does.
+"""
+import numba
+import numpy as np
+import pytest
+
+from graph_api.kernels import lut4
+from graph_api.kernels import wgemv4 as L
+from graph_api.kernels.bits import RND_BF16, RND_NONE
+
+U = 2.0 ** -24
+
+
+def decode_layout(wb, K, Np, signed):
+    """Numpy decoding of the documented layout: column 128 b + 16 j + l is
+    nibble j (bits 4j..4j+3) of little-endian dword l of row k of block b."""
+    words = wb[:Np // 128 * K * 64].view("<u4").reshape(Np // 128, K, 16).astype(np.int64)
+    q = np.empty((K, Np), np.int64)
+    for b in range(Np // 128):
+        for j in range(8):
+            q[:, 128 * b + 16 * j:128 * b + 16 * j + 16] = (words[b] >> (4 * j)) & 15
+    return np.where(q >= 8, q - 16, q) if signed else q
+
+
+def operands(M, K, N, G, signed, zp, rng):
+    q = rng.integers(-8 if signed else 0, 8 if signed else 16, (K, N))
+    sc = (rng.random((K // G, N)) + 0.5).astype(np.float32)
+    z = rng.integers(-8 if signed else 0, 8 if signed else 16, (K // G, N)).astype(np.float32) if zp else None
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    return q, sc, z, x
+
+
+def per_block(a, nblk):
+    ng, N = a.shape
+    return np.ascontiguousarray(a.reshape(ng, nblk, 128).transpose(1, 0, 2)).reshape(-1)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_layout_round_trip(signed):
+    rng = np.random.default_rng(1)
+    q = rng.integers(-8 if signed else 0, 8 if signed else 16, (40, 384))
+    wb, table = L.pack_interleaved(q, signed)
+    assert np.array_equal(decode_layout(wb, 40, 384, signed), q)
+    assert np.array_equal(table[np.arange(16)], np.where(np.arange(16) >= 8, np.arange(16) - 16, np.arange(16))
+                          if signed else np.arange(16))
+
+
+CASES = [  # M, K, N, G, splits (K splits of the grid)
+    (1, 256, 256, 32, 1), (1, 192, 384, 6, 2), (1, 128, 128, 128, 1), (1, 96, 128, 3, 4),
+    (2, 128, 256, 32, 1), (3, 192, 128, 6, 3), (8, 256, 128, 64, 2), (5, 90, 128, 9, 1),
+    (6, 64, 256, 16, 1), (7, 96, 128, 32, 2),
+]
+
+
+@pytest.mark.parametrize("signed,zp", [(True, False), (False, False), (False, True), (True, True)])
+@pytest.mark.parametrize("M,K,N,G,S", CASES)
+def test_gemv_against_float64(M, K, N, G, S, signed, zp):
+    rng = np.random.default_rng(hash((M, K, N, G, S, signed, zp)) % 2**32)
+    q, sc, z, x = operands(M, K, N, G, signed, zp, rng)
+    nblk = N // 128
+    wb, table = L.pack_interleaved(q, signed)
+    wbs, sbs, sgs = L.block_params(K, G, nblk)
+    zf = per_block(z, nblk) if zp else np.zeros(1, np.float32)
+    xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
+    part = np.full((S, M, N), np.nan, np.float32)
+    (L.gemv_m1 if M == 1 else L.gemv_rows)(x, xs, wb, wbs, table, per_block(sc, nblk), zf, sbs,
+                                            1 if zp else 0, G, part)
+    y = part.astype(np.float64).sum(0)
+    zz = np.repeat(z, G, 0) if zp else 0.0
+    s = np.repeat(sc, G, 0).astype(np.float64)
+    w32 = ((q - zz) * s).astype(np.float32).astype(np.float64)
+    x64 = x.astype(np.float64)
+    bound = (G + K // G + 4 + S) * U * (np.abs(x64) @ ((np.abs(q) + np.abs(zz)) * s))
+    assert np.all(np.abs(y - x64 @ w32) <= bound)
+
+
+@pytest.mark.parametrize("zp", [False, True])
+@pytest.mark.parametrize("rnd", [RND_NONE, RND_BF16])
+def test_dequant_panel_exact(zp, rnd):
+    import ml_dtypes
+    rng = np.random.default_rng(3)
+    K, N, G = 96, 384, 32
+    q, sc, z, _ = operands(1, K, N, G, True, zp, rng)
+    nblk = N // 128
+    wb, table = L.pack_interleaved(q, True)
+    wbs, sbs, sgs = L.block_params(K, G, nblk)
+    panel = np.empty((K, 256), np.float32)  # blocks 1 and 2
+    L.dequant_panel(wb, wbs, table, per_block(sc, nblk), per_block(z, nblk) if zp else np.zeros(1, np.float32),
+                    sbs, 1 if zp else 0, G, 1, rnd, panel)
+    zz = np.repeat(z, G, 0) if zp else 0.0
+    want = ((q - zz) * np.repeat(sc, G, 0)).astype(np.float32)[:, 128:]
+    if rnd == RND_BF16:
+        want = want.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(panel, want)
+
+
+@pytest.mark.parametrize("permute", [True, False])
+def test_lookup_both_code_paths(monkeypatch, permute):
+    """vlut4 emits vpermps on AVX-512 and a lane-by-lane lookup elsewhere: both
+    give table[(word >> shift) & 15] (a fresh function is compiled per path)."""
+    if permute and not lut4.HAS_VPERMPS:
+        pytest.skip("the compile target has no AVX-512")
+    monkeypatch.setattr(lut4, "HAS_VPERMPS", permute)
+    from graph_api.kernels.bits import vload, vstore
+
+    def lookups(table, w, out):
+        tab = vload(table, 0)
+        for j in range(8):
+            vstore(out, 16 * j, lut4.vlut4(tab, w, 0, 4 * j))
+            vstore(out, 128 + 16 * j, lut4.vlut4(tab, w, 3, 4 * j))  # unaligned byte offset
+
+    f = numba.njit(lookups)
+    rng = np.random.default_rng(4)
+    w = rng.integers(0, 256, 80, dtype=np.uint8)
+    table = rng.standard_normal(16).astype(np.float32)
+    out = np.empty(256, np.float32)
+    f(table, w, out)
+    for off, base in ((0, 0), (3, 128)):
+        words = w[off:off + 64].view("<u4").astype(np.int64)
+        for j in range(8):
+            assert np.array_equal(out[base + 16 * j:base + 16 * j + 16], table[(words >> (4 * j)) & 15])
+
+
+@pytest.mark.parametrize("kind,zp", [("s8", False), ("s8", True), ("u8", False), ("u8", True)])
+@pytest.mark.parametrize("M,K,N,G,S", CASES[:6] + CASES[-2:])
+def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
+    """wgemv8 through wmatmul.prepare's blocked int8 copy (u8 stored as q - 128
+    with zero point z - 128); same bound as the int4 kernels."""
+    from graph_api.kernels import wgemv8
+    from graph_api.kernels import wmatmul as W
+    rng = np.random.default_rng(hash((M, K, N, G, S, kind, zp)) % 2**32)
+    lo, hi = (-128, 127) if kind == "s8" else (0, 255)
+    q = rng.integers(lo, hi + 1, (K, N))
+    sc = (rng.random((K // G, N)) + 0.5).astype(np.float32)
+    z = rng.integers(lo, hi + 1, (K // G, N)) if zp else None
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    pw = W.prepare(q.astype(np.int8 if kind == "s8" else np.uint8), W.WeightSpec(kind, K, N, G, False), sc, z)
+    xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
+    part = np.full((S, M, N), np.nan, np.float32)
+    wgemv8.gemv(x, xs, pw.w, pw.wbs, pw.sc, pw.zf, pw.sbs, pw.zmode, G, part)
+    y = part.astype(np.float64).sum(0)
+    zz = np.repeat(z, G, 0) if zp else 0
+    s = np.repeat(sc, G, 0).astype(np.float64)
+    w32 = ((q - zz) * s).astype(np.float32).astype(np.float64)
+    x64 = x.astype(np.float64)
+    zabs = np.abs(zz) if kind == "s8" else np.abs(np.asarray(zz) - 128)  # stored: q - 128, z - 128
+    qabs = np.abs(q) if kind == "s8" else np.abs(q - 128)
+    bound = (G + K // G + 4 + S) * U * (np.abs(x64) @ ((qabs + zabs) * s))
+    assert np.all(np.abs(y - x64 @ w32) <= bound)
