@@ -220,24 +220,70 @@ def _tile_portable(a, a_off, bp, b_off, k4, c, c_off, ldc, first, mr):
                                        + a2 * np.int32(bp[p + 2]) + a3 * np.int32(bp[p + 3]))
 
 
-@njit(parallel=True, cache=True)
-def _pack_a(a, M, K, k4, ap, rowsum, want_rowsum):
-    """``ap[g, kk, i, t] = A[g*MR + i, 4*kk + t]`` (zeros past M and K), and A's row sums.
-
-    Rows of one micro-tile interleaved 4 bytes at a time: the micro-kernel then
-    reads A sequentially (rows of A a power of two apart would share L1 sets)."""
+@njit(inline="always", cache=True)
+def _pack_a_kernel(a32, M, k4, ap32):
+    """``ap32[g, kk, i] = a32[g*MR + i, kk]`` (zeros past M): 4-byte words of A
+    with the rows of one micro-tile interleaved, so the micro-kernel reads A
+    sequentially (rows of A a power of two apart would share L1 sets)."""
     for g in prange((M + MR - 1) // MR):
-        base = g * k4 * MR * 4
+        base = g * k4 * MR
         for i in range(MR):
             m = g * MR + i
-            s = 0
-            for k in range(4 * k4):
-                v = a[m, k] if m < M and k < K else 0
-                ap[base + (k // 4) * MR * 4 + i * 4 + k % 4] = v
-                if want_rowsum:
-                    s += np.int32(v)
             if m < M:
-                rowsum[m] = s
+                for kk in range(k4):
+                    ap32[base + kk * MR + i] = a32[m, kk]
+            else:
+                for kk in range(k4):
+                    ap32[base + kk * MR + i] = 0
+
+
+@njit(inline="always", cache=True)
+def _rowsum_kernel(a, rowsum):
+    for m in prange(a.shape[0]):
+        s = 0
+        for k in range(a.shape[1]):
+            s += np.int32(a[m, k])
+        rowsum[m] = s
+
+
+#: below this many bytes of A, packing runs serially (a parallel launch costs more)
+PACK_SERIAL_BELOW = 1 << 20
+
+
+@njit(parallel=True, cache=True)
+def _pack_a_par(a32, M, k4, ap32):
+    _pack_a_kernel(a32, M, k4, ap32)
+
+
+@njit(cache=True)
+def _pack_a_ser(a32, M, k4, ap32):
+    _pack_a_kernel(a32, M, k4, ap32)
+
+
+@njit(parallel=True, cache=True)
+def _rowsum_par(a, rowsum):
+    _rowsum_kernel(a, rowsum)
+
+
+@njit(cache=True)
+def _rowsum_ser(a, rowsum):
+    _rowsum_kernel(a, rowsum)
+
+
+def _pack_a(a: np.ndarray, k4: int, rowsum, want_rowsum: bool) -> np.ndarray:
+    """A packed for the micro-kernel (a flat byte array), and its row sums when wanted."""
+    M, K = a.shape
+    if K != 4 * k4 or not a.flags.c_contiguous:
+        buf = scratch.empty((M, 4 * k4), a.dtype)
+        buf[:, :K] = a
+        buf[:, K:] = 0
+        a = buf
+    serial = a.size < PACK_SERIAL_BELOW
+    ap = scratch.empty(-(-M // MR) * MR * k4 * 4, a.dtype)
+    (_pack_a_ser if serial else _pack_a_par)(a.view(np.int32), M, k4, ap.view(np.int32))
+    if want_rowsum:
+        (_rowsum_ser if serial else _rowsum_par)(a, rowsum)
+    return ap
 
 
 #: K bytes per block: the block of a 64-column panel (KC * 64 bytes) stays in L1
@@ -351,9 +397,8 @@ def gemm(a: np.ndarray, packed: PackedB, za: int = 0, out: np.ndarray | None = N
         out[...] = 0
         return out
     want_rowsum = bool(np.any(packed.cb))
-    rowsum = scratch.empty(M, np.int32)
-    ap = scratch.empty(-(-M // MR) * MR * packed.k4 * 4, a.dtype)
-    _pack_a(a, M, K, packed.k4, ap, rowsum, want_rowsum)
+    rowsum = np.zeros(M, np.int32)
+    ap = _pack_a(a, packed.k4, rowsum, want_rowsum)
     fn = _gemm_vnni if HAVE_VNNI else _gemm_portable
     fn(ap, M, packed.panels, packed.k4, out, packed.column_terms(za), packed.cb.astype(np.int32), rowsum,
        packed.a_dtype == np.uint8)
