@@ -290,20 +290,22 @@ def _pack_a(a: np.ndarray, k4: int, rowsum, want_rowsum: bool) -> np.ndarray:
 KC = 256
 
 
-def _make_gemm(vnni: bool):
+def _make_gemm(vnni: bool, parallel: bool):
     """The parallel driver over (panel, row block) tasks, on one micro-kernel kind.
 
-    Two separate functions: the VNNI one must never be compiled for a CPU without it.
+    Separate functions per micro-kernel (the VNNI one must never be compiled for
+    a CPU without it) and per threading (small GEMMs run serially: a parallel
+    launch costs more).
     """
 
-    @njit(parallel=True, cache=True)
-    def gemm(ap, M, bp, k4, c, colterm, cb, rowsum, a_unsigned):
-        """``c[m, n] = (A @ B')[m, n] + colterm[n] - cb[n] * rowsum[m]`` (int32, wrapping).
+    @njit(parallel=parallel, cache=True)
+    def gemm(ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c):
+        """``C[m, n] = (A @ B')[m, n] + colterm[n] - cb[n] * rowsum[m]`` (int32, wrapping).
 
         ``ap`` A packed by :func:`_pack_a`, ``bp`` the flat packed panels, ``c``
-        [M, N] int32.  Task order: panel-major, so a thread keeps its B panel in
+        int32 [M, N].  Task order: panel-major, so a thread keeps its B panel in
         cache while it walks the row blocks; each task sums into its own
-        contiguous [MB, NR] tile and writes C once, with the corrections.
+        contiguous [MB, NR] tile and writes it to C once, with the corrections.
         """
         N = c.shape[1]
         panels = (N + NR - 1) // NR
@@ -314,7 +316,6 @@ def _make_gemm(vnni: bool):
             m0 = (task % mblocks) * MB
             m1 = min(m0 + MB, M)
             n0 = p * NR
-            nn = min(NR, N - n0)
             ct = np.empty(MB * NR, np.int32)
             for q0 in range(0, k4, kc4):
                 q1 = min(q0 + kc4, k4)
@@ -327,7 +328,8 @@ def _make_gemm(vnni: bool):
                         _tile_vnni(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr, a_unsigned)
                     else:
                         _tile_portable(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr)
-            for m in range(m0, m1):  # the zero-point corrections, while the tile is in cache
+            nn = min(NR, N - n0)
+            for m in range(m0, m1):
                 corr = rowsum[m]
                 t0 = (m - m0) * NR
                 for j in range(nn):
@@ -336,8 +338,17 @@ def _make_gemm(vnni: bool):
     return gemm
 
 
-_gemm_vnni = _make_gemm(True) if HAVE_VNNI else None
-_gemm_portable = _make_gemm(False)
+_DRIVERS: dict = {}
+#: GEMMs of fewer multiply-adds than this run on one thread
+SERIAL_BELOW = 1 << 20
+
+
+def driver(parallel: bool = True):
+    """The compiled driver for this CPU (VNNI when it has it)."""
+    key = (HAVE_VNNI, parallel)
+    if key not in _DRIVERS:
+        _DRIVERS[key] = _make_gemm(HAVE_VNNI, parallel)
+    return _DRIVERS[key]
 
 
 # ------------------------------------------------------------------ the Python entry points
@@ -396,12 +407,11 @@ def gemm(a: np.ndarray, packed: PackedB, za: int = 0, out: np.ndarray | None = N
     if M == 0 or packed.N == 0 or K == 0:
         out[...] = 0
         return out
-    want_rowsum = bool(np.any(packed.cb))
     rowsum = np.zeros(M, np.int32)
-    ap = _pack_a(a, packed.k4, rowsum, want_rowsum)
-    fn = _gemm_vnni if HAVE_VNNI else _gemm_portable
-    fn(ap, M, packed.panels, packed.k4, out, packed.column_terms(za), packed.cb.astype(np.int32), rowsum,
-       packed.a_dtype == np.uint8)
+    ap = _pack_a(a, packed.k4, rowsum, bool(np.any(packed.cb)))
+    parallel = M * packed.N * K >= SERIAL_BELOW
+    driver(parallel)(ap, M, packed.panels, packed.k4, packed.column_terms(za), packed.cb.astype(np.int32),
+                     rowsum, packed.a_dtype == np.uint8, out)
     return out
 
 
