@@ -60,6 +60,7 @@ MB = 96
 
 
 def _target_features() -> str:
+    """The CPU features Numba compiles for (``numba_setup`` passes the host's)."""
     name = os.environ.get("NUMBA_CPU_NAME", "")
     feats = os.environ.get("NUMBA_CPU_FEATURES")
     if feats is not None and name and name != "host":
@@ -69,9 +70,8 @@ def _target_features() -> str:
     return llvm.get_host_cpu_features().flatten() if name in ("", "host") else ""
 
 
-#: whether the compiled code may use vpdpbusd (Numba compiles for these features)
-HAVE_VNNI = "+avx512vnni" in _target_features().split(",") and \
-    os.environ.get("GRAPH_API_IGEMM_PORTABLE", "0") != "1"
+#: whether the compiled code may use vpdpbusd (tests switch it off to run the portable kernel)
+HAVE_VNNI = "+avx512vnni" in _target_features().split(",")
 
 
 # ------------------------------------------------------------------ the micro-kernel
@@ -163,8 +163,7 @@ def _make_tile(mr: int, a_unsigned: bool):
     return tile
 
 
-_TILES_U = tuple(_make_tile(m, True) for m in range(1, MR + 1))
-_T1u, _T2u, _T3u, _T4u, _T5u, _T6u = _TILES_U
+_T1u, _T2u, _T3u, _T4u, _T5u, _T6u = (_make_tile(m, True) for m in range(1, MR + 1))
 _T1s, _T2s, _T3s, _T4s, _T5s, _T6s = (_make_tile(m, False) for m in range(1, MR + 1))
 
 

@@ -132,6 +132,7 @@ if os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
 KERNEL_FAMILIES = {
     "sdpa": "SDPA", "wmatmul": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
     "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "conv": "convolution",
+    "igemm": "int8 GEMM (VNNI)",
 }
 _announced: set[str] = set()
 _compiling = threading.local()
