@@ -1,12 +1,16 @@
 """The store pass of a static int8/u8 MatMul: scales, post-ops and requantization.
 
-The integer products are summed exactly before this pass (f32 BLAS on the
-zero-point-centred integer values in K chunks whose sums stay below 2**24, or
-one f64 GEMM; ``graph_api.kernels.fused.qmatmul_plan``).  For each output
+The integer products are summed exactly before this pass (the int8 GEMM of
+``kernels/igemm.py`` in int32; or f32 BLAS on the zero-point-centred integer
+values in K chunks whose sums stay below 2**24, or one f64 GEMM;
+``graph_api.kernels.fused.qmatmul_plan``).  Fusing this pass into the int8
+GEMM's 64-column tiles was measured slower (1.7 ms against 0.7 ms at
+512 x 1536 outputs, one thread): the short row loops pay their alias checks.  For each output
 element this pass then computes, in one visit::
 
-    acc[r, n]                                      exact integer (f32, or f64 when the GEMM
-                                                   ran in f64 or K chunks were summed in f64)
+    acc[r, n]                                      exact integer (int32 from the int8 GEMM;
+                                                   f32, or f64 when the BLAS GEMM ran in f64
+                                                   or K chunks were summed in f64)
     v   = f32(acc * colscale[n])                   colscale = src scale * weight scale (f64)
     v   = epilogue(v)                              bias, post-ops (graph_api.postops), f32
     out[roff[r] + coff[n]] = saturate(rne(v / qs[n] + qz[n]))      (okind QUANT: s8/u8)
@@ -64,7 +68,7 @@ def _store_ser(acc, colscale, out, roff, coff, okind, ops, fpar, ipar, buf, qs, 
 
 
 def store(acc, colscale, out_flat, roff, coff, okind, ep, qs, qz, lo, hi) -> None:
-    """One pass from the exact integer sums ``acc`` [R, N] (f32 or f64) to ``out_flat``.
+    """One pass from the exact integer sums ``acc`` [R, N] (int32, f32 or f64) to ``out_flat``.
 
     ``colscale`` f64 [N]; ``qs``/``qz`` f32 [N] (ignored unless ``okind == OUT_QUANT``);
     ``lo``/``hi`` the integer output range; ``ep`` a ``wmatmul.make_epilogue`` program.

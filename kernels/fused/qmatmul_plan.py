@@ -5,14 +5,17 @@
     Dequantize(qa; sa, za) ─┐
     [Quantize(W)] ─ Dequantize(qb; sb, zb) ─┴ MatMul ─ [bias] ─ post-ops ─ [Quantize(qs, qz)]
 
-    parts = (qa - za) @ (qb - zb)      exact integer sums: f32 BLAS over K chunks of
-                                       at most 2**24 / (max|qa - za| * max|qb - zb|)
-                                       terms (every partial sum an exact f32 integer),
-                                       or one f64 GEMM when that needs > MAX_CHUNKS
-    out   = quantize(chain(f32(sum(parts) * sa * sb[n])))      one pass, kernels.qmatmul
+    acc   = (qa - za) @ (qb - zb)      exact integer sums: the int8 GEMM of kernels/igemm.py
+                                       (AVX-512 VNNI, int32), or, when the zero points vary
+                                       along K or M or the sum may pass int32: f32 BLAS over
+                                       K chunks of at most 2**24 / (max|qa - za| * max|qb - zb|)
+                                       terms (every partial sum an exact f32 integer), or
+                                       one f64 GEMM when that needs > MAX_CHUNKS
+    out   = quantize(chain(f32(acc * sa * sb[n])))      one pass, kernels.qmatmul
 
-The weight's centred values (``qb - zb``, after the weight Quantize when the
-partition quantizes a constant f32 weight) are prepared once per constant
+Both GEMMs give the same exact integers.  The weight (packed for the int8
+GEMM, or its centred f32 values ``qb - zb``; after the weight Quantize when the
+partition quantizes a constant f32 weight) is prepared once per constant
 buffer.  The scales must factor out of the sum: the src scale per tensor,
 the weight scale per tensor or per output column (N); zero points may have
 any granularity (they are subtracted before the GEMM).
@@ -98,6 +101,41 @@ class _Operand:
             return self._cache[1], self._cache[2]
         return self._values(src), self.bound
 
+    def integers(self, arrays):
+        """The s8/u8 values (after the weight Quantize), a transposed view when the MatMul transposes."""
+        src = arrays[self.tid]
+        if self.quant is not None:
+            src = self._quantized(src)
+        return np.swapaxes(src, -1, -2) if self.transpose else src
+
+    def packed(self, arrays, a_dtype, zb):
+        """The weight packed for :func:`graph_api.kernels.igemm.gemm`: an object array of
+        ``PackedB`` over its batch dims, kept with the constant's cache."""
+        from graph_api.kernels import igemm
+
+        def pack():
+            b = self.integers(arrays)
+            flat = b.reshape((-1,) + b.shape[-2:])
+            packs = np.empty(flat.shape[0], object)
+            for i, mat in enumerate(flat):
+                packs[i] = igemm.PackedB(mat, a_dtype, zb)
+            return packs.reshape(b.shape[:-2])
+
+        if not self.const:
+            return pack()
+        src = arrays[self.tid]
+        key = ("packed", src.__array_interface__["data"][0], src.shape)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, pack())
+        return self._cache[1]
+
+    def _quantized(self, src):
+        from graph_api.kernels.reference.quant import quantize
+        from graph_api.kernels.reference import RefContext
+
+        (q,) = quantize(self.quant, [src], [self.int_lt], RefContext(fpmath=None))
+        return q
+
     def as_f64(self, x):
         """``x`` as f64, kept with the constant's cache."""
         if not self.const:
@@ -109,10 +147,7 @@ class _Operand:
 
     def _values(self, src):
         if self.quant is not None:  # the weight Quantize, as the reference computes it
-            from graph_api.kernels.reference.quant import quantize
-            from graph_api.kernels.reference import RefContext
-
-            (src,) = quantize(self.quant, [src], [self.int_lt], RefContext(fpmath=None))
+            src = self._quantized(src)
         if self.per_tensor_zp:
             x = np.subtract(src, self.zp, dtype=np.float32)
         else:
@@ -139,6 +174,8 @@ class QuantMatmulPlan(ChainPlan):
         super().__init__(request, walk, [src.tid, wei.tid], pre)
         self.K = int(lts[mm.inputs[0].id].shape[-2 if mm.attrs["transpose_a"] else -1])
         N = self.N
+        #: the weight zero point per output column for the int8 GEMM, or None (the f32 BLAS path)
+        self.int8_zb = _int8_gemm_zb(src, wei, self.K, N, len(lts[mm.inputs[1].id].shape))
         if quant is not None:  # the Quantize tail, applied by the store
             from graph_api.kernels import qmatmul
 
@@ -153,8 +190,26 @@ class QuantMatmulPlan(ChainPlan):
             self.qs = self.qz = np.ones(1, np.float32)
             self.qrange = (0, 0)
 
+    def _int8_gemm(self, arrays):
+        """Exact integer sums (q_a - z_a) @ (q_b - z_b) as int32 [R, N] on the int8 GEMM."""
+        from graph_api.kernels import igemm
+
+        a = self.src.integers(arrays)
+        packs = self.wei.packed(arrays, a.dtype, self.int8_zb)
+        za = int(self.src.zp)
+        if packs.ndim == 0:  # a linear layer: one [B*S, K] x [K, N] GEMM
+            return igemm.gemm(a.reshape(-1, a.shape[-1]), packs[()], za)
+        batch = np.broadcast_shapes(a.shape[:-2], packs.shape)
+        out = scratch.empty(batch + (a.shape[-2], self.N), np.int32)
+        a, packs = np.broadcast_to(a, batch + a.shape[-2:]), np.broadcast_to(packs, batch)
+        for idx in np.ndindex(*batch):
+            igemm.gemm(a[idx], packs[idx], za, out=out[idx])
+        return out.reshape(self.R, self.N)
+
     def _gemm(self, arrays):
-        """Exact integer sums (q_a - z_a) @ (q_b - z_b) as [R, N] (f32 or f64)."""
+        """Exact integer sums (q_a - z_a) @ (q_b - z_b) as [R, N] (int32, f32 or f64)."""
+        if self.int8_zb is not None:
+            return self._int8_gemm(arrays)
         a, _ = self.src.centred(arrays)
         b, bmax = self.wei.centred(arrays)
         span = self.src.bound * bmax
@@ -184,6 +239,23 @@ class QuantMatmulPlan(ChainPlan):
             qmatmul.store(acc, self.colscale, out, self.offsets[0], self.offsets[1], self.okind,
                           self.epilogue(arrays), self.qs, self.qz, *self.qrange)
         self.finish(buf, arrays, outputs)
+
+
+def _int8_gemm_zb(src: _Operand, wei: _Operand, K: int, N: int, wei_rank: int):
+    """The weight zero points as an int64 [N] array when the int8 GEMM serves this MatMul
+    (src zero point per tensor, weight zero points per tensor or per output column,
+    every sum within int32), else None."""
+    from graph_api.kernels import igemm
+
+    if not src.per_tensor_zp or not igemm.exact_in_int32(K, src.bound, wei.bound):
+        return None
+    _, zps = _params(wei.deq)
+    if zps is None or zps.size == 1:
+        return np.full(N, 0 if zps is None else int(zps.reshape(-1)[0]), np.int64)
+    axis = wei.deq.attrs["axis"] % wei_rank
+    if wei.deq.attrs["qtype"] != "per_channel" or axis != (wei_rank - 2 if wei.transpose else wei_rank - 1):
+        return None
+    return zps.reshape(-1).astype(np.int64)
 
 
 def _dequantized(request, producer, lt, int_dtypes=_INT8):

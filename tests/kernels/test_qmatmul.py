@@ -5,7 +5,8 @@ Two independent checks:
 * Without a Quantize tail and without post-ops the plan's f32 output is
   ``f32(exact_integer_sum * src_scale * wei_scale[n])`` (+ the bias in f32):
   computed here with Python integers (int64), it must match bit for bit —
-  that is what "exact integer GEMM" promises, for every K-chunking path.
+  that is what "exact integer GEMM" promises, on the int8 (VNNI) GEMM and
+  on every K-chunking path of the BLAS one.
 * With post-ops and a Quantize tail the result is compared with the numpy
   reference (``GRAPH_API_REFERENCE``): the reference sums the f32-rounded
   dequantized values in f64, so the f32 value before requantization differs
@@ -104,7 +105,11 @@ CASES = {
     "k_f64": (dt.u8, dt.u8, 2, 1400, 3, dict(src_zp=255, wei_zps=(0,))),  # 2**24/255**2 = 258: f64 GEMM
     # a variable weight: its bound comes from the type (255 * 128), 514 terms per chunk
     "variable_wei_chunks": (dt.u8, dt.s8, 3, 600, 4, dict(src_zp=0, wei_const=False)),
+    # 34000 * 255 * 255 > 2**31: beyond the int8 GEMM's int32 sums, the f64 GEMM runs
+    "k_beyond_int32": (dt.u8, dt.u8, 2, 34000, 3, dict(src_zp=0, wei_zps=(0,))),
 }
+#: the cases the int8 GEMM (kernels/igemm.py) does not serve: the f32/f64 BLAS path runs
+BLAS_PATH = {"k_beyond_int32"}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -113,7 +118,9 @@ def test_integer_sum_is_exact(name):
     graph, src, w, b = _graph(src_dt, wei_dt, m, k, n, **kw)
     feeds = _feeds(graph, src_dt, wei_dt, 1)
     run, got = _run(graph, feeds)
-    assert run.partitions[0].compiled.plan.name == "int_gemm_epilogue"
+    plan = run.partitions[0].compiled.plan
+    assert plan.name == "int_gemm_epilogue"
+    assert (plan.int8_zb is None) == (name in BLAS_PATH)
     a = feeds[src.id].astype(np.int64) - kw.get("src_zp", 0)
     wz = np.asarray(kw.get("wei_zps", (0,)), np.int64)
     wq = feeds[w.id].astype(np.int64)
