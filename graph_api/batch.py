@@ -50,6 +50,7 @@ from .logical_tensor import LogicalTensor
 from .json_io import load
 from .graph import Graph
 from .opset import OP_SCHEMAS
+from .partition_cache import get_compiled_partition_cache_capacity, set_compiled_partition_cache_capacity
 
 #: the knobs a batch line may set (``--reset``, ``--case``, ``--batch`` are actions)
 KNOBS = ("in-shapes", "op-attrs", "op-kind", "dt", "tensor-property", "attr-fpmath", "mb",
@@ -517,9 +518,19 @@ def run_batch(batch_file, root=None, max_elements: int = MAX_ELEMENTS, echo=prin
     root = Path(root) if root is not None else find_root(batch_file)
     cases = list(expand(batch_file, root))
     summary = Summary()
-    for index, case in enumerate(cases):
-        outcome = run_case(case, root, max_elements)
-        summary.outcomes.append(outcome)
-        echo(outcome_line(index, outcome))
+    # every case builds new partitions, and a compiled partition's cache key
+    # holds its partition's serial, so no later case can hit an entry; kept
+    # entries only hold memory (plans, store offsets, scratch: ~60 MB for a
+    # 16M-element case; op/harness_f32_all grew to 9.8 GB and was OOM-killed):
+    # the process-wide cache is off while the batch runs
+    capacity = get_compiled_partition_cache_capacity()
+    set_compiled_partition_cache_capacity(0)
+    try:
+        for index, case in enumerate(cases):
+            outcome = run_case(case, root, max_elements)
+            summary.outcomes.append(outcome)
+            echo(outcome_line(index, outcome))
+    finally:
+        set_compiled_partition_cache_capacity(capacity)
     echo(summary.line())
     return summary

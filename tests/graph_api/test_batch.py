@@ -282,3 +282,20 @@ def test_a_crash_in_one_case_fails_that_case_and_the_batch_goes_on(inputs, monke
     assert [o.state for o in summary.outcomes] == ["failed", "passed"]
     assert "__REPRO: --graph --case=op/f32/abs_bwd.json" in lines[0]
     assert "internal error ZeroDivisionError: boom" in lines[0]
+
+
+def test_a_batch_keeps_no_compiled_partitions_and_restores_the_cache(inputs):
+    """No later case can hit a case's compiled partitions (new partitions each
+    case); kept, they grew op/harness_f32_all to 9.8 GB.  The cache is off
+    while the batch runs and its capacity is restored afterwards."""
+    from graph_api import partition_cache
+
+    partition_cache.set_compiled_partition_cache_capacity(7)
+    try:
+        path = write(inputs, "b", "--case=op/f32/abs_bwd.json --case=op/f32/matmul.json")
+        summary = run_batch(path, inputs, echo=lambda line: None)
+        assert [o.state for o in summary.outcomes] == ["passed", "passed"]
+        assert len(partition_cache.CACHE._entries) == 0
+        assert ga.get_compiled_partition_cache_capacity() == 7
+    finally:
+        partition_cache.set_compiled_partition_cache_capacity(partition_cache.DEFAULT_CAPACITY)
