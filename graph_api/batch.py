@@ -15,8 +15,11 @@ A batch file is a list of benchdnn ``--graph`` command lines: knobs, then
 
 Knobs (benchdnn's meanings, applied in benchdnn's order): ``--in-shapes``
 (``ID:SHAPE[*STRIDES]``, strides as numbers or a tag like ``abdc``, ``-`` for
-a 0-D shape; the other tensors' shapes are inferred again), ``--op-attrs``
-(``ID:NAME:VALUE[*NAME:VALUE][+ID:...]``, lists as ``2x2``), ``--op-kind``
+a 0-D shape; the other tensors' shapes are inferred again; as in benchdnn an
+ID no op reads is ignored, one an op reads that is not a graph input is an
+error), ``--op-attrs`` (``ID:NAME:VALUE[*NAME:VALUE][+ID:...]``, lists as
+``2x2``; integers read as benchdnn reads them: ``s64`` its leading integer,
+``s64[]`` each dim through atof, truncated), ``--op-kind``
 (``ID:KIND[+ID:KIND]``, ``undef`` removes a unary/binary op), ``--attr-fpmath``
 (``MODE[:true|false]``), ``--dt`` (``DT`` for a whole floating-point graph,
 or ``ID:DT[+ID:DT]``), ``--tensor-property`` (``ID:PROP[+...]``), ``--mb``.
@@ -47,6 +50,7 @@ from .logical_tensor import LogicalTensor
 from .json_io import load
 from .graph import Graph
 from .opset import OP_SCHEMAS
+from .partition_cache import get_compiled_partition_cache_capacity, set_compiled_partition_cache_capacity
 
 #: the knobs a batch line may set (``--reset``, ``--case``, ``--batch`` are actions)
 KNOBS = ("in-shapes", "op-attrs", "op-kind", "dt", "tensor-property", "attr-fpmath", "mb",
@@ -246,16 +250,27 @@ def _attr_value(op, name: str, text: str, spec: str):
         if kind == "bool":
             return bool(int(text))
         if kind == "s64":
-            return int(text)
+            return _leading_int(text)
         if kind == "f32":
             return float(text)
         if kind == "s64[]":
-            return [int(v) for v in text.split("x")]
+            # benchdnn's string_to_shape: atof of each dim, stored in an int64 (so
+            # truncated): harness_*16_all give InterpolateBackward sizes:1.666667x1,
+            # which benchdnn runs as [1, 1] (the op ignores sizes: diff_src = src)
+            return [int(float(v)) for v in text.split("x")]
         if kind == "f32[]":
             return [float(v) for v in text.split("x")]
     except ValueError:
         raise BatchError(f"--op-attrs={spec}: {name}={text!r} is not a {kind}") from None
     return text
+
+
+def _leading_int(text: str) -> int:
+    """benchdnn's ``stoll``: the leading integer of ``text`` (``1.5`` -> 1)."""
+    leading = re.match(r"\s*([-+]?\d+)", text)
+    if leading is None:
+        raise ValueError(text)
+    return int(leading.group(1))
 
 
 def _produced(graph) -> set[int]:
@@ -266,11 +281,16 @@ def rewrite_shapes(graph, in_shapes: str | None, op_attrs: str | None):
     """``--in-shapes`` and ``--op-attrs``; every produced tensor's shape is then
     inferred again (benchdnn's ``infer_output_shape``)."""
     shapes, attrs = {}, {}
+    consumed = {lt.id for op in graph.ops.values() for lt in op.inputs}
     for tid, spec in _ids(in_shapes, "in-shapes") if in_shapes else []:
-        if tid not in graph.input_ids:
+        if tid in graph.input_ids:
+            shapes[tid] = _new_input(graph.tensors[tid], spec)
+        elif tid in consumed:
             raise BatchError(f"--in-shapes: tensor {tid} is not an input of the graph "
                              f"(inputs: {sorted(graph.input_ids)})")
-        shapes[tid] = _new_input(graph.tensors[tid], spec)
+        # else, as benchdnn (which checks only the tensors ops read): an id no op
+        # reads is ignored; harness_*_all give GenIndex's output tensor 1 a shape,
+        # which benchdnn infers again like every produced shape
     for oid, spec in _ids(op_attrs, "op-attrs") if op_attrs else []:
         if oid not in graph.ops:
             raise BatchError(f"--op-attrs: op {oid} is not in the graph")
@@ -482,18 +502,35 @@ def run_case(case: Case, root: Path, max_elements: int = MAX_ELEMENTS) -> Outcom
     return Outcome(case, "failed", "; ".join(bad)) if bad else Outcome(case, "passed")
 
 
+def outcome_line(index: int, outcome: Outcome) -> str:
+    """benchdnn's ``N:STATE __REPRO: command`` line, with where the case came
+    from and, for a case not passed, why."""
+    case = outcome.case
+    why = f": {outcome.message}" if outcome.state != "passed" else ""
+    return f"{index}:{outcome.state.upper()} ({case.origin}) __REPRO: {case.command()}{why}"
+
+
 def run_batch(batch_file, root=None, max_elements: int = MAX_ELEMENTS, echo=print) -> Summary:
-    """Every case of ``batch_file``; ``echo`` gets one line per case not passed
-    and the summary.  Raises :class:`BatchError` before running anything when
-    the file (or a nested one) cannot be read."""
+    """Every case of ``batch_file``; ``echo`` gets one line per case as it
+    finishes (benchdnn prints passed cases too) and the summary.  Raises
+    :class:`BatchError` before running anything when the file (or a nested
+    one) cannot be read."""
     root = Path(root) if root is not None else find_root(batch_file)
     cases = list(expand(batch_file, root))
     summary = Summary()
-    for index, case in enumerate(cases):
-        outcome = run_case(case, root, max_elements)
-        summary.outcomes.append(outcome)
-        if outcome.state != "passed":
-            echo(f"{index}:{outcome.state.upper()} ({case.origin}) __REPRO: {case.command()}: "
-                 f"{outcome.message}")
+    # every case builds new partitions, and a compiled partition's cache key
+    # holds its partition's serial, so no later case can hit an entry; kept
+    # entries only hold memory (plans, store offsets, scratch: ~60 MB for a
+    # 16M-element case; op/harness_f32_all grew to 9.8 GB and was OOM-killed):
+    # the process-wide cache is off while the batch runs
+    capacity = get_compiled_partition_cache_capacity()
+    set_compiled_partition_cache_capacity(0)
+    try:
+        for index, case in enumerate(cases):
+            outcome = run_case(case, root, max_elements)
+            summary.outcomes.append(outcome)
+            echo(outcome_line(index, outcome))
+    finally:
+        set_compiled_partition_cache_capacity(capacity)
     echo(summary.line())
     return summary

@@ -24,6 +24,7 @@ conformance tests call them directly.
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import subprocess
 import sys
@@ -306,7 +307,8 @@ def cmd_run(args) -> int:
 def cmd_run_batch(args) -> int:
     if args.file is not None:
         raise InvalidArguments(f"give either a graph file ({args.file}) or --batch, not both")
-    summary = run_batch(args.batch, args.inputs_root)
+    # flushed per line: a long batch shows its progress (and a killed run its cases so far)
+    summary = run_batch(args.batch, args.inputs_root, echo=functools.partial(print, flush=True))
     return EXIT_OK if summary.ok else EXIT_MISMATCH
 
 

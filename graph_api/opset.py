@@ -311,8 +311,14 @@ def normalize_quant_groups(op):
     the oneDNN form: ``group_shape`` is derived for per_group (see
     :func:`_rfc_group_shape`), ``axis`` becomes its first entry (oneDNN keeps
     axis but ignores it for per_group) and ``groups`` is dropped (the RFC
-    ignores it unless per_group).  Later code only ever sees ``group_shape``.
+    ignores it unless per_group).  Later code only ever sees ``group_shape``,
+    and only with per_group: oneDNN reads ``group_shape`` only for per_group
+    (its ``check_dyn_quant_dequant_scales_zps``) and benchdnn's
+    ``harness_mha_all`` turns a per_group op per_tensor or per_channel with
+    ``--op-attrs`` and keeps the group_shape, so with another qtype it is dropped.
     """
+    if op.attrs["qtype"] != "per_group":
+        op.attrs.pop("group_shape", None)
     axis, groups = op.attrs["axis"], op.attrs.get("groups")
     if groups is None and not isinstance(axis, list):
         return

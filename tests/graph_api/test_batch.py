@@ -135,19 +135,58 @@ def test_norm_backward_keeps_f32_statistics_under_dt(inputs):
     assert [lt.dtype.name for lt in bn.outputs] == ["f16", "f32", "f32"]
 
 
-def test_undef_removes_a_binary_op_and_passes_its_produced_input_on(inputs):
+def chain_graph():
+    """ReLU(0) -> 1; Add(2, 1) -> 3; Tanh(3) -> 4."""
     g = ga.Graph(ga.EngineKind.cpu)
     lt = lambda i: ga.LogicalTensor(i, ga.DataType.f32, (2, 3))  # noqa: E731
     g.add_op(ga.Op(0, "ReLU", [lt(0)], [lt(1)]))
     g.add_op(ga.Op(1, "Add", [lt(2), lt(1)], [lt(3)]))
     g.add_op(ga.Op(2, "Tanh", [lt(3)], [lt(4)]))
     g.finalize()
-    new = apply_knobs(g, {"op-kind": "1:undef"})
+    return g
+
+
+def test_undef_removes_a_binary_op_and_passes_its_produced_input_on(inputs):
+    new = apply_knobs(chain_graph(), {"op-kind": "1:undef"})
     assert sorted(new.ops) == [0, 2] and new.ops[2].inputs[0].id == 1
 
 
+def test_in_shapes_of_a_tensor_no_op_reads_is_ignored_as_in_benchdnn():
+    """benchdnn rejects only ids an op reads that are not graph inputs; an
+    output's shape (harness_*_all give GenIndex's output one) or an unknown id
+    is ignored, the output shape inferred again."""
+    new = apply_knobs(chain_graph(), {"in-shapes": "0:4x3+2:4x3+4:7x7+99:1"})
+    assert new.tensors[4].shape == (4, 3) and 99 not in new.tensors
+    with pytest.raises(BatchError, match="tensor 1 is not an input of the graph"):
+        apply_knobs(chain_graph(), {"in-shapes": "1:4x3"})
+
+
+def test_genindex_output_in_shapes_runs_as_in_benchdnn():
+    """harness_f32_all:870 gives GenIndex's output tensor 1 a shape and strides."""
+    case = Case("op/f32/genindex.json", (("op-attrs", "0:axis:2"),
+                                          ("in-shapes", "0:1x16x32x32*acbd+1:1x16x32x32*acbd")), "t")
+    outcome = batch.run_case(case, ROOT)
+    assert outcome.state == "passed", outcome.message
+
+
+@pytest.mark.parametrize("text,sizes", [("1.666667x1", [1, 1]), ("0.6x1", [0, 1]), ("5x11", [5, 11])])
+def test_integer_list_attributes_are_read_as_benchdnn_reads_them(text, sizes):
+    """benchdnn's string_to_shape stores atof of each dim in an int64."""
+    graph = ga.load(ROOT / "op/f32/interpolate_bwd.json")
+    assert apply_knobs(graph, {"op-attrs": f"0:sizes:{text}"}).ops[0].attrs["sizes"] == sizes
+
+
+def test_interpolate_backward_with_truncated_sizes_runs_as_in_benchdnn():
+    """harness_bf16_all:200: sizes:1.666667x1 -> [1, 1]; InterpolateBackward
+    ignores sizes (diff_src = src; the factors come from the src and diff_dst
+    shapes), so the case runs on the --in-shapes and is checked."""
+    case = Case("op/f32/interpolate_bwd.json", (("dt", "bf16"), ("in-shapes", "0:2x16x3x11+1:2x16x5x11"),
+                                                 ("op-attrs", "0:sizes:1.666667x1")), "t")
+    outcome = batch.run_case(case, ROOT)
+    assert outcome.state == "passed", outcome.message
+
+
 @pytest.mark.parametrize("knobs,phrase", [
-    ({"in-shapes": "7:2x3"}, "not an input"),
     ({"op-attrs": "0:nosuch:1"}, "no attribute"),
     ({"op-kind": "0:Frobnicate"}, "unknown op kind"),
     ({"op-kind": "0:ReLU"}, "not a binary op"),
@@ -175,6 +214,9 @@ def test_summary_counts_passed_failed_unimplemented_and_missing(inputs, capsys):
     assert out[-1] == "tests:5 passed:4 skipped:0 unimplemented:0 failed:1 missing:1"
     assert any("FAILED" in line and "expected 2 partition(s), got 1" in line for line in out)
     assert any("MISSING" in line and "not_here.json" in line for line in out)
+    # every case has its benchdnn line, passed ones too
+    assert out[0] == "0:PASSED (%s:1) __REPRO: --graph --case=op/f32/abs_bwd.json" % path
+    assert len(out) == 6 + 1
     assert not summary.ok
 
 
@@ -240,3 +282,20 @@ def test_a_crash_in_one_case_fails_that_case_and_the_batch_goes_on(inputs, monke
     assert [o.state for o in summary.outcomes] == ["failed", "passed"]
     assert "__REPRO: --graph --case=op/f32/abs_bwd.json" in lines[0]
     assert "internal error ZeroDivisionError: boom" in lines[0]
+
+
+def test_a_batch_keeps_no_compiled_partitions_and_restores_the_cache(inputs):
+    """No later case can hit a case's compiled partitions (new partitions each
+    case); kept, they grew op/harness_f32_all to 9.8 GB.  The cache is off
+    while the batch runs and its capacity is restored afterwards."""
+    from graph_api import partition_cache
+
+    partition_cache.set_compiled_partition_cache_capacity(7)
+    try:
+        path = write(inputs, "b", "--case=op/f32/abs_bwd.json --case=op/f32/matmul.json")
+        summary = run_batch(path, inputs, echo=lambda line: None)
+        assert [o.state for o in summary.outcomes] == ["passed", "passed"]
+        assert len(partition_cache.CACHE._entries) == 0
+        assert ga.get_compiled_partition_cache_capacity() == 7
+    finally:
+        partition_cache.set_compiled_partition_cache_capacity(partition_cache.DEFAULT_CAPACITY)

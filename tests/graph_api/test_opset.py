@@ -387,8 +387,6 @@ DYN_QUANT_ERRORS = [
      {"qtype": "per_group", "group_shape": [4]}, "rank >= 2"),
     ("per_group needs group_shape", "DynamicDequantize", ["s8:4x8", "f32:4x2"], ["f32:4x8"],
      {"qtype": "per_group"}, "needs a non-empty group_shape"),
-    ("group_shape needs per_group", "DynamicDequantize", ["s8:4x8", "f32:4"], ["f32:4x8"],
-     {"qtype": "per_channel", "axis": 0, "group_shape": [1, 4]}, "needs qtype=per_group"),
     ("RFC groups do not divide", "DynamicDequantize", ["s4:4x8", "f32:1x3"], ["f32:4x8"],
      {"qtype": "per_group", "axis": [1], "groups": [3]}, "groups entry 3 for dim 1 does not divide"),
     ("RFC groups length", "DynamicDequantize", ["s4:4x8", "f32:4x2"], ["f32:4x8"],
@@ -455,6 +453,17 @@ def test_rfc_groups_become_group_shape():
                 qtype="per_group", axis=[0, -1], groups=[4, 2])
     assert op.attrs["group_shape"] == [1, 4] and op.attrs["axis"] == 0
     assert "groups" not in op.attrs
+
+
+def test_group_shape_without_per_group_is_dropped_as_onednn_ignores_it():
+    """oneDNN reads group_shape only for per_group; harness_mha_all makes a
+    per_group op per_tensor / per_channel with --op-attrs and keeps it."""
+    op = verify("DynamicDequantize", ["s8:4x8", "f32:4"], ["f32:4x8"],
+                qtype="per_channel", axis=0, group_shape=[1, 4])
+    assert op.attrs == {"qtype": "per_channel", "axis": 0}
+    op = verify("DynamicDequantize", ["s8:4x8", "f32:1"], ["f32:4x8"],
+                qtype="per_tensor", group_shape=[1, 4])
+    assert "group_shape" not in op.attrs
 
 
 def test_rfc_axis_list_for_one_dim_becomes_s64():
