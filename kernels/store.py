@@ -10,13 +10,16 @@ not by a later copy.  The epilogue program is ``graph_api.kernels.wmatmul``'s (c
 """
 from __future__ import annotations
 
-from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+from graph_api.kernels.numba_setup import numba  # configures numba first
+
+import math
 
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import f32_to_bf16, f32_to_f16_bits
+from graph_api.kernels.bits import erf32, f32_to_bf16, f32_to_f16_bits, round_bf16, round_f16
 from graph_api.kernels.wmatmul import _ep_one
+from graph_api.postops import ADD, GELU_ERF, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB, SUB
 
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
 #: below this many elements one thread does it (no launch cost)
@@ -33,28 +36,147 @@ def _put(out, i, v, okind):
         out[i] = f32_to_f16_bits(v)
 
 
-@njit(parallel=True, cache=True)
-def _store_par(acc, out, roff, coff, okind, ops, fpar, ipar, buf):
-    R, N = acc.shape
-    for r in prange(R):
-        base = roff[r]
-        for n in range(N):
-            _put(out, base + coff[n], _ep_one(acc[r, n], r, n, ops, fpar, ipar, buf), okind)
+@njit(cache=True)
+def ep_row(v, r, ops, fpar, ipar, buf, orow):
+    """The epilogue program applied in place to ``v``, row ``r`` of the ``[R, N]`` result.
+
+    One loop over the row per step (the step's branch is outside the loop, so
+    the loops vectorise), the same f32 formulas as ``wmatmul._ep_one``, except
+    GELU's erf, which is :func:`bits.erf32` (<= 2 ulp, vectorised) instead of
+    the scalar libm call.  Steps without a loop of their own here run
+    ``_ep_one`` element by element.  ``orow`` is scratch of length N (a
+    scalar operand broadcast along the row).
+    """
+    N = v.shape[0]
+    for i in range(ops.shape[0]):
+        op = ops[i]
+        if op < 10:  # binary: operand row o (the running value itself when the offset is -1)
+            off = ipar[i, 0]
+            if off < 0:
+                o = v
+            elif ipar[i, 2] == 0:
+                x = buf[off + r * ipar[i, 1]]
+                for n in range(N):
+                    orow[n] = x
+                o = orow
+            else:
+                o = buf[off + r * ipar[i, 1]:off + r * ipar[i, 1] + N]
+            if op == ADD:
+                for n in range(N):
+                    v[n] = v[n] + o[n]
+            elif op == MUL:
+                for n in range(N):
+                    v[n] = v[n] * o[n]
+            elif op == SUB:
+                for n in range(N):
+                    v[n] = v[n] - o[n]
+            elif op == RSUB:
+                for n in range(N):
+                    v[n] = o[n] - v[n]
+            else:
+                for n in range(N):
+                    v[n] = _ep_one(v[n], r, n, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
+        elif op == GELU_ERF:
+            for n in range(N):
+                x = v[n]
+                v[n] = np.float32(0.5) * x * (np.float32(1.0) + erf32(x * np.float32(0.7071067811865476)))
+        elif op == RELU:  # x * 0 below 0 (NaN at -inf), as _ep_one
+            for n in range(N):
+                x = v[n]
+                v[n] = x if x > 0 else x * np.float32(0.0)
+        elif op == LINEAR:
+            a, b = fpar[i, 0], fpar[i, 1]
+            for n in range(N):
+                v[n] = a * v[n] + b
+        elif op == ROUND_BF16:
+            for n in range(N):
+                v[n] = round_bf16(v[n])
+        elif op == ROUND_F16:
+            for n in range(N):
+                v[n] = round_f16(v[n])
+        else:
+            for n in range(N):
+                v[n] = _ep_one(v[n], r, n, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
+
+
+@njit(inline="always", cache=True)
+def _put_run(v, n0, n1, out, b, okind):
+    """out[b + n] = convert(v[n]) for n in [n0, n1): one loop per output type over
+    slices indexed from 0 (no negative-index wraparound: the loops vectorise)."""
+    src = v[n0:n1]
+    dst = out[b + n0:b + n1]
+    if okind == 0:
+        for n in range(src.shape[0]):
+            dst[n] = src[n]
+    elif okind == 1:
+        for n in range(src.shape[0]):
+            dst[n] = f32_to_bf16(src[n])
+    else:
+        for n in range(src.shape[0]):
+            dst[n] = f32_to_f16_bits(src[n])
+
+
+@njit(inline="always", cache=True)
+def put_dense(v, out, base, okind):
+    """out[base + n] = convert(v[n]) for the whole row."""
+    _put_run(v, 0, v.shape[0], out, base, okind)
+
+
+@njit(inline="always", cache=True)
+def _put_row(v, out, base, coff, run, okind):
+    """out[base + coff[n]] = convert(v[n]); coff is contiguous within runs of ``run``."""
+    N = v.shape[0]
+    for j in range(0, N, run):
+        _put_run(v, j, j + run, out, base + coff[j] - j, okind)
 
 
 @njit(cache=True)
-def _store_ser(acc, out, roff, coff, okind, ops, fpar, ipar, buf):
-    R, N = acc.shape
-    for r in range(R):
-        base = roff[r]
+def _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1):
+    N = acc.shape[1]
+    v = np.empty(N, np.float32)
+    orow = np.empty(N, np.float32)
+    for r in range(r0, r1):
+        row = acc[r]
         for n in range(N):
-            _put(out, base + coff[n], _ep_one(acc[r, n], r, n, ops, fpar, ipar, buf), okind)
+            v[n] = row[n]
+        ep_row(v, r, ops, fpar, ipar, buf, orow)
+        _put_row(v, out, roff[r], coff, run, okind)
+
+
+@njit(parallel=True, cache=True)
+def _store_par(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks):
+    R = acc.shape[0]
+    step = (R + blocks - 1) // blocks
+    for b in prange(blocks):
+        _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, b * step, min(R, b * step + step))
+
+
+@njit(cache=True)
+def _store_ser(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf):
+    _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, 0, acc.shape[0])
+
+
+def contiguous_run(coff) -> int:
+    """The longest ``L`` dividing N with ``coff`` consecutive within each run of L columns."""
+    N = coff.shape[0]
+    if N == 0:
+        return 1
+    step = np.flatnonzero(np.diff(coff) != 1) + 1  # where a run breaks
+    run = N
+    for b in step:
+        run = math.gcd(run, int(b))
+    return max(run, 1)
 
 
 def store(acc2d, out_flat, roff, coff, okind, ep) -> None:
     """Apply epilogue ``ep`` to ``acc2d`` (f32 [R, N]) and store through the offsets."""
-    fn = _store_ser if acc2d.size < SERIAL_BELOW else _store_par
-    fn(acc2d, out_flat, roff, coff, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+    R, N = acc2d.shape
+    run = contiguous_run(coff)
+    if acc2d.size < SERIAL_BELOW:
+        _store_ser(acc2d, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+    else:
+        blocks = min(R, 4 * numba.get_num_threads())
+        _store_par(acc2d, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, blocks)
 
 
 def element_offsets(shape, strides) -> np.ndarray:
