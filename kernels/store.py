@@ -7,6 +7,13 @@ are element offsets worked out at compile time.  A reshape, transpose or
 reorder of the result after the post-ops is therefore written by this store,
 not by a later copy.  The epilogue program is ``graph_api.kernels.wmatmul``'s (codes of
 ``graph_api.postops``); strict f32, no fastmath.
+
+Row by row (:func:`ep_row`): the row is copied into a small buffer, each
+program step is one loop over it (so every loop vectorises: the step's branch
+is outside the loop), then the row is stored in runs of consecutive offsets
+(``contiguous_run``: the whole row, or e.g. the head dimension of a
+reshape+transpose).  Evaluating the program per element instead (an op loop
+inside the element loop) kept everything scalar: 7x slower for bias+GELU.
 """
 from __future__ import annotations
 
@@ -37,8 +44,9 @@ def _put(out, i, v, okind):
 
 
 @njit(cache=True)
-def ep_row(v, r, ops, fpar, ipar, buf, orow):
-    """The epilogue program applied in place to ``v``, row ``r`` of the ``[R, N]`` result.
+def ep_row(v, r, ops, fpar, ipar, buf, orow, c0=0):
+    """The epilogue program applied in place to ``v``, row ``r`` and columns ``c0 ..
+    c0 + len(v)`` of the ``[R, N]`` result.
 
     One loop over the row per step (the step's branch is outside the loop, so
     the loops vectorise), the same f32 formulas as ``wmatmul._ep_one``, except
@@ -60,7 +68,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow):
                     orow[n] = x
                 o = orow
             else:
-                o = buf[off + r * ipar[i, 1]:off + r * ipar[i, 1] + N]
+                o = buf[off + r * ipar[i, 1] + c0:off + r * ipar[i, 1] + c0 + N]
             if op == ADD:
                 for n in range(N):
                     v[n] = v[n] + o[n]
@@ -75,7 +83,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow):
                     v[n] = o[n] - v[n]
             else:
                 for n in range(N):
-                    v[n] = _ep_one(v[n], r, n, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
+                    v[n] = _ep_one(v[n], r, c0 + n, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
         elif op == GELU_ERF:
             for n in range(N):
                 x = v[n]
@@ -96,7 +104,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow):
                 v[n] = round_f16(v[n])
         else:
             for n in range(N):
-                v[n] = _ep_one(v[n], r, n, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
+                v[n] = _ep_one(v[n], r, c0 + n, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
 
 
 @njit(inline="always", cache=True)
@@ -154,6 +162,38 @@ def _store_par(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks):
 @njit(cache=True)
 def _store_ser(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf):
     _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, 0, acc.shape[0])
+
+
+@njit(cache=True)
+def _tile_block(acc, out, n0, okind, ops, fpar, ipar, buf, r0, r1):
+    C = min(acc.shape[1], out.shape[1] - n0)
+    v = np.empty(C, np.float32)
+    orow = np.empty(C, np.float32)
+    for r in range(r0, r1):
+        row = acc[r]
+        for n in range(C):
+            v[n] = row[n]
+        ep_row(v, r, ops, fpar, ipar, buf, orow, n0)
+        put_dense(v, out[r], n0, okind)
+
+
+@njit(parallel=True, cache=True)
+def _tile_par(acc, out, n0, okind, ops, fpar, ipar, buf, blocks):
+    R = acc.shape[0]
+    step = (R + blocks - 1) // blocks
+    for b in prange(blocks):
+        _tile_block(acc, out, n0, okind, ops, fpar, ipar, buf, b * step, min(R, b * step + step))
+
+
+def store_tile(acc, out, n0, okind, ep) -> None:
+    """``out[r, n0 + j] = convert(epilogue(acc[r, j]))`` for the columns inside ``out``
+    (``out``: [R, N] f32 or bf16/f16 bits; ``acc``: an f32 column panel of the result,
+    maybe wider than what is left of N)."""
+    R = acc.shape[0]
+    if acc.size < SERIAL_BELOW:
+        _tile_block(acc, out, n0, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, 0, R)
+    else:
+        _tile_par(acc, out, n0, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, max(1, min(R, 4 * numba.get_num_threads())))
 
 
 def contiguous_run(coff) -> int:

@@ -141,3 +141,26 @@ def test_row_store_runs_and_threads():
     # erf32 vs libm erff: a few f32 ulps before the bf16 rounding, so at most one bf16 ulp apart
     diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
     assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+
+
+def test_store_tile_column_panels():
+    """store_tile (the int4 prefill's panel store) with a column offset: operands indexed by
+    the global column, a panel wider than what is left of N, both equal to the element-wise
+    evaluator on the whole result."""
+    from graph_api.kernels import store
+
+    rng = np.random.default_rng(6)
+    R, N, PW = 70, 200, 128  # panels [0, 128) and [128, 200) of a 128-wide buffer
+    for R_ in (R, 400):  # serial, then parallel (above SERIAL_BELOW)
+        acc = rng.standard_normal((R_, N)).astype(np.float32)
+        ep = W.make_epilogue([("add", rng.standard_normal(N).astype(np.float32)), ("gelu_erf", None),
+                              ("mul", rng.standard_normal((R_, N)).astype(np.float32)), ("tanh", None)], R_, N)
+        out = np.empty((R_, N), np.float32)
+        for n0 in (0, PW):
+            panel = np.zeros((R_, PW), np.float32)
+            panel[:, :min(PW, N - n0)] = acc[:, n0:n0 + PW]
+            store.store_tile(panel, out, n0, store.OUT_F32, ep)
+        want = np.empty((R_, N), np.float32)
+        W._store_rows(acc, 0, 0, want, W.OUT_F32, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        # erf32 vs libm erff: a few f32 ulps, carried through mul and tanh
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
