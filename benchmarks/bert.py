@@ -274,6 +274,7 @@ def bench_bert(rows, quick=False, peers_on=True, shapes=((8, 64),)):
         info = build_encoder(batch, seq, **MINILM, group=INT4_GROUP)
         label = f"BERT encoder MiniLM-L6 shapes, s4 weights g{INT4_GROUP}, batch {batch} x seq {seq}"
         feeds, project, t, reps = _project_row(rows, label, info, rng, quick)
+        out_id = info[3]
         for level in (0, 4) if peers_on else ():
             run = ort_encoder(info, feeds, accuracy_level=level)
             if run is None:
