@@ -50,6 +50,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from graph_api.kernels import sdpa_prefill
 from graph_api.kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
@@ -922,6 +923,15 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     else:
         mask4 = np.zeros((1, 1, 1, 1), np.float32)
         has_mask = False
+    okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
+    if sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):  # short f32 prefill
+        if out is None:
+            out = np.empty((B, Hq, Sq, D), np.float32)
+        mflat, mstr = _flat_mask(m if mask is not None else None)
+        _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
+                   scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], out,
+                   work=2 * B * Hq * Sq * S * D)
+        return out
     qt = Sq if Sq <= 8 else QT
     nqt = -(-Sq // qt)
     threads = numba.get_num_threads()
@@ -949,13 +959,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             kzp = np.zeros(DT, np.float32)
         if four:  # int4 bytes as uint16: the kernel tells int4 from 8-bit by the itemsize
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
-        # the mask as a flat buffer + element strides (0 on broadcast dims): one type
-        # (one compiled signature) whatever the mask's shape and strides
-        mflat, mstr = np.zeros(1, np.float32), np.zeros(4, np.int64)
-        if has_mask:
-            mc = np.ascontiguousarray(m)
-            mflat = mc.reshape(-1)
-            mstr = np.array([0 if mc.shape[i] == 1 else mc.strides[i] // 4 for i in range(4)], np.int64)
+        mflat, mstr = _flat_mask(m if has_mask else None)
         _run_items(_dec_items, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
                    Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
                    CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
@@ -974,11 +978,19 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
                    vzp, vhz, rnd,
               Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
               CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc, work=work)
-    okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
     if out is None:
         out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
     _merge_np(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
     return out
+
+
+def _flat_mask(m):
+    """A 4-D f32 mask as a flat buffer + element strides (0 on broadcast dims): one type
+    (one compiled signature) whatever the mask's shape and strides; no mask: placeholders."""
+    if m is None:
+        return np.zeros(1, np.float32), np.zeros(4, np.int64)
+    mc = np.ascontiguousarray(m)
+    return mc.reshape(-1), np.array([0 if mc.shape[i] == 1 else mc.strides[i] // 4 for i in range(4)], np.int64)
 
 
 def _q_f32(qk, qkind, rnd):

@@ -125,7 +125,7 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
             ipar[i] = (-1, 0, 0)
         elif name in BINARY_OPS:
             ops[i] = BINARY_OPS[name]
-            a = np.asarray(arg).astype(np.float32)
+            a = np.asarray(arg).astype(np.float32, copy=False)
             a2 = a.reshape((1,) * (2 - a.ndim) + a.shape[-2:]) if a.ndim <= 2 else \
                 a.reshape(-1, a.shape[-1])
             sm = 0 if a2.shape[0] == 1 else a2.shape[1]
@@ -142,7 +142,10 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
                 fpar[i] = arg
             elif arg is not None:
                 fpar[i, 0] = arg
-    buf = np.concatenate(chunks) if chunks else np.zeros(1, np.float32)
+    # one writeable operand is its own buffer, not a copy (a read-only array would be
+    # another Numba type: one more compiled signature of every kernel taking ``buf``)
+    buf = chunks[0] if len(chunks) == 1 and chunks[0].flags.writeable else \
+        np.concatenate(chunks) if chunks else np.zeros(1, np.float32)
     return Epilogue(ops[:P] if P else ops[:0], fpar, ipar, buf)
 
 
@@ -1023,5 +1026,7 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
                 tv[...] = np.matmul(xf.astype(np.float64), pv.astype(np.float64))
         else:
             np.matmul(xf, pv, out=tv)
-        if not direct:
-            _store_rows(tv, 0, n0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        if not direct:  # the row-wise vectorised epilogue store (kernels.store imports this module)
+            from graph_api.kernels import store
+
+            store.store_tile(tv, out, n0, okind, ep)

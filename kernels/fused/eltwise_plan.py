@@ -191,7 +191,7 @@ class NormPlan(ChainPlan):
             ep = self.epilogue(arrays, R, self.C)
             norm._rows(xv, kind, R, self.C, op, g, self.gamma is not None, b, self.beta is not None,
                        self.eps, self.okind, ep.ops, ep.fpar, ep.ipar, ep.buf,
-                       buf.view(np.uint16) if self.okind else buf)
+                       buf.view(np.uint16) if self.okind else buf, norm.blocks(R))
         self._write_extra(arrays, outputs)
         self.finish(buf, arrays, outputs)
 

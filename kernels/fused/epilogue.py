@@ -94,6 +94,8 @@ def bind(steps, arrays_of, out_shape, M: int, N: int) -> list:
             shape = value.shape
             if value.ndim <= 1 or all(d == 1 for d in shape[:-1]):
                 value = value.reshape(1, -1) if value.ndim else value.reshape(1, 1)
+            elif shape == tuple(out_shape):  # a view, not a read-only broadcast
+                value = value.reshape(M, N)
             else:
                 value = np.broadcast_to(value, out_shape).reshape(M, N)
             bound.append((name, value))

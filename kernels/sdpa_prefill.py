@@ -1,0 +1,248 @@
+"""f32 attention prefill for short sequences (BERT-like shapes: S up to a few hundred).
+
+Formula (per batch ``b``, query head ``h``, KV head ``h // rep``, query row ``i``)::
+
+    s[j]   = (q[i] . k[j]) * scale  (or / scale)  + mask[b, h, i, j]   (-inf where causal hides j)
+    out[i] = (sum_j exp(s[j] - max s) v[j]) / sum_j exp(s[j] - max s)
+
+The general kernel in :mod:`graph_api.kernels.sdpa` streams K/V tiles with an
+online softmax and, for K stored ``[S, D]``, scores by 16-lane dot products and
+a transpose-and-add tree: at ``D = 32`` and ``S = 64`` that tree, the per-tile
+rescaling and the per-element mask reads cost more than the products.  Here a
+work item is one (batch, query head): K is transposed once into ``kT [D, S]``
+(padded to 32 positions), each block of 32 query rows gets its whole score
+rows (register-blocked 4 rows x 32 positions, an FMA per ``d``), the softmax
+is the exact two-pass one (max, :func:`bits.exp32`, 16-lane sums), and
+``P V`` is register-blocked 4 rows x 32 lanes of ``d``; each output row is
+divided by its sum once.
+
+Arithmetic: f32, explicit single-rounding FMAs in a fixed order (sequential
+over ``d`` for a score, over ``j`` for an output), no fastmath; the same
+rounding steps as the general kernel apart from its online rescaling.  A row
+whose every score is -inf gives 0/0 = NaN, as the general kernel (the plan's
+``inf_as_zero`` handling sees it).
+
+Threads: one ``nogil`` function over work items, run by ``sdpa._run_items``.
+Divisions are IEEE (``error_model="numpy"``): 0/0 gives NaN, not an exception.
+"""
+from __future__ import annotations
+
+from graph_api.kernels.numba_setup import numba  # noqa: F401
+
+import numpy as np
+from numba import njit
+
+from graph_api.kernels.bits import exp32, vadd, vfma, vload, vmax, vsplat, vstore
+
+QB = 32  #: query rows per block (their score rows stay in L1/L2)
+MAX_S = 4096  #: longer KV: the tiled online-softmax kernel
+NEG_INF = np.float32(-np.inf)
+
+
+def usable(q_kind: int, k_kind: int, v_kind: int, k_transposed: int, D: int, S: int, Sq: int,
+           rnd: int, okind: int) -> bool:
+    """f32 Q/K/V with K ``[S, D]``, no fpmath rounding, f32 output, D a multiple of 16,
+    a prefill (more than 8 query rows; decode has its own kernels) over at most MAX_S keys."""
+    return (q_kind == 0 and k_kind == 0 and v_kind == 0 and k_transposed == 0 and rnd == 0
+            and okind == 0 and D % 16 == 0 and 0 < S <= MAX_S and Sq > 8)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _scores(qb, kT, sc, Rp, D, Sp, ntc):
+    """sc[r, t] = sum_d qb[r, d] * kT[d, t] for r < Rp (a multiple of 4), t < ntc (of 32)."""
+    z = vsplat(np.float32(0.0))
+    for r0 in range(0, Rp, 4):
+        q0 = r0 * D
+        for c in range(0, ntc, 32):
+            a0 = z
+            a1 = z
+            a2 = z
+            a3 = z
+            b0 = z
+            b1 = z
+            b2 = z
+            b3 = z
+            for d in range(D):
+                k0 = vload(kT, d * Sp + c)
+                k1 = vload(kT, d * Sp + c + 16)
+                x0 = vsplat(qb[q0 + d])
+                x1 = vsplat(qb[q0 + D + d])
+                x2 = vsplat(qb[q0 + 2 * D + d])
+                x3 = vsplat(qb[q0 + 3 * D + d])
+                a0 = vfma(x0, k0, a0)
+                b0 = vfma(x0, k1, b0)
+                a1 = vfma(x1, k0, a1)
+                b1 = vfma(x1, k1, b1)
+                a2 = vfma(x2, k0, a2)
+                b2 = vfma(x2, k1, b2)
+                a3 = vfma(x3, k0, a3)
+                b3 = vfma(x3, k1, b3)
+            vstore(sc, r0 * Sp + c, a0)
+            vstore(sc, r0 * Sp + c + 16, b0)
+            vstore(sc, (r0 + 1) * Sp + c, a1)
+            vstore(sc, (r0 + 1) * Sp + c + 16, b1)
+            vstore(sc, (r0 + 2) * Sp + c, a2)
+            vstore(sc, (r0 + 2) * Sp + c + 16, b2)
+            vstore(sc, (r0 + 3) * Sp + c, a3)
+            vstore(sc, (r0 + 3) * Sp + c + 16, b3)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _softmax_row(row, n, ntc, part):
+    """exp(row - max) in place over ``ntc`` entries (those from ``n`` on are set to -inf,
+    so 0); returns the sum (16 lane sums, then the lanes in order); 0 for an all -inf row."""
+    for t in range(n, ntc):
+        row[t] = NEG_INF
+    mv = vsplat(NEG_INF)
+    for t in range(0, ntc, 16):
+        mv = vmax(mv, vload(row, t))
+    vstore(part, 0, mv)
+    mx = part[0]
+    for j in range(1, 16):
+        mx = max(mx, part[j])
+    if mx == NEG_INF:
+        for t in range(ntc):
+            row[t] = np.float32(0.0)
+        return np.float32(0.0)
+    for t in range(ntc):
+        row[t] = exp32(row[t] - mx)
+    ls = vsplat(np.float32(0.0))
+    for t in range(0, ntc, 16):
+        ls = vadd(ls, vload(row, t))
+    vstore(part, 0, ls)
+    s = part[0]
+    for j in range(1, 16):
+        s += part[j]
+    return s
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
+    """acc[r, :] = sum_{t < n} sc[r, t] * V[t, :] (V rows at vb[v0 + t * D]); 4 rows x 16/32 lanes."""
+    z = vsplat(np.float32(0.0))
+    for r0 in range(0, Rp, 4):
+        p0 = r0 * Sp
+        c = 0
+        while c + 32 <= D:
+            a0 = z
+            a1 = z
+            a2 = z
+            a3 = z
+            b0 = z
+            b1 = z
+            b2 = z
+            b3 = z
+            for t in range(n):
+                w0 = vload(vb, v0 + t * D + c)
+                w1 = vload(vb, v0 + t * D + c + 16)
+                x = vsplat(sc[p0 + t])
+                a0 = vfma(x, w0, a0)
+                b0 = vfma(x, w1, b0)
+                x = vsplat(sc[p0 + Sp + t])
+                a1 = vfma(x, w0, a1)
+                b1 = vfma(x, w1, b1)
+                x = vsplat(sc[p0 + 2 * Sp + t])
+                a2 = vfma(x, w0, a2)
+                b2 = vfma(x, w1, b2)
+                x = vsplat(sc[p0 + 3 * Sp + t])
+                a3 = vfma(x, w0, a3)
+                b3 = vfma(x, w1, b3)
+            vstore(acc, r0 * D + c, a0)
+            vstore(acc, r0 * D + c + 16, b0)
+            vstore(acc, (r0 + 1) * D + c, a1)
+            vstore(acc, (r0 + 1) * D + c + 16, b1)
+            vstore(acc, (r0 + 2) * D + c, a2)
+            vstore(acc, (r0 + 2) * D + c + 16, b2)
+            vstore(acc, (r0 + 3) * D + c, a3)
+            vstore(acc, (r0 + 3) * D + c + 16, b3)
+            c += 32
+        if c < D:  # D = 16 (mod 32): one more 16-lane column
+            a0 = z
+            a1 = z
+            a2 = z
+            a3 = z
+            for t in range(n):
+                w0 = vload(vb, v0 + t * D + c)
+                a0 = vfma(vsplat(sc[p0 + t]), w0, a0)
+                a1 = vfma(vsplat(sc[p0 + Sp + t]), w0, a1)
+                a2 = vfma(vsplat(sc[p0 + 2 * Sp + t]), w0, a2)
+                a3 = vfma(vsplat(sc[p0 + 3 * Sp + t]), w0, a3)
+            vstore(acc, r0 * D + c, a0)
+            vstore(acc, (r0 + 1) * D + c, a1)
+            vstore(acc, (r0 + 2) * D + c, a2)
+            vstore(acc, (r0 + 3) * D + c, a3)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, out):
+    """Work items ``b * Hq + h`` of the module formula.
+
+    q, out: [B, Hq, Sq, D] f32 (C order); kb, vb: flat f32 [B, Hkv, S, D];
+    mask element ``(b, h, i, j)`` at ``mflat[b*mstr[0] + h*mstr[1] + i*mstr[2] + j*mstr[3]]``
+    (stride 0 on broadcast axes); causal 0 none, 1 top-left, 2 bottom-right.
+    """
+    B, Hq, Sq, D = q.shape
+    rep = Hq // Hkv
+    coff = S - Sq if causal == 2 else 0
+    Sp = (S + 31) // 32 * 32
+    kT = np.zeros(D * Sp, np.float32)  # columns S..Sp stay 0
+    sc = np.empty(QB * Sp, np.float32)
+    acc = np.empty(QB * D, np.float32)
+    qb = np.zeros(QB * D, np.float32)
+    lsum = np.empty(QB, np.float32)
+    part = np.empty(16, np.float32)
+    for it in ids:
+        b = it // Hq
+        h = it % Hq
+        kbase = (b * Hkv + h // rep) * S * D
+        for t in range(S):
+            for d in range(D):
+                kT[d * Sp + t] = kb[kbase + t * D + d]
+        for i0 in range(0, Sq, QB):
+            nq = min(QB, Sq - i0)
+            Rp = (nq + 3) // 4 * 4
+            for r in range(nq):
+                qrow = q[b, h, i0 + r]
+                for d in range(D):
+                    qb[r * D + d] = qrow[d]
+            for r in range(nq, Rp):  # padding rows: finite zeros, never stored
+                for d in range(D):
+                    qb[r * D + d] = np.float32(0.0)
+            n = S  # positions any row of the block sees
+            if causal != 0:
+                n = max(0, min(S, i0 + nq + coff))
+            ntc = (n + 31) // 32 * 32
+            _scores(qb, kT, sc, Rp, D, Sp, ntc)
+            for r in range(Rp):
+                row = sc[r * Sp:r * Sp + ntc]
+                if r >= nq:
+                    for t in range(ntc):
+                        row[t] = np.float32(0.0)
+                    continue
+                i = i0 + r
+                if smul:
+                    for t in range(n):
+                        row[t] = row[t] * scale
+                else:
+                    for t in range(n):
+                        row[t] = row[t] / scale
+                if has_mask:
+                    mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
+                    ms = mstr[3]
+                    if ms == 1:
+                        mrow = mflat[mo:mo + n]
+                        for t in range(n):
+                            row[t] = row[t] + mrow[t]
+                    else:
+                        for t in range(n):
+                            row[t] = row[t] + mflat[mo + t * ms]
+                if causal != 0:
+                    for t in range(max(0, i + coff + 1), n):
+                        row[t] = NEG_INF
+                lsum[r] = _softmax_row(row, n, ntc, part)
+            _pv(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
+            for r in range(nq):
+                orow = out[b, h, i0 + r]
+                den = lsum[r]
+                for d in range(D):
+                    orow[d] = acc[r * D + d] / den

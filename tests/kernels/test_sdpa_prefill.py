@@ -1,0 +1,69 @@
+"""The short f32 prefill attention kernel (kernels/sdpa_prefill.py) vs a float64 formula.
+
+Kernel error: f32 dot products of D terms (<= D u |q||k|), exp32 (<= 2 ulp),
+16-lane f32 sums of S terms and one division per output: with |scores| = O(1)
+the result error is below (D + S + 4) * u relative to max |out| (~2e-5 at
+S = 130 in the worst case, ~1e-6 typically); we assert 1e-5 relative as
+tests/kernels/test_fast_sdpa.py does, far below any real bug (a wrong mask,
+scale or row is an O(1) error).
+"""
+import numpy as np
+import pytest
+
+from graph_api.kernels import sdpa as SD
+from graph_api.kernels import sdpa_prefill
+from tests.kernels.test_fast_sdpa import ref
+
+CASES = [  # B, Hq, Hkv, Sq, S, D
+    (2, 4, 4, 64, 64, 32),    # the BERT shape (smaller batch)
+    (1, 4, 2, 37, 70, 16),    # GQA, query block tail, S not a multiple of 32
+    (1, 2, 1, 40, 130, 48),   # MQA, D = 16 (mod 32)
+    (1, 2, 2, 100, 33, 64),   # more queries than keys
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("mask_shape", [None, "b11s", "bhqs"])
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_prefill_matches_float64(case, mask_shape, causal):
+    B, Hq, Hkv, Sq, S, D = case
+    assert sdpa_prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)
+    rng = np.random.default_rng(abs(hash(case + (mask_shape, causal))) % 2**32)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    mask = {None: None, "b11s": (B, 1, 1, S), "bhqs": (B, Hq, Sq, S)}[mask_shape]
+    if mask is not None:
+        mask = rng.standard_normal(mask).astype(np.float32)
+        mask[..., -S // 8:] = -1e4  # BERT's padding
+    K, V = SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape)
+    for scale, mode in ((0.125, "mul"), (np.sqrt(D), "div")):
+        o = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=mask, causal=causal)
+        r = ref(q, k, v, scale if mode == "mul" else 1 / scale, mask, causal)
+        live = np.isfinite(r)  # bottom_right with Sq > S hides whole rows: NaN in both
+        assert np.array_equal(live, np.isfinite(o)), (scale, mode)
+        assert np.max(np.abs(o[live] - r[live])) <= 1e-5 * np.max(np.abs(r[live])), (scale, mode)
+
+
+def test_fully_masked_row_is_nan_and_other_rows_unaffected():
+    rng = np.random.default_rng(5)
+    B, H, Sq, S, D = 1, 2, 16, 40, 32
+    q, k, v = (rng.standard_normal((B, H, n, D)).astype(np.float32) for n in (Sq, S, S))
+    mask = np.zeros((B, H, Sq, S), np.float32)
+    mask[0, 1, 3] = -np.inf
+    o = SD.sdpa(q, SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), mask=mask)
+    assert np.isnan(o[0, 1, 3]).all() and np.isfinite(np.delete(o[0, 1], 3, axis=0)).all()
+    r = ref(q, k, v, 1 / np.sqrt(D), np.where(np.isinf(mask), 0, mask), None)
+    ok = np.ones(o.shape, bool)
+    ok[0, 1, 3] = False
+    assert np.max(np.abs(o[ok] - r[ok])) <= 1e-5 * np.max(np.abs(r))
+
+
+def test_usable_only_for_f32_prefill():
+    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 64, 8, 0, 0)     # decode: its own kernels
+    assert not sdpa_prefill.usable(0, 5, 0, 0, 32, 64, 64, 0, 0)    # int4 K
+    assert not sdpa_prefill.usable(0, 0, 0, 1, 32, 64, 64, 0, 0)    # K stored [D, S]
+    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 64, 64, 1, 0)    # bf16 fpmath rounding
+    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 64, 64, 0, 1)    # bf16 output
+    assert not sdpa_prefill.usable(0, 0, 0, 0, 24, 64, 64, 0, 0)    # D not a multiple of 16
+    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 8192, 64, 0, 0)  # long KV: the tiled kernel
