@@ -90,6 +90,22 @@ def im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols):
                     mid[q] = np.float32(src[q]) - zp
 
 
+@njit(inline="always", cache=True)
+def _interleave(rows, kk, k4, P, out32):
+    """The four gathered rows ``rows`` [4, P] of B -> the 32-bit words of group ``kk`` in every panel."""
+    r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
+    for p in range((P + NR - 1) // NR):
+        n0 = p * NR
+        nn = min(NR, P - n0)
+        o = out32[(p * k4 + kk) * NR:(p * k4 + kk + 1) * NR]
+        a0, a1, a2, a3 = r0[n0:n0 + nn], r1[n0:n0 + nn], r2[n0:n0 + nn], r3[n0:n0 + nn]
+        for q in range(nn):
+            o[q] = np.uint32(a0[q]) | (np.uint32(a1[q]) << np.uint32(8)) \
+                | (np.uint32(a2[q]) << np.uint32(16)) | (np.uint32(a3[q]) << np.uint32(24))
+        for q in range(nn, NR):
+            o[q] = 0
+
+
 @njit(parallel=True, cache=True)
 def im2col_packed_2d(x, shift, pad, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, k4, out32):
     """The im2col columns of 8-bit image ``x`` [C, H, W] (any strides) written
@@ -106,7 +122,6 @@ def im2col_packed_2d(x, shift, pad, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, k4, 
     C, H, W = x.shape
     K = C * kh * kw
     P = oh * ow
-    panels = (P + NR - 1) // NR
     for kk in prange(k4):
         rows = np.empty((4, P), np.uint8)
         for t in range(4):
@@ -135,17 +150,53 @@ def im2col_packed_2d(x, shift, pad, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, k4, 
                     src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
                 for q in range(x1 - x0):
                     m[q] = np.uint8((np.int32(src[q]) + shift) & 255)
-        r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
-        for p in range(panels):
-            n0 = p * NR
-            nn = min(NR, P - n0)
-            o = out32[(p * k4 + kk) * NR:(p * k4 + kk + 1) * NR]
-            a0, a1, a2, a3 = r0[n0:n0 + nn], r1[n0:n0 + nn], r2[n0:n0 + nn], r3[n0:n0 + nn]
-            for q in range(nn):
-                o[q] = np.uint32(a0[q]) | (np.uint32(a1[q]) << np.uint32(8)) \
-                    | (np.uint32(a2[q]) << np.uint32(16)) | (np.uint32(a3[q]) << np.uint32(24))
-            for q in range(nn, NR):
-                o[q] = 0
+        _interleave(rows, kk, k4, P, out32)
+
+
+@njit(parallel=True, cache=True)
+def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, out32):
+    """:func:`im2col_packed_2d` for stride 1 and ``ow == W`` (1x1 without padding,
+    "same"-padded kxk), ``x2`` the image as C-contiguous [C, H*W]: an output
+    position ``y*W + q`` then reads input ``(y - ph + i*dh)*W + q + j*dw - pw``,
+    so each row of B is one long copy (runs of ``ow`` bytes cost more in slicing
+    than in copying) and the few columns the window leaves are set to the pad
+    byte afterwards."""
+    C = x2.shape[0]
+    K = C * kh * kw
+    ow = W
+    P = oh * ow
+    HW = H * W
+    for kk in prange(k4):
+        rows = np.empty((4, P), np.uint8)
+        for t in range(4):
+            r = 4 * kk + t
+            dst = rows[t]
+            if r >= K:
+                dst[:] = 0
+                continue
+            c = r // (kh * kw)
+            i = (r // kw) % kh
+            j = r % kw
+            off = j * dw - pw
+            x0, x1 = _inside(ow, 1, off, W)
+            ya = min(oh, max(0, ph - i * dh))  # output rows whose input row lies inside
+            yb = max(ya, min(oh, H + ph - i * dh))
+            dst[:ya * ow] = pad
+            dst[yb * ow:] = pad
+            s0 = (ya - ph + i * dh) * W + off
+            qa = max(0, -s0)
+            qb = min((yb - ya) * ow, HW - s0)
+            if qa < qb:
+                m = dst[ya * ow + qa:ya * ow + qb]
+                src = x2[c, s0 + qa:s0 + qb]
+                for q in range(qb - qa):
+                    m[q] = np.uint8((np.int32(src[q]) + shift) & 255)
+            for y in range(ya, yb):  # the columns outside the image (also the ends the copy skipped)
+                for q in range(x0):
+                    dst[y * ow + q] = pad
+                for q in range(x1, ow):
+                    dst[y * ow + q] = pad
+        _interleave(rows, kk, k4, P, out32)
 
 
 def _make_int8_gemm(vnni: bool):

@@ -654,8 +654,13 @@ class ConvPlan:
         P, OC = oh * ow, geo.out_channels
         panels = -(-P // igemm.NR)
         bp = self._buffer(("bp", s), (panels * vnni.k4 * igemm.NR * 4,), np.uint8)
-        cf.im2col_packed_2d(x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides, *geo.dilations, *geo.pads_begin,
-                            oh, ow, vnni.k4, bp.view(np.uint32))
+        C, H, W = x.shape
+        if geo.strides == (1, 1) and ow == W and x.flags.c_contiguous:  # one long copy per row of B
+            cf.im2col_packed_2d_flat(x.reshape(C, H * W), H, W, vnni.shift, vnni.pad, *geo.kernel,
+                                     *geo.dilations, *geo.pads_begin, oh, vnni.k4, bp.view(np.uint32))
+        else:
+            cf.im2col_packed_2d(x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides, *geo.dilations,
+                                *geo.pads_begin, oh, ow, vnni.k4, bp.view(np.uint32))
         y = self._buffer(("y32", s), (OC, P), np.int32)
         cf.int8_gemm(vnni.ap, OC, bp, vnni.k4, vnni.corr, y)
         return y

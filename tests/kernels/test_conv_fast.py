@@ -30,7 +30,7 @@ def _cols(x, zp, k, stride, dilation, pad):
 @pytest.mark.parametrize("dtype,zp", [(np.uint8, 3), (np.int8, -5), (np.uint8, 255), (np.int8, 127)])
 @pytest.mark.parametrize("C,H,W,k,stride,dilation,pad", [
     (3, 9, 11, 3, 1, 1, 1), (5, 13, 10, 3, 2, 1, 1), (2, 12, 12, 3, 1, 2, 2), (7, 9, 9, 1, 1, 1, 0),
-    (6, 17, 15, 5, 2, 1, 2)])
+    (6, 17, 15, 5, 2, 1, 2), (4, 10, 9, 5, 1, 1, 2), (3, 6, 70, 3, 1, 3, 3), (2, 3, 5, 5, 1, 1, 2)])
 def test_packed_im2col_equals_igemm_packing_of_the_columns(dtype, zp, C, H, W, k, stride, dilation, pad):
     lo, hi = (0, 255) if dtype == np.uint8 else (-128, 127)
     x = RNG.integers(lo, hi + 1, (C, H, W)).astype(dtype)
@@ -41,6 +41,11 @@ def test_packed_im2col_equals_igemm_packing_of_the_columns(dtype, zp, C, H, W, k
     cf.im2col_packed_2d(x, shift, np.uint8(zp + shift), k, k, stride, stride, dilation, dilation, pad, pad,
                         oh, ow, want.k4, got.view(np.uint32))
     np.testing.assert_array_equal(got, want.panels)
+    if stride == 1 and ow == W:  # the one-copy-per-row form for C-contiguous images
+        got[:] = 0
+        cf.im2col_packed_2d_flat(x.reshape(C, H * W), H, W, shift, np.uint8(zp + shift), k, k, dilation,
+                                 dilation, pad, pad, oh, want.k4, got.view(np.uint32))
+        np.testing.assert_array_equal(got, want.panels)
     # channels-last data arrives as a strided view
     x_nxc = np.ascontiguousarray(x.transpose(1, 2, 0)).transpose(2, 0, 1)
     got[:] = 0
