@@ -599,8 +599,10 @@ class ConvPlan:
                     else:
                         chan[step] = value
             full = None if seg.full_id is None else to_ncx(arrays[seg.full_id], self.fmt)
-            chunk = _exact_reduction(w2, st.int8) if st.int8 is not None and not st.direct_depthwise else 0
-            vnni = _int8_gemm_weights(st, w2, key, arrays[st.x_id].dtype) if chunk else None
+            int8_gemm = st.int8 is not None and not st.direct_depthwise
+            vnni = _int8_gemm_weights(st, w2, key, arrays[st.x_id].dtype) if int8_gemm else None
+            # the f32 path's exact reduction length (a pass over the weights: not on the int8 GEMM path)
+            chunk = _exact_reduction(w2, st.int8) if int8_gemm and vnni is None else 0
             prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk, vnni))
         #: per segment, the kernel that computed its convolution (tests read it)
         self.gemm_paths = tuple(_gemm_path(seg.stage, p[5], p[6]) for seg, p in zip(self.fast, prepared))

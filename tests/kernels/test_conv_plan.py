@@ -133,6 +133,22 @@ def test_int8_conv_runs_on_the_int8_gemm_exactly(monkeypatch, vnni, fmt, src_dt,
     np.testing.assert_array_equal(to_nchw(got), (acc * scales.reshape(1, -1, 1, 1)).astype(np.float32))
 
 
+@pytest.mark.parametrize("zp", [300, -7])
+def test_int8_conv_with_a_zero_point_outside_the_data_range_stays_on_the_exact_f32_path(zp):
+    """The int8 GEMM's padding holds the zero point as a data byte: a zero point no u8
+    can hold keeps the f32 BLAS path (exact: |x - zp| * sum|w| < 2^24 here), same results."""
+    graph = cg.quantized_conv(src_dt=dt.u8, src_zp=zp, per_channel=True, bias=False, post=(), quant_out=False)
+    x_id, w_id = _inputs(graph)
+    x = RNG.integers(0, 256, graph.tensors[x_id].shape).astype(np.uint8)
+    w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
+    run = ga.run_graph(graph, {x_id: x, w_id: w})
+    assert run.partitions[0].compiled.plan.gemm_paths == ("f32_blas_exact",)
+    acc = direct_conv(x.astype(np.int64) - zp, w.astype(np.int64), pad=1)
+    scales = np.array([0.5 * (1 + i % 3) for i in range(cg.C)]) * 0.25
+    got = run.outputs[next(iter(graph.output_ids))]
+    np.testing.assert_array_equal(got, (acc * scales.reshape(1, -1, 1, 1)).astype(np.float32))
+
+
 def test_conv_clamp_block_shortcut_equals_the_reference_bit_for_bit():
     """Clamp on f32 blocks (a shortcut past its f64 reference kernel) selects values only."""
     graph = cg.conv(post=("clamp",))
