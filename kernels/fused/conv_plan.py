@@ -42,8 +42,7 @@ are gathered straight into the packed B of the exact VNNI int8 GEMM
 (:mod:`graph_api.kernels.igemm`, A = the packed s8 weights, kept across
 executions), whose int32 sums the epilogue scales in f64 as it does the f32
 ones; the zero point comes out through igemm's row-sum term, exactly.  Every
-other partition runs the
-block path above.  Known slow spot: NXC data runs the same channels-first
+other partition runs the block path above.  Known slow spot: NXC data runs the same channels-first
 kernels through strided views (correct, not blocked for channels last).
 """
 from __future__ import annotations
