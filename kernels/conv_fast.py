@@ -7,11 +7,13 @@ strided view and is read through its strides):
   x*sw - pw + j*dw] - zp`` as f32, zero where the window leaves the image, in
   one parallel pass (padding, the integer zero point and the conversion to f32
   included; no padded copy of the image).
+* :func:`im2col_packed_2d`: the same columns of 8-bit data as bytes, written
+  straight into the int8 GEMM's packed B panels (``kernels/igemm.py``).
 * :func:`depthwise_2d`: ``y[c, p] = sum_t w[c, t] * (x[c, ...] - zp)`` in f32,
   taps in kernel order (the order of ``graph_api.kernels.conv.conv_depthwise``),
   vectorised along the output row.
-* :func:`epilogue`: the GEMM's ``[OC, P]`` result (f32, or the exact f64 integer
-  sums of ``conv.int_gemm``) -> optional per-channel int8 scale (in f64, then one
+* :func:`epilogue`: the GEMM's ``[OC, P]`` result (f32, the exact f64 integer
+  sums of ``conv.int_gemm``, or the exact int32 sums of ``igemm``) -> optional per-channel int8 scale (in f64, then one
   rounding to f32) -> bias -> the post-op program -> stored into the destination
   (f32, or u8/s8 after a Quantize: NaN -> 0, round half to even, saturate, as
   ``graph_api.dtypes.convert``).  Each step is one vectorised loop over an
@@ -31,6 +33,9 @@ import math
 
 import numpy as np
 from numba import njit, prange
+
+from graph_api.kernels import igemm
+from graph_api.kernels.igemm import KC, MB, MR, NR, _tile_portable, _tile_vnni
 
 # ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)) ----
 RELU, CLAMP, ADD, SUB, RSUB, MUL, DIV, RDIV, MAX, MIN, QUANTIZE = range(1, 12)
@@ -83,6 +88,169 @@ def im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols):
                 src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
                 for q in range(x1 - x0):
                     mid[q] = np.float32(src[q]) - zp
+
+
+@njit(inline="always", cache=True)
+def _interleave(rows, kk, k4, P, out32):
+    """The four gathered rows ``rows`` [4, P] of B -> the 32-bit words of group ``kk`` in every panel."""
+    r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
+    for p in range((P + NR - 1) // NR):
+        n0 = p * NR
+        nn = min(NR, P - n0)
+        o = out32[(p * k4 + kk) * NR:(p * k4 + kk + 1) * NR]
+        a0, a1, a2, a3 = r0[n0:n0 + nn], r1[n0:n0 + nn], r2[n0:n0 + nn], r3[n0:n0 + nn]
+        for q in range(nn):
+            o[q] = np.uint32(a0[q]) | (np.uint32(a1[q]) << np.uint32(8)) \
+                | (np.uint32(a2[q]) << np.uint32(16)) | (np.uint32(a3[q]) << np.uint32(24))
+        for q in range(nn, NR):
+            o[q] = 0
+
+
+@njit(parallel=True, cache=True)
+def im2col_packed_2d(x, shift, pad, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, k4, out32):
+    """The im2col columns of 8-bit image ``x`` [C, H, W] (any strides) written
+    straight into :class:`graph_api.kernels.igemm.PackedB`'s panel layout:
+    ``out32[(p*k4 + kk)*NR + j]`` holds bytes ``t = 0..3`` of
+    ``cols[4*kk + t, p*NR + j] + shift`` (``shift`` 128 turns s8 data into the
+    u8 operand ``vpdpbusd`` wants, 0 for u8), ``pad`` (the zero point plus
+    ``shift``) where the window leaves the image, zeros past K and P.
+
+    One pass over the image instead of an im2col then a pack.  A task is one
+    group of four rows of B: they are gathered whole (unit-stride runs along
+    the output rows, as :func:`im2col_2d`) into a small byte buffer, then
+    interleaved into the 32-bit words of every panel."""
+    C, H, W = x.shape
+    K = C * kh * kw
+    P = oh * ow
+    for kk in prange(k4):
+        rows = np.empty((4, P), np.uint8)
+        for t in range(4):
+            r = 4 * kk + t
+            dst = rows[t]
+            if r >= K:
+                dst[:] = 0
+                continue
+            c = r // (kh * kw)
+            i = (r // kw) % kh
+            j = r % kw
+            off = j * dw - pw
+            x0, x1 = _inside(ow, sw, off, W)
+            for y in range(oh):
+                iy = y * sh - ph + i * dh
+                d = dst[y * ow:(y + 1) * ow]
+                if iy < 0 or iy >= H:
+                    d[:] = pad
+                    continue
+                d[:x0] = pad
+                d[x1:] = pad
+                m = d[x0:x1]
+                if sw == 1:
+                    src = x[c, iy, x0 + off:x1 + off]
+                else:
+                    src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
+                for q in range(x1 - x0):
+                    m[q] = np.uint8((np.int32(src[q]) + shift) & 255)
+        _interleave(rows, kk, k4, P, out32)
+
+
+@njit(parallel=True, cache=True)
+def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, out32):
+    """:func:`im2col_packed_2d` for stride 1 and ``ow == W`` (1x1 without padding,
+    "same"-padded kxk), ``x2`` the image as C-contiguous [C, H*W]: an output
+    position ``y*W + q`` then reads input ``(y - ph + i*dh)*W + q + j*dw - pw``,
+    so each row of B is one long copy (runs of ``ow`` bytes cost more in slicing
+    than in copying) and the few columns the window leaves are set to the pad
+    byte afterwards."""
+    C = x2.shape[0]
+    K = C * kh * kw
+    ow = W
+    P = oh * ow
+    HW = H * W
+    for kk in prange(k4):
+        rows = np.empty((4, P), np.uint8)
+        for t in range(4):
+            r = 4 * kk + t
+            dst = rows[t]
+            if r >= K:
+                dst[:] = 0
+                continue
+            c = r // (kh * kw)
+            i = (r // kw) % kh
+            j = r % kw
+            off = j * dw - pw
+            x0, x1 = _inside(ow, 1, off, W)
+            ya = min(oh, max(0, ph - i * dh))  # output rows whose input row lies inside
+            yb = max(ya, min(oh, H + ph - i * dh))
+            dst[:ya * ow] = pad
+            dst[yb * ow:] = pad
+            s0 = (ya - ph + i * dh) * W + off
+            qa = max(0, -s0)
+            qb = min((yb - ya) * ow, HW - s0)
+            if qa < qb:
+                m = dst[ya * ow + qa:ya * ow + qb]
+                src = x2[c, s0 + qa:s0 + qb]
+                for q in range(qb - qa):
+                    m[q] = np.uint8((np.int32(src[q]) + shift) & 255)
+            for y in range(ya, yb):  # the columns outside the image (also the ends the copy skipped)
+                for q in range(x0):
+                    dst[y * ow + q] = pad
+                for q in range(x1, ow):
+                    dst[y * ow + q] = pad
+        _interleave(rows, kk, k4, P, out32)
+
+
+def _make_int8_gemm(vnni: bool):
+    """igemm's task loop for the convolution's form (``gemm`` below), on one micro-kernel kind."""
+
+    @njit(parallel=True, cache=True)
+    def gemm(ap, M, bp, k4, corr, c):
+        """``c[m, n] = (A @ B')[m, n] - corr[m]`` (int32, wrapping): A the weights
+        packed by ``igemm._pack_a`` (s8), ``bp`` B' packed by :func:`im2col_packed_2d`
+        (u8), ``corr[m] = cb * rowsum(A)[m]`` the whole zero-point term (one
+        zero point for every column).  igemm's driver with a row-slice
+        write-back LLVM vectorises (its general per-column corrections cost
+        ~1.8 ns per output element, more than the products for K < 256)."""
+        N = c.shape[1]
+        panels = (N + NR - 1) // NR
+        mblocks = (M + MB - 1) // MB
+        kc4 = KC // 4
+        for task in prange(panels * mblocks):
+            p = task // mblocks
+            m0 = (task % mblocks) * MB
+            m1 = min(m0 + MB, M)
+            n0 = p * NR
+            ct = np.empty(MB * NR, np.int32)
+            for q0 in range(0, k4, kc4):
+                q1 = min(q0 + kc4, k4)
+                b_off = (p * k4 + q0) * NR * 4
+                first = 1 if q0 == 0 else 0
+                for r in range(m0, m1, MR):
+                    mr = min(MR, m1 - r)
+                    a_off = (r // MR * k4 + q0) * MR * 4
+                    if vnni:
+                        _tile_vnni(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr, False)
+                    else:
+                        _tile_portable(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr)
+            nn = min(NR, N - n0)
+            for m in range(m0, m1):
+                cm = corr[m]
+                src = ct[(m - m0) * NR:(m - m0) * NR + nn]
+                dst = c[m, n0:n0 + nn]
+                for j in range(nn):
+                    dst[j] = src[j] - cm
+
+    return gemm
+
+
+_INT8_GEMMS: dict = {}
+
+
+def int8_gemm(ap, M, bp, k4, corr, c):
+    """:func:`_make_int8_gemm`'s kernel for this CPU (VNNI when it has it)."""
+    vnni = igemm.HAVE_VNNI  # read per call: tests switch it off to run the portable kernel
+    if vnni not in _INT8_GEMMS:
+        _INT8_GEMMS[vnni] = _make_int8_gemm(vnni)
+    _INT8_GEMMS[vnni](ap, M, bp, k4, corr, c)
 
 
 @njit(parallel=True, cache=True)

@@ -36,8 +36,13 @@ depthwise kernel, then one Numba epilogue pass that applies the int8 scale,
 the bias and the whole post-op program and stores into the output tensor
 (or into the next fused convolution's input).  A full-shape operand that is
 a per-tensor Dequantize of an int8 partition input (the int8 residual) is
-read and dequantized inside the epilogue.  Every other partition runs the
-block path above.  Known slow spot: NXC data runs the same channels-first
+read and dequantized inside the epilogue.  int8 convolutions whose sums fit
+int32 (all of ResNet's and MobileNet's) skip the f32 columns: the 8-bit columns
+are gathered straight into the packed B of the exact VNNI int8 GEMM
+(:mod:`graph_api.kernels.igemm`, A = the packed s8 weights, kept across
+executions), whose int32 sums the epilogue scales in f64 as it does the f32
+ones; the zero point comes out through igemm's row-sum term, exactly.  Every
+other partition runs the block path above.  Known slow spot: NXC data runs the same channels-first
 kernels through strided views (correct, not blocked for channels last).
 """
 from __future__ import annotations
@@ -54,6 +59,7 @@ from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.kernels import conv as cv
 from graph_api.kernels import conv_fast as cf
+from graph_api.kernels import igemm
 from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
@@ -314,6 +320,57 @@ def _exact_reduction(w2: np.ndarray, int8: dict) -> int:
     return int8["chunk"]
 
 
+@dataclass
+class Int8Weights:
+    """A convolution's s8 weights [OC, K] packed as igemm's A, for 8-bit data of one dtype."""
+
+    ap: np.ndarray  # the packed weights (igemm._pack_a), kept across executions
+    k4: int  # K / 4 rounded up
+    shift: int  # added to the data bytes: 128 for s8 (vpdpbusd's unsigned operand), 0 for u8
+    pad: np.uint8  # the byte of a padded position: the zero point plus shift
+    corr: np.ndarray  # int32 [OC]: (zp + shift) * sum_j w[o, j], subtracted from every sum
+
+
+def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8Weights | None:
+    """The int8 GEMM form of ``stage``'s weights, or None where it does not apply: the
+    sums must fit int32 (:func:`igemm.exact_in_int32`: |w| <= 128, |x - zp| <= x_range)
+    and the zero point must be a value of the data's dtype (padded positions hold it).
+    Cached with the weights under the same constant-buffer key."""
+    geo, int8 = stage.geo, stage.int8
+    if geo.groups != 1 or len(geo.kernel) != 2 or x_dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        return None
+    lo, hi = (0, 255) if x_dtype == np.uint8 else (-128, 127)
+    zp = int8["x_zp"]
+    if not lo <= zp <= hi or not igemm.exact_in_int32(geo.reduction, 128, int8["x_range"]):
+        return None
+    cached = stage.cache.get(("int8_gemm", key, x_dtype)) if key is not None else None
+    if cached is not None:
+        return cached
+    w8 = w2[0].astype(np.int8)  # s8 weights held in f32: exact
+    k4 = -(-w8.shape[1] // 4)
+    rowsum = np.zeros(w8.shape[0], np.int32)
+    ap = np.array(igemm._pack_a(w8, k4, rowsum, True))  # a copy: _pack_a returns scratch memory
+    shift = 128 if x_dtype == np.int8 else 0
+    # sum_j w (x + shift - (zp + shift)): the products of the shifted bytes minus this
+    # row term; int32 wrapping is exact because the final sums fit (the guard above)
+    corr = ((zp + shift) * rowsum.astype(np.int64)).astype(np.int32)
+    out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), corr)
+    if key is not None:
+        stage.cache[("int8_gemm", key, x_dtype)] = out
+    return out
+
+
+def _gemm_path(stage: ConvStage, chunk: int, vnni) -> str:
+    """The name of the kernel a fast segment's convolution runs on."""
+    if stage.direct_depthwise:
+        return "depthwise"
+    if vnni is not None:
+        return "int8_vnni_gemm"
+    if stage.int8 is not None:
+        return "f32_blas_exact" if stage.geo.reduction <= chunk else "f32_blas_exact_chunks"
+    return "f32_blas"
+
+
 def _fast_stage_reason(stage: ConvStage, lts) -> str | None:
     geo = stage.geo
     if geo.deconv or len(geo.kernel) != 2:
@@ -440,6 +497,7 @@ class ConvPlan:
     def __init__(self, request, pre_steps, flow, fmt, n_images, outputs, constants, fast=None):
         self.request = request
         self.fast = fast  # FastSegments of the 2-D path, or None (chain ops on blocks)
+        self.gemm_paths = None  # set by each fast execution (see _gemm_path)
         self._buffers = threading.local()  # the fast path's per-image buffers, per thread
         self.pre_steps = pre_steps  # (fn, op, out_lts, ctx) on whole tensors
         self.flow = flow  # ConvStage | (op, out_lt, ctx)
@@ -540,8 +598,13 @@ class ConvPlan:
                     else:
                         chan[step] = value
             full = None if seg.full_id is None else to_ncx(arrays[seg.full_id], self.fmt)
-            chunk = _exact_reduction(w2, st.int8) if st.int8 is not None and not st.direct_depthwise else 0
-            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk))
+            int8_gemm = st.int8 is not None and not st.direct_depthwise
+            vnni = _int8_gemm_weights(st, w2, key, arrays[st.x_id].dtype) if int8_gemm else None
+            # the f32 path's exact reduction length (a pass over the weights: not on the int8 GEMM path)
+            chunk = _exact_reduction(w2, st.int8) if int8_gemm and vnni is None else 0
+            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk, vnni))
+        #: per segment, the kernel that computed its convolution (tests read it)
+        self.gemm_paths = tuple(_gemm_path(seg.stage, p[5], p[6]) for seg, p in zip(self.fast, prepared))
         is_int = out.dtype != np.float32
         lo, hi = _INT8.get(self.outputs[self.fast[-1].out_id].dtype, (0, 0))
         x_all = to_ncx(arrays[self.fast[0].stage.x_id], self.fmt)
@@ -550,7 +613,7 @@ class ConvPlan:
         last = len(self.fast) - 1
         for n in range(self.n_images):
             x = x_all[n]
-            for s, (seg, (w2, bias, chan, fpar, full, chunk)) in enumerate(zip(self.fast, prepared)):
+            for s, (seg, (w2, bias, chan, fpar, full, chunk, vnni)) in enumerate(zip(self.fast, prepared)):
                 st, geo = seg.stage, seg.stage.geo
                 kh, kw = geo.kernel
                 sh, sw = geo.strides
@@ -562,6 +625,8 @@ class ConvPlan:
                 if st.direct_depthwise:
                     y = self._buffer(("y", s), (OC, P))
                     cf.depthwise_2d(x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y)
+                elif vnni is not None:  # exact int32 sums on the VNNI int8 GEMM
+                    y = self._int8_gemm(s, x, vnni, geo)
                 else:
                     if geo.pointwise and st.int8 is None and x.flags.c_contiguous:
                         cols = x.reshape(geo.in_channels, P)  # the image itself
@@ -580,6 +645,26 @@ class ConvPlan:
                 cf.epilogue(y, scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale),
                             np.float32(seg.fzp), dest, is_int, np.float32(lo), np.float32(hi))
                 x = dest.reshape((OC,) + tuple(geo.out_spatial))
+
+    def _int8_gemm(self, s: int, x: np.ndarray, vnni: "Int8Weights", geo: cv.Geometry) -> np.ndarray:
+        """``sum_j w[o, j] * (cols[j, p] - zp)`` as int32 [OC, P] for image ``x`` (u8/s8):
+        the columns are gathered straight into igemm's packed B (8-bit, zero
+        point not subtracted), the packed weights are A, and the row-sum term
+        ``cb * rowsum(w)`` takes the zero point out exactly."""
+        oh, ow = geo.out_spatial
+        P, OC = oh * ow, geo.out_channels
+        panels = -(-P // igemm.NR)
+        bp = self._buffer(("bp", s), (panels * vnni.k4 * igemm.NR * 4,), np.uint8)
+        C, H, W = x.shape
+        if geo.strides == (1, 1) and ow == W and x.flags.c_contiguous:  # one long copy per row of B
+            cf.im2col_packed_2d_flat(x.reshape(C, H * W), H, W, vnni.shift, vnni.pad, *geo.kernel,
+                                     *geo.dilations, *geo.pads_begin, oh, vnni.k4, bp.view(np.uint32))
+        else:
+            cf.im2col_packed_2d(x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides, *geo.dilations,
+                                *geo.pads_begin, oh, ow, vnni.k4, bp.view(np.uint32))
+        y = self._buffer(("y32", s), (OC, P), np.int32)
+        cf.int8_gemm(vnni.ap, OC, bp, vnni.k4, vnni.corr, y)
+        return y
 
     def execute(self, inputs: dict, outputs: dict) -> None:
         keys = {tid: (t.buffer.__array_interface__["data"][0], t.buffer.nbytes)

@@ -107,6 +107,48 @@ def test_int8_conv_accumulates_exactly_then_scales_once():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("vnni", [True, False])
+@pytest.mark.parametrize("fmt,src_dt,zp", [("NCX", dt.u8, 3), ("NXC", dt.u8, 0), ("NCX", dt.s8, -5),
+                                           ("NXC", dt.s8, 127)])
+def test_int8_conv_runs_on_the_int8_gemm_exactly(monkeypatch, vnni, fmt, src_dt, zp):
+    """The 8-bit columns go straight to the VNNI int8 GEMM (or its portable micro-kernel):
+    int32 sums, exact, scaled once in f64 then rounded to f32 (equal to the exact value's rounding)."""
+    from graph_api.kernels import igemm
+    if vnni and not igemm.HAVE_VNNI:
+        pytest.skip("no AVX-512 VNNI on this CPU")
+    monkeypatch.setattr(igemm, "HAVE_VNNI", vnni)
+    graph = cg.quantized_conv(fmt=fmt, src_dt=src_dt, src_zp=zp, per_channel=True, bias=False, post=(),
+                              quant_out=False)
+    x_id, w_id = _inputs(graph)
+    lo, hi = (0, 255) if src_dt == dt.u8 else (-128, 127)
+    x = RNG.integers(lo, hi + 1, graph.tensors[x_id].shape).astype(np.uint8 if src_dt == dt.u8 else np.int8)
+    w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
+    run = ga.run_graph(graph, {x_id: x, w_id: w})
+    assert run.partitions[0].compiled.plan.gemm_paths == ("int8_vnni_gemm",)
+    got = run.outputs[next(iter(graph.output_ids))]
+    to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if fmt == "NXC" else (lambda a: a)
+    w_oihw = w.transpose(3, 2, 0, 1) if fmt == "NXC" else w  # XIO -> OIX
+    acc = direct_conv(to_nchw(x).astype(np.int64) - zp, w_oihw.astype(np.int64), pad=1)  # exact in f64
+    scales = np.array([0.5 * (1 + i % 3) for i in range(cg.C)]) * 0.25
+    np.testing.assert_array_equal(to_nchw(got), (acc * scales.reshape(1, -1, 1, 1)).astype(np.float32))
+
+
+@pytest.mark.parametrize("zp", [300, -7])
+def test_int8_conv_with_a_zero_point_outside_the_data_range_stays_on_the_exact_f32_path(zp):
+    """The int8 GEMM's padding holds the zero point as a data byte: a zero point no u8
+    can hold keeps the f32 BLAS path (exact: |x - zp| * sum|w| < 2^24 here), same results."""
+    graph = cg.quantized_conv(src_dt=dt.u8, src_zp=zp, per_channel=True, bias=False, post=(), quant_out=False)
+    x_id, w_id = _inputs(graph)
+    x = RNG.integers(0, 256, graph.tensors[x_id].shape).astype(np.uint8)
+    w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
+    run = ga.run_graph(graph, {x_id: x, w_id: w})
+    assert run.partitions[0].compiled.plan.gemm_paths == ("f32_blas_exact",)
+    acc = direct_conv(x.astype(np.int64) - zp, w.astype(np.int64), pad=1)
+    scales = np.array([0.5 * (1 + i % 3) for i in range(cg.C)]) * 0.25
+    got = run.outputs[next(iter(graph.output_ids))]
+    np.testing.assert_array_equal(got, (acc * scales.reshape(1, -1, 1, 1)).astype(np.float32))
+
+
 def test_conv_clamp_block_shortcut_equals_the_reference_bit_for_bit():
     """Clamp on f32 blocks (a shortcut past its f64 reference kernel) selects values only."""
     graph = cg.conv(post=("clamp",))
