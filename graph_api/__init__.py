@@ -12,6 +12,7 @@ compile them for concrete shapes and execute them on tensors::
         cp.execute(ga.Stream(engine), in_tensors, out_tensors)
 """
 import os as _os
+import sys as _sys
 
 # The kernels and patterns layers live beside this folder in the repository (kernels/, patterns/)
 # and are installed under this package as graph_api.kernels and graph_api.patterns (pyproject's
@@ -22,6 +23,15 @@ _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if (not _os.path.isdir(_os.path.join(__path__[0], "kernels"))
         and _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py"))):
     __path__.append(_root)
+
+# numpy's OpenBLAS threads spin for a long while after each call; a Numba kernel
+# run right after a GEMM (every fused epilogue) then fights them for the 2 cores:
+# a ResNet bottleneck block took 9.4 ms on average, 4.7 ms with a short timeout.
+# OpenBLAS reads the variable once, when numpy loads it, so it only helps when
+# graph_api is imported before numpy; a value the user set is kept.
+# GRAPH_API_NUMBA_DEFAULTS=0 leaves the environment alone (as for numba_setup).
+if "numpy" not in _sys.modules and _os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from .config import get_memory_budget, set_memory_budget
 from .dtypes import DataType
