@@ -286,6 +286,10 @@ class CompiledPartition:
         #: port id -> the LogicalTensor object of the Tensor last accepted there
         self._accepted: dict[int, LogicalTensor] = {}
         self._bound: dict[int, Tensor] | None = None
+        #: tensor id -> (user Tensor, address of its memory, staged copy): a constant input
+        #: in memory the plan cannot read directly is copied once, not per execute, so
+        #: prepared weights (cached by the plans on their buffers) stay valid across calls
+        self._constant_stages: dict[int, tuple] = {}
 
     @property
     def lts(self) -> dict[int, LogicalTensor]:
@@ -434,6 +438,17 @@ class CompiledPartition:
         for tid, t in tensors.items():
             if t.is_direct():
                 staged[tid] = t
+                continue
+            if what == "input" and t.lt.property == PropertyType.constant:
+                address = t.memory().__array_interface__["data"][0]
+                kept = self._constant_stages.get(tid)
+                if kept is not None and kept[0] is t and kept[1] == address:
+                    staged[tid] = kept[2]  # oneDNN: constant inputs do not change between executes
+                    continue
+                staged[tid] = t.staged(copy_values=True)
+                self._constant_stages[tid] = (t, address, staged[tid])
+                log(f"stage,partition {self.partition.id},constant input tensor {tid},"
+                    f"memory layout differs from strides {list(t.lt.strides)}: copied in once")
                 continue
             staged[tid] = t.staged(copy_values=what == "input")
             log(f"stage,partition {self.partition.id},{what} tensor {tid},"
