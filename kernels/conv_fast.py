@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 from graph_api.kernels import igemm
-from graph_api.kernels.igemm import KC, MB, MR, NR, _tile_portable, _tile_vnni
+from graph_api.kernels.igemm import NR
 
 # ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)) ----
 RELU, CLAMP, ADD, SUB, RSUB, MUL, DIV, RDIV, MAX, MIN, QUANTIZE = range(1, 12)
@@ -197,60 +197,6 @@ def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, 
                 for q in range(x1, ow):
                     dst[y * ow + q] = pad
         _interleave(rows, kk, k4, P, out32)
-
-
-def _make_int8_gemm(vnni: bool):
-    """igemm's task loop for the convolution's form (``gemm`` below), on one micro-kernel kind."""
-
-    @njit(parallel=True, cache=True)
-    def gemm(ap, M, bp, k4, corr, c):
-        """``c[m, n] = (A @ B')[m, n] - corr[m]`` (int32, wrapping): A the weights
-        packed by ``igemm._pack_a`` (s8), ``bp`` B' packed by :func:`im2col_packed_2d`
-        (u8), ``corr[m] = cb * rowsum(A)[m]`` the whole zero-point term (one
-        zero point for every column).  igemm's driver with a row-slice
-        write-back LLVM vectorises (its general per-column corrections cost
-        ~1.8 ns per output element, more than the products for K < 256)."""
-        N = c.shape[1]
-        panels = (N + NR - 1) // NR
-        mblocks = (M + MB - 1) // MB
-        kc4 = KC // 4
-        for task in prange(panels * mblocks):
-            p = task // mblocks
-            m0 = (task % mblocks) * MB
-            m1 = min(m0 + MB, M)
-            n0 = p * NR
-            ct = np.empty(MB * NR, np.int32)
-            for q0 in range(0, k4, kc4):
-                q1 = min(q0 + kc4, k4)
-                b_off = (p * k4 + q0) * NR * 4
-                first = 1 if q0 == 0 else 0
-                for r in range(m0, m1, MR):
-                    mr = min(MR, m1 - r)
-                    a_off = (r // MR * k4 + q0) * MR * 4
-                    if vnni:
-                        _tile_vnni(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr, False)
-                    else:
-                        _tile_portable(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr)
-            nn = min(NR, N - n0)
-            for m in range(m0, m1):
-                cm = corr[m]
-                src = ct[(m - m0) * NR:(m - m0) * NR + nn]
-                dst = c[m, n0:n0 + nn]
-                for j in range(nn):
-                    dst[j] = src[j] - cm
-
-    return gemm
-
-
-_INT8_GEMMS: dict = {}
-
-
-def int8_gemm(ap, M, bp, k4, corr, c):
-    """:func:`_make_int8_gemm`'s kernel for this CPU (VNNI when it has it)."""
-    vnni = igemm.HAVE_VNNI  # read per call: tests switch it off to run the portable kernel
-    if vnni not in _INT8_GEMMS:
-        _INT8_GEMMS[vnni] = _make_int8_gemm(vnni)
-    _INT8_GEMMS[vnni](ap, M, bp, k4, corr, c)
 
 
 @njit(parallel=True, cache=True)

@@ -523,46 +523,6 @@ def _vkt(buf, kind, G, sc, hs, zp, hz, rnd, base, sbase, S, s0, D, out, pos):
 
 
 @njit(inline="always", cache=True)
-def _score_kt(qb, kT, s, Rp, D, ntc):
-    """s[r, t] = sum_d qb[r, d] * kT[d, t] for t < ntc (multiple of 32); 4 rows x 32 lanes."""
-    z = vsplat(np.float32(0.0))
-    for r0 in range(0, Rp, 4):
-        q0 = r0 * D
-        for c in range(0, ntc, 32):
-            a0 = z
-            a1 = z
-            a2 = z
-            a3 = z
-            b0 = z
-            b1 = z
-            b2 = z
-            b3 = z
-            for d in range(D):
-                k0 = vload(kT, d * TV + c)
-                k1 = vload(kT, d * TV + c + 16)
-                x0 = vsplat(qb[q0 + d])
-                x1 = vsplat(qb[q0 + D + d])
-                x2 = vsplat(qb[q0 + 2 * D + d])
-                x3 = vsplat(qb[q0 + 3 * D + d])
-                a0 = vfma(x0, k0, a0)
-                b0 = vfma(x0, k1, b0)
-                a1 = vfma(x1, k0, a1)
-                b1 = vfma(x1, k1, b1)
-                a2 = vfma(x2, k0, a2)
-                b2 = vfma(x2, k1, b2)
-                a3 = vfma(x3, k0, a3)
-                b3 = vfma(x3, k1, b3)
-            vstore(s, r0 * TV + c, a0)
-            vstore(s, r0 * TV + c + 16, b0)
-            vstore(s, (r0 + 1) * TV + c, a1)
-            vstore(s, (r0 + 1) * TV + c + 16, b1)
-            vstore(s, (r0 + 2) * TV + c, a2)
-            vstore(s, (r0 + 2) * TV + c + 16, b2)
-            vstore(s, (r0 + 3) * TV + c, a3)
-            vstore(s, (r0 + 3) * TV + c + 16, b3)
-
-
-@njit(inline="always", cache=True)
 def _score_kr(qb, kr, s, part, Rp, D, ntc):
     """s[r, t] = sum_d qb[r, d] * kr[t, d] (rows of K contiguous over d) for t < ntc.
 
@@ -805,7 +765,7 @@ def _attn_v(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, v
                     fast = fastk and nt % 2 == 0
                     _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, hk, Hkv, S, D, s0,
                                  nt, fast, kT, pos)
-                _score_kt(qb, kbuf, sc, Rp, D, ntc)
+                sdpa_prefill.score_rows(qb, kbuf, sc, Rp, D, TV, ntc)  # tile rows TV apart
             else:
                 for t in range(nt):
                     pos[t] = s0 + t

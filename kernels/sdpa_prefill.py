@@ -48,8 +48,10 @@ def usable(q_kind: int, k_kind: int, v_kind: int, k_transposed: int, D: int, S: 
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _scores(qb, kT, sc, Rp, D, Sp, ntc):
-    """sc[r, t] = sum_d qb[r, d] * kT[d, t] for r < Rp (a multiple of 4), t < ntc (of 32)."""
+def score_rows(qb, kT, sc, Rp, D, Sp, ntc):
+    """sc[r, t] = sum_d qb[r, d] * kT[d, t] for r < Rp (a multiple of 4), t < ntc (of 32);
+    rows of kT and sc are Sp apart, 4 rows x 32 lanes of accumulators (also the
+    tiled prefill's score step in sdpa.py)."""
     z = vsplat(np.float32(0.0))
     for r0 in range(0, Rp, 4):
         q0 = r0 * D
@@ -212,7 +214,7 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
             if causal != 0:
                 n = max(0, min(S, i0 + nq + coff))
             ntc = (n + 31) // 32 * 32
-            _scores(qb, kT, sc, Rp, D, Sp, ntc)
+            score_rows(qb, kT, sc, Rp, D, Sp, ntc)
             for r in range(Rp):
                 row = sc[r * Sp:r * Sp + ntc]
                 if r >= nq:

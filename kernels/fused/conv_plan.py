@@ -328,7 +328,9 @@ class Int8Weights:
     k4: int  # K / 4 rounded up
     shift: int  # added to the data bytes: 128 for s8 (vpdpbusd's unsigned operand), 0 for u8
     pad: np.uint8  # the byte of a padded position: the zero point plus shift
-    corr: np.ndarray  # int32 [OC]: (zp + shift) * sum_j w[o, j], subtracted from every sum
+    rowsum: np.ndarray  # int32 [OC]: sum_j w[o, j]
+    colterm: np.ndarray  # int32 [P]: zeros (igemm's per-column term; no weight zero point)
+    cb: np.ndarray  # int32 [P]: zp + shift in every column; igemm subtracts cb[p] * rowsum[o]
 
 
 def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8Weights | None:
@@ -351,10 +353,12 @@ def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8We
     rowsum = np.zeros(w8.shape[0], np.int32)
     ap = np.array(igemm._pack_a(w8, k4, rowsum, True))  # a copy: _pack_a returns scratch memory
     shift = 128 if x_dtype == np.int8 else 0
-    # sum_j w (x + shift - (zp + shift)): the products of the shifted bytes minus this
-    # row term; int32 wrapping is exact because the final sums fit (the guard above)
-    corr = ((zp + shift) * rowsum.astype(np.int64)).astype(np.int32)
-    out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), corr)
+    # sum_j w (x + shift - (zp + shift)): the products of the shifted bytes minus
+    # (zp + shift) * rowsum(w), igemm's row term; int32 wrapping is exact because the
+    # final sums fit (the guard above)
+    P = geo.positions
+    out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), rowsum, np.zeros(P, np.int32),
+                      np.full(P, zp + shift, np.int32))
     if key is not None:
         stage.cache[("int8_gemm", key, x_dtype)] = out
     return out
@@ -663,7 +667,7 @@ class ConvPlan:
             cf.im2col_packed_2d(x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides, *geo.dilations,
                                 *geo.pads_begin, oh, ow, vnni.k4, bp.view(np.uint32))
         y = self._buffer(("y32", s), (OC, P), np.int32)
-        cf.int8_gemm(vnni.ap, OC, bp, vnni.k4, vnni.corr, y)
+        igemm.driver(True)(vnni.ap, OC, bp, vnni.k4, vnni.colterm, vnni.cb, vnni.rowsum, False, y)
         return y
 
     def execute(self, inputs: dict, outputs: dict) -> None:
