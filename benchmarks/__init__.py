@@ -5,11 +5,12 @@ several pools in one process (Numba's OpenMP team, numpy's OpenBLAS, PyTorch's
 OpenMP, ONNX Runtime's) do not spin on the 2 cores while another one runs
 (measured: spinning pools made alternating calls up to 10x slower):
 ``OPENBLAS_THREAD_TIMEOUT=4`` (OpenBLAS workers sleep after ~2**4 cycles of
-idling instead of 2**28) and ``GOMP_SPINCOUNT=20000`` (GNU OpenMP teams spin a
-few microseconds, then sleep).  ONNX Runtime sessions are created with
+idling instead of 2**28) and ``GOMP_SPINCOUNT=1000`` (GNU OpenMP teams spin briefly, then sleep; at
+20000 spins, ~0.5 ms on a CPU whose ``pause`` is slow, Numba's team kept
+spinning into the next OpenBLAS GEMM and made it 0.3-0.45 ms slower).  ONNX Runtime sessions are created with
 ``session.intra_op.allow_spinning=0``.  Existing values are kept.
 """
 import os as _os
 
-for _k, _v in (("OPENBLAS_THREAD_TIMEOUT", "4"), ("GOMP_SPINCOUNT", "20000")):
+for _k, _v in (("OPENBLAS_THREAD_TIMEOUT", "4"), ("GOMP_SPINCOUNT", "1000")):
     _os.environ.setdefault(_k, _v)
