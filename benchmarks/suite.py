@@ -34,6 +34,22 @@ def timeit(fn, ncopies, reps, warm=2):
     return float(np.median(ts))
 
 
+#: untimed pause before each timed call of an interleaved round (seconds)
+SETTLE_S = 1e-3
+
+
+def _settle():
+    """Let the previous implementation's thread pool go idle before the next call
+    is timed: without it, threads still spinning after a peer's call (OpenMP
+    teams, OpenBLAS workers) share the 2 cores with the next implementation's
+    threads and inflate its time (measured: the int4 decode kernel 0.26 ms alone,
+    ~0.5 ms right after PyTorch's int4pack_mm).  The main thread busy-waits, so it
+    does not go idle itself."""
+    end = time.perf_counter() + SETTLE_S
+    while time.perf_counter() < end:
+        pass
+
+
 def timeit_interleaved(jobs, warm=2):
     """Medians of ``{name: (fn, ncopies, reps)}`` measured in rounds (each job
     once per round, until its reps are done), so that load swings on a shared
@@ -45,6 +61,7 @@ def timeit_interleaved(jobs, warm=2):
     for r in range(max(reps for _, _, reps in jobs.values())):
         for name, (fn, nc, reps) in jobs.items():
             if r < reps:
+                _settle()
                 t = time.perf_counter()
                 fn(r % nc)
                 ts[name].append(time.perf_counter() - t)
