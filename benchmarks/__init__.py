@@ -12,5 +12,12 @@ spinning into the next OpenBLAS GEMM and made it 0.3-0.45 ms slower).  ONNX Runt
 """
 import os as _os
 
-for _k, _v in (("OPENBLAS_THREAD_TIMEOUT", "4"), ("GOMP_SPINCOUNT", "1000")):
+#: the environment before this package changed it: ``benchmarks.own_process``
+#: starts peer processes with it (a PyTorch user's defaults)
+ORIGINAL_ENV = dict(_os.environ)
+
+#: thread settings of the benchmark process (none in an ``own_process`` peer)
+SETTINGS = () if _os.environ.get("GRAPH_API_BENCH_OWN_PROCESS") else (
+    ("OPENBLAS_THREAD_TIMEOUT", "4"), ("GOMP_SPINCOUNT", "1000"))
+for _k, _v in SETTINGS:
     _os.environ.setdefault(_k, _v)

@@ -250,7 +250,7 @@ def ort_encoder(graph_info, feeds, accuracy_level=0):
 
 
 def bench_bert(rows, quick=False, peers_on=True, shapes=((8, 64),)):
-    from benchmarks import peers
+    from benchmarks import own_process, peers
 
     for batch, seq in shapes:
         rng = np.random.default_rng(0)
@@ -265,6 +265,11 @@ def bench_bert(rows, quick=False, peers_on=True, shapes=((8, 64),)):
             err = float(np.abs(got - want).max())
             tt = _best(run, reps)
             rows.append((label, "hot", "torch f32 eager", tt * 1e3, tt / t, f"max |diff| {err:.1e}"))
+            own = own_process.run("bert", batch, seq, reps)
+            if own is not None:
+                err = float(np.abs(got - own[1]).max())
+                rows.append((label, "hot", "torch f32 eager (own process, default threads)", own[0],
+                             own[0] / (t * 1e3), f"max |diff| {err:.1e}"))
         run = ort_encoder(info, feeds) if peers_on else None
         if run is not None:
             err = float(np.abs(project()[out_id] - run()).max())

@@ -169,14 +169,10 @@ def _best(fn, reps):
 
 
 def bench_cnn(rows, quick=False, peers_on=True, batches=(1, 8), hw=56):
-    from benchmarks import peers
+    from benchmarks import own_process, peers
 
-    for name, (c_in, layers) in BLOCKS.items():
-        rng = np.random.default_rng(0)
-        params = make_params(c_in, layers, rng)
-        for n in batches:
-            x32 = rng.standard_normal((n, c_in, hw, hw)).astype(np.float32)
-            x8 = np.clip(np.round(np.maximum(x32, 0) / X_SCALE), 0, 255).astype(np.uint8)
+    for index, (name, (c_in, layers)) in enumerate(BLOCKS.items()):
+        for n, params, x32, x8 in _inputs(c_in, layers, batches, hw):
             for int8 in (False, True):
                 g, x_id, out_id, feeds = build(c_in, layers, params, n, hw, int8)
                 feeds[x_id] = x8 if int8 else x32
@@ -199,4 +195,29 @@ def bench_cnn(rows, quick=False, peers_on=True, batches=(1, 8), hw=56):
                              f"{100 * (diff > 1).mean():.2f}% of u8 outputs off by > 1")
                     peer = "torch int8 (x86 quantized ops)" if int8 else "torch f32 eager"
                     rows.append((label, "hot", peer, tt * 1e3, tt / t, agree))
+                    own = own_process.run("cnn", index, ",".join(map(str, batches)), n, hw, int(int8), reps)
+                    if own is not None:
+                        diff = np.abs(got.astype(np.float64) - own[1])
+                        agree = (f"max |diff| {diff.max():.1e}" if not int8 else
+                                 f"{100 * (diff > 1).mean():.2f}% of u8 outputs off by > 1")
+                        rows.append((label, "hot", peer + " (own process, default threads)",
+                                     own[0], own[0] / (t * 1e3), agree))
     return rows
+
+
+def _inputs(c_in, layers, batches, hw):
+    """(batch, params, f32 input, u8 input) per batch; the same draws in every process."""
+    rng = np.random.default_rng(0)
+    params = make_params(c_in, layers, rng)
+    for n in batches:
+        x32 = rng.standard_normal((n, c_in, hw, hw)).astype(np.float32)
+        x8 = np.clip(np.round(np.maximum(x32, 0) / X_SCALE), 0, 255).astype(np.uint8)
+        yield n, params, x32, x8
+
+
+def block_input(c_in, layers, batches, n, hw, int8):
+    """(the input of batch ``n``, params) exactly as :func:`bench_cnn` draws them."""
+    for m, params, x32, x8 in _inputs(c_in, layers, batches, hw):
+        if m == n:
+            return (x8 if int8 else x32), params
+    raise ValueError(f"batch {n} not in {batches}")
