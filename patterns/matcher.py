@@ -132,26 +132,58 @@ class _State:
         return new
 
 
-def _maybe_downward(pattern: Pattern) -> frozenset:
-    """Nodes with inputs that a match may leave unvisited by the upward walk
-    (then :meth:`_Matcher.downward` looks for them among consumers): not on
-    the path every match walks from the sink (through required edges and the
-    ``via`` of optional nodes and repetitions)."""
-    by_name = {n.name: n for n in pattern.nodes}
-    walked, todo = set(), [pattern.sink.name]
+def _walk(by_name: dict, start: str, follow, avoid: str | None = None) -> set:
+    """Names reached from ``start`` through ``follow(node) -> source names``, not through ``avoid``."""
+    seen, todo = set(), [start]
     while todo:
         name = todo.pop()
-        if name in walked:
-            continue
-        walked.add(name)
-        node = by_name[name]
+        if name not in seen and name != avoid:
+            seen.add(name)
+            todo += follow(by_name[name])
+    return seen
+
+
+def _sources(node) -> list:
+    return [e.src for e in node.inputs] + ([node.via] if isinstance(node, Repeat) and node.via else [])
+
+
+def _maybe_downward(pattern: Pattern) -> frozenset:
+    """Nodes :meth:`_Matcher.downward` may bind (among the consumers of a
+    matched tensor) once the upward walk is done: nodes with inputs that a
+    match may leave unvisited (off the path every match walks from the sink
+    through required edges and the ``via`` of absent nodes) and whose input
+    nodes can have a tensor without them (reachable another way, or such a
+    node themselves).  An int8 MatMul's residual TypeCast is not one: only it
+    leads to its Dequantize, so unvisited it has no tensor to look below."""
+    by_name = {n.name: n for n in pattern.nodes}
+
+    def must(node):
         if isinstance(node, Node):
             edge = node.via_edge()  # what skip() follows when the node is absent
-            todo += [e.src for e in node.inputs] if not node.optional else [edge.src] if edge else []
-        elif isinstance(node, Repeat) and node.via is not None:
-            todo.append(node.via)
-    return frozenset(n.name for n in pattern.nodes
-                     if isinstance(n, Node) and n.inputs and n.name not in walked)
+            return [e.src for e in node.inputs] if not node.optional else [edge.src] if edge else []
+        return _sources(node)
+
+    walked = _walk(by_name, pattern.sink.name, must)
+    candidates = {n.name for n in pattern.nodes if isinstance(n, Node) and n.inputs and n.name not in walked}
+    found: set = set()
+
+    def has_tensor(name, reached) -> bool:
+        node = by_name[name]
+        if name in reached or name in found:
+            return True
+        # an absent node stands for its via's tensor
+        return isinstance(node, Node) and bool(node.optional) and node.via is not None \
+            and node.via != name and has_tensor(node.via, reached)
+
+    while True:
+        more = set()
+        for name in candidates - found:
+            reached = _walk(by_name, pattern.sink.name, _sources, avoid=name)
+            if any(has_tensor(src, reached) for src in _sources(by_name[name])):
+                more.add(name)
+        if not more:
+            return frozenset(found)
+        found |= more
 
 
 class _Ancestry:

@@ -370,6 +370,23 @@ def test_float_conv_below_which_conv_quantized_fails_stays_cheap():
     assert steps < 20_000  # measured 5,830 (the search before dead-end memos: 362,561)
 
 
+def test_int8_matmul_pattern_failing_below_eight_swishes_stays_cheap():
+    # u8 data into an f32-weight MatMul: matmul_quantized and matmul_compressed walk the
+    # chain, then find no weight Dequantize.  matmul_quantized has a node the upward walk
+    # may skip (res_cast), which must not make every used op part of the dead-end key
+    g = G()
+    x = g.op(K.Dequantize, g.input((4, 8), dt.u8), dtype=dt.f32,
+             attrs={"qtype": "per_tensor", "axis": 1, "scales": [0.5], "zps": [0]})
+    x = g.op(K.MatMul, x, g.input((8, 8)))
+    for _ in range(8):
+        x = g.op(K.Multiply, x, g.op(K.Sigmoid, x))
+    graph = g.done()
+    parts, steps = steps_of(lambda: fused(graph))
+    # as oneDNN: the Dequantize alone, fp_matmul_post_ops with 16 post-op ops
+    assert parts == [("single op", [0]), ("matmul_post_ops", list(range(1, 18)))]
+    assert steps < 75_000  # measured 24,659 (before: 1,684,851)
+
+
 #: 19 post-op ops with 4 swishes: within oneDNN's fp_matmul_post_ops repetition (at most 19 ops)
 MATMUL_19_POST_OPS = ("relu", "swish", "add", "tanh", "swish", "multiply", "abs", "swish", "add", "relu",
                       "swish", "add", "tanh", "add", "relu")
