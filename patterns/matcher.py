@@ -315,9 +315,9 @@ class _Matcher:
         that yielded nothing yields nothing again.  Left out of the key: the
         finished repetition instances (only a result lists them) and the used
         ops the search cannot reach.  It binds only the producers of pending
-        tensors and their ancestors, unless a node with inputs that the upward
-        walk may skip is still unresolved (then :meth:`downward` may bind any
-        consumer and every used op counts).  So reading a swish as a swish or
+        tensors and their ancestors, unless a node :func:`_maybe_downward`
+        names is still unresolved (then :meth:`downward` may bind a consumer
+        anywhere and every used op counts).  So reading a swish as a swish or
         as a lone binary Multiply (its Sigmoid outside) leaves the same search
         below it, searched once.
         """
