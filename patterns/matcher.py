@@ -10,6 +10,12 @@ unrolls one body per step, greedily (longest first).  Edges into commutative
 binary ops may take either operand.  Every choice point backtracks, so
 :func:`iter_matches` yields all matches, biggest choices first.
 
+Repetitions stay polynomial: a body's own operands (the swish's Sigmoid, the
+int8 sum's Dequantize) are checked before the chain below it, and a repetition
+step whose search yielded nothing is remembered as dead (see
+:meth:`_Matcher.dead_key`); a post-op chain with k ambiguous Sigmoid+Multiply
+pairs otherwise costs 3^k walks of the chain below.
+
 Nodes not reachable upward from the sink (extra outputs, e.g. SDPA backward's
 dK/dV MatMuls) are matched afterwards, in declaration order, among the
 consumers of an already matched producer.
@@ -20,6 +26,7 @@ match to take (escaping intermediates, cycles).
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
 
 from graph_api.errors import op_label
@@ -30,6 +37,8 @@ SKIP = "absent"
 _REPEAT = "repeat"
 #: matcher steps allowed per anchor before giving up (a guard, never hit in practice)
 STEP_LIMIT = 200_000
+#: matcher steps taken since import, over all anchors (tests bound the search with it, not with time)
+steps_taken = 0
 
 
 class _OutOfSteps(Exception):
@@ -123,6 +132,111 @@ class _State:
         return new
 
 
+def _walk(by_name: dict, start: str, follow, avoid: str | None = None) -> set:
+    """Names reached from ``start`` through ``follow(node) -> source names``, not through ``avoid``."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name not in seen and name != avoid:
+            seen.add(name)
+            todo += follow(by_name[name])
+    return seen
+
+
+def _sources(node) -> list:
+    return [e.src for e in node.inputs] + ([node.via] if isinstance(node, Repeat) and node.via else [])
+
+
+def _maybe_downward(pattern: Pattern) -> frozenset:
+    """Nodes :meth:`_Matcher.downward` may bind (among the consumers of a
+    matched tensor) once the upward walk is done: nodes with inputs that a
+    match may leave unvisited (off the path every match walks from the sink
+    through required edges and the ``via`` of absent nodes) and whose input
+    nodes can have a tensor without them (reachable another way, or such a
+    node themselves).  An int8 MatMul's residual TypeCast is not one: only it
+    leads to its Dequantize, so unvisited it has no tensor to look below."""
+    by_name = {n.name: n for n in pattern.nodes}
+
+    def must(node):
+        if isinstance(node, Node):
+            edge = node.via_edge()  # what skip() follows when the node is absent
+            return [e.src for e in node.inputs] if not node.optional else [edge.src] if edge else []
+        return _sources(node)
+
+    walked = _walk(by_name, pattern.sink.name, must)
+    candidates = {n.name for n in pattern.nodes if isinstance(n, Node) and n.inputs and n.name not in walked}
+    found: set = set()
+
+    def has_tensor(name, reached) -> bool:
+        node = by_name[name]
+        if name in reached or name in found:
+            return True
+        # an absent node stands for its via's tensor
+        return isinstance(node, Node) and bool(node.optional) and node.via is not None \
+            and node.via != name and has_tensor(node.via, reached)
+
+    while True:
+        more = set()
+        for name in candidates - found:
+            reached = _walk(by_name, pattern.sink.name, _sources, avoid=name)
+            if any(has_tensor(src, reached) for src in _sources(by_name[name])):
+                more.add(name)
+        if not more:
+            return frozenset(found)
+        found |= more
+
+
+class _Ancestry:
+    """Per graph: op ids as bits and, per tensor, the bits of the ops it depends on."""
+
+    def __init__(self, graph):
+        # not the graph itself: the cache below holds this only while the graph lives
+        self.producer, self.ops = graph.producer, graph.ops
+        self.bits: dict = {}  # op id -> 1 << dense index
+        self.masks: dict = {}  # tensor id -> bits of its producer and that op's ancestors
+
+    def bit(self, op_id) -> int:
+        b = self.bits.get(op_id)
+        if b is None:
+            b = self.bits[op_id] = 1 << len(self.bits)
+        return b
+
+    def of(self, tid) -> int:
+        masks, producer, ops = self.masks, self.producer, self.ops
+        stack = [tid]
+        while stack:  # iterative post-order: graphs can be deeper than Python's recursion
+            t = stack[-1]
+            if t in masks:
+                stack.pop()
+                continue
+            prod = producer.get(t)
+            if prod is None:
+                masks[t] = 0
+                stack.pop()
+                continue
+            inputs = [lt.id for lt in ops[prod[0]].inputs]
+            pending = [i for i in inputs if i not in masks]
+            if pending:
+                stack += pending
+                continue
+            mask = self.bit(prod[0])
+            for i in inputs:
+                mask |= masks[i]
+            masks[t] = mask
+            stack.pop()
+        return masks[tid]
+
+
+_ANCESTRY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _ancestry(graph) -> _Ancestry:
+    found = _ANCESTRY.get(graph)
+    if found is None:
+        found = _ANCESTRY[graph] = _Ancestry(graph)
+    return found
+
+
 class _Matcher:
     def __init__(self, graph, pattern: Pattern, taken: dict, trace: Trace | None, anchor: int):
         self.graph = graph
@@ -132,6 +246,8 @@ class _Matcher:
         self.anchor = anchor
         self.by_name = {n.name: n for n in pattern.nodes}
         self.steps = 0
+        self.dead: set = set()  # dead_key()s of repetition steps whose search yielded nothing
+        self.maybe_downward = None  # _maybe_downward(pattern), once a repetition needs it
 
     # ------------------------------------------------------------ helpers
     def node(self, st: _State, name):
@@ -192,6 +308,46 @@ class _Matcher:
             ref, port = edge.src, edge.src_port
         return None
 
+    def dead_key(self, st: _State, todo: tuple) -> tuple:
+        """Everything the search from ``(st, todo)`` can depend on, to remember dead ends.
+
+        Two states with equal keys search alike (up to role names), so one
+        that yielded nothing yields nothing again.  Left out of the key: the
+        finished repetition instances (only a result lists them) and the used
+        ops the search cannot reach.  It binds only the producers of pending
+        tensors and their ancestors, unless a node :func:`_maybe_downward`
+        names is still unresolved (then :meth:`downward` may bind a consumer
+        anywhere and every used op counts).  So reading a swish as a swish or
+        as a lone binary Multiply (its Sigmoid outside) leaves the same search
+        below it, searched once.
+        """
+        local, tuples, todo_refs = set(), set(), [ref for ref, _, _ in todo]
+        while todo_refs:
+            ref = todo_refs.pop()
+            if isinstance(ref, tuple):
+                tuples.add(ref)
+            elif ref not in self.by_name and ref not in local:
+                local.add(ref)
+                node = st.nodes[ref]
+                todo_refs += [e.src for e in node.inputs] + ([node.via] if node.via else [])
+        if self.maybe_downward is None:
+            self.maybe_downward = _maybe_downward(self.pattern)
+        ancestry = _ancestry(self.graph)
+        used = 0
+        for op_id in st.used:
+            used |= ancestry.bit(op_id)
+        if all(name in st.env for name in self.maybe_downward):
+            reach = 0
+            for _, tid, _ in todo:
+                reach |= ancestry.of(tid)
+            used &= reach
+        return (todo,
+                frozenset((k, v) for k, v in st.env.items() if k in self.by_name),
+                tuple((ref, st.env.get(ref), st.nodes[ref]) for ref in sorted(local)),
+                frozenset(item for item in st.out.items()
+                          if item[0][0] in self.by_name or item[0][0] in local or item[0][0] in tuples),
+                frozenset(st.groups.items()), used, self.anchor in st.used)
+
     # ------------------------------------------------------------ search
     def solve(self, st: _State, todo: tuple):
         self.steps += 1
@@ -206,7 +362,18 @@ class _Matcher:
             return
         (ref, tid, port), rest = todo[0], todo[1:]
         if isinstance(ref, tuple):
-            yield from self.repeat_step(st, ref, tid, port, rest)
+            # the same step pending twice (swish: Sigmoid and Multiply both read the
+            # chain) is one obligation: once this one holds, the copy holds too
+            rest = tuple(ob for ob in rest if ob != todo[0])
+            key = self.dead_key(st, ((ref, tid, port),) + rest)
+            if key in self.dead:
+                return
+            found = False
+            for done in self.repeat_step(st, ref, tid, port, rest):
+                found = True
+                yield done
+            if not found:  # searched to the end (an early close or _OutOfSteps skips this)
+                self.dead.add(key)
             return
         node = self.node(st, ref)
         bound = st.env.get(ref)
@@ -271,6 +438,12 @@ class _Matcher:
             if node.group:
                 new.groups[node.group] = True
             todo = tuple((e.src, op.inputs[p].id, e.src_port) for e, p in zip(node.inputs, ports))
+            # a body's own operands before the chain below it (stable sort: repetition
+            # steps last): a wrong reading of a swish or an int8 sum then fails at once,
+            # not after every way of matching the rest of the chain.  The library's body
+            # operands are required nodes with one reading each, so matches come in the
+            # same order as before
+            todo = tuple(sorted(todo, key=lambda ob: isinstance(ob[0], tuple)))
             yield from self.solve(new, todo + rest)
         if not found:
             self.fail(st, f"{op_label(op)} as '{node.name}': has too few inputs for the pattern's edges")
@@ -412,6 +585,7 @@ def iter_matches(graph, pattern: Pattern, anchor: int, taken: dict | None = None
         return
     matcher = _Matcher(graph, pattern, taken or {}, trace, anchor)
     start = ((pattern.sink.name, op.outputs[0].id, 0),)
+    global steps_taken
     try:
         for st in matcher.solve(_State(), start):
             if anchor in st.used:
@@ -420,3 +594,5 @@ def iter_matches(graph, pattern: Pattern, anchor: int, taken: dict | None = None
         if trace is not None:
             trace.note(0, f"pattern {pattern.name}: search budget exhausted at op {anchor}",
                        (anchor,), pattern.name, anchor)
+    finally:
+        steps_taken += matcher.steps

@@ -150,8 +150,8 @@ def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:
         for anchor in reversed(topo):
             if anchor in blocked or graph.ops[anchor].kind not in anchors:
                 continue
-            # the search backtracks through long post-op chains in time exponential in
-            # their length before it learns that, say, no Convolution exists at all
+            # the search would walk every reading of a long post-op chain before it
+            # learns that, say, no Convolution exists at all
             if any(kinds.isdisjoint(region_kinds[anchor]) for kinds in required):
                 continue
             match = find_fusion(graph, pattern, anchor, owner, blocked)

@@ -1,13 +1,17 @@
-"""Matcher and partitioner mechanics on tiny graphs with tiny patterns."""
+"""Matcher and partitioner mechanics on tiny graphs with tiny patterns, and the
+search cost of long ambiguous post-op chains (also on the library's patterns)."""
 import pytest
 
 import graph_api as ga
+from graph_api.patterns import matcher as matcher_module
+from graph_api.patterns.library.common import post_ops
 from graph_api.patterns.matcher import Trace, iter_matches
 from graph_api.patterns.partitioner import partition_graph
 from graph_api.patterns.pattern import (ENTRY, Body, Check, In, Input, Node, Pattern, Repeat, attr_is,
                               in_dtype)
 
-from .builder import G, K, dt
+from . import cnn_graphs as cg
+from .builder import G, K, assert_same_as_debug, dt, fused
 
 FUSION = ga.PartitionPolicy.fusion
 
@@ -295,3 +299,118 @@ def test_a_tensor_marked_by_an_end_op_of_the_match_may_leave():
     match = next(iter_matches(graph, pat, 2))
     assert match.bindings == {"e": 0, "end": 1, "act": 2}
     assert escaping(graph, match) is None
+
+
+# ---------------------------------------------------------------- search cost
+# A swish x * sigmoid(x) on a post-op chain reads three ways: as a swish, as a
+# binary Multiply with the Sigmoid left outside, or as Sigmoid (unary) then
+# Multiply (binary).  Searched naively, k swishes cost 3^k walks of the chain
+# below them.  The bounds below are matcher steps (graph_api.patterns.matcher.
+# steps_taken), not time, so a slow machine cannot make them pass or fail.
+def steps_of(fn):
+    """(fn(), matcher steps it took)."""
+    before = matcher_module.steps_taken
+    result = fn()
+    return result, matcher_module.steps_taken - before
+
+
+def swish_chain(k):
+    g = G()
+    x = g.op(K.MatMul, g.input((4, 8)), g.input((8, 8)))
+    for _ in range(k):
+        x = g.op(K.Multiply, x, g.op(K.Sigmoid, x))
+    return g.done()
+
+
+def test_every_reading_of_ambiguous_swishes_is_still_enumerated_swish_first():
+    pat = Pattern("p", 9, [Node("mm", K.MatMul), post_ops("mm")])
+    matches = list(iter_matches(swish_chain(3), pat, 6))
+    assert len(matches) == 3 ** 3  # swish | binary Multiply alone | Sigmoid then Multiply, per swish
+    assert len({tuple(sorted(m.roles.items())) for m in matches}) == 27
+    assert matches[0].bindings["post_ops"] == [1, 2, 3, 4, 5, 6]
+    assert all(r.endswith((".sigmoid", ".multiply")) for r in matches[0].roles.values() if r != "mm")
+
+
+def test_a_search_failing_below_ambiguous_swishes_grows_polynomially():
+    # the chain matches, then the head is no Convolution: every reading of the chain fails
+    pat = Pattern("p", 9, [Node("conv", K.Convolution), post_ops("conv")])
+    (no4, steps4), (no8, steps8) = [steps_of(lambda k=k: list(iter_matches(swish_chain(k), pat, 2 * k)))
+                                    for k in (4, 8)]
+    assert no4 == [] and no8 == []
+    # measured 162 and 542 steps (the search before dead-end memos: 2,556, then its
+    # 200,000-step limit); 3^k growth would multiply by 81 from k=4 to k=8
+    assert steps8 < 5 * steps4 and steps8 < 2_000
+
+
+#: 12 post-ops, six of them swishes: 18 post-op ops, within oneDNN's 19
+#: (x8x8x_conv_post_ops: [unary/binary]*[0, MAX_REPETITION = 20), a swish taking two)
+INT8_CONV_12_POST_OPS = ("relu", "swish", "add", "swish", "tanh", "swish", "multiply", "swish", "abs",
+                         "swish", "add", "swish")
+
+
+def test_int8_conv_with_12_post_ops_six_swishes_is_one_partition():
+    graph = cg.quantized_conv(post=INT8_CONV_12_POST_OPS)
+    parts, steps = steps_of(lambda: fused(graph))
+    # oneDNN forms one x8x8x_conv_post_ops partition (dequant, dequant, conv, 18 post-op ops, quantize);
+    # the exponential search ran out of its budget and left 4 partitions (13 + 1 + 7 + 1 ops)
+    assert parts == [("conv_quantized", sorted(graph.ops))]
+    assert len(the_partition(graph).fusion.bindings["post_ops"]) == 18
+    assert steps < 10_000  # measured 2,652 (before: the 200,000-step limit, hit at anchor after anchor)
+    # the fused plan runs the 18-op epilogue: it sums the convolution in f32 BLAS order,
+    # which the check rule's f32 tolerance covers (a u8 output may differ by one where
+    # the reference lands on a rounding boundary)
+    assert_same_as_debug(graph, exact=False)
+
+
+def test_float_conv_below_which_conv_quantized_fails_stays_cheap():
+    # conv_quantized (tried first) walks the whole chain, then finds no Dequantize under the conv
+    graph = cg.conv(post=INT8_CONV_12_POST_OPS)
+    parts, steps = steps_of(lambda: fused(graph))
+    assert parts == [("conv_post_ops", sorted(graph.ops))]
+    assert steps < 20_000  # measured 5,830 (the search before dead-end memos: 362,561)
+
+
+def test_int8_matmul_pattern_failing_below_eight_swishes_stays_cheap():
+    # u8 data into an f32-weight MatMul: matmul_quantized and matmul_compressed walk the
+    # chain, then find no weight Dequantize.  matmul_quantized has a node the upward walk
+    # may skip (res_cast), which must not make every used op part of the dead-end key
+    g = G()
+    x = g.op(K.Dequantize, g.input((4, 8), dt.u8), dtype=dt.f32,
+             attrs={"qtype": "per_tensor", "axis": 1, "scales": [0.5], "zps": [0]})
+    x = g.op(K.MatMul, x, g.input((8, 8)))
+    for _ in range(8):
+        x = g.op(K.Multiply, x, g.op(K.Sigmoid, x))
+    graph = g.done()
+    parts, steps = steps_of(lambda: fused(graph))
+    # as oneDNN: the Dequantize alone, fp_matmul_post_ops with 16 post-op ops
+    assert parts == [("single op", [0]), ("matmul_post_ops", list(range(1, 18)))]
+    assert steps < 75_000  # measured 24,659 (before: 1,684,851)
+
+
+#: 19 post-op ops with 4 swishes: within oneDNN's fp_matmul_post_ops repetition (at most 19 ops)
+MATMUL_19_POST_OPS = ("relu", "swish", "add", "tanh", "swish", "multiply", "abs", "swish", "add", "relu",
+                      "swish", "add", "tanh", "add", "relu")
+
+
+def test_matmul_with_four_swishes_among_19_post_ops_is_one_partition():
+    g = G()
+    x = g.op(K.MatMul, g.input((4, 8)), g.input((8, 8)))
+    for i, name in enumerate(MATMUL_19_POST_OPS):
+        if name == "swish":
+            x = g.op(K.Multiply, x, g.op(K.Sigmoid, x))
+        elif name in cg.BINARY:
+            x = g.op(cg.BINARY[name], x, g.input((1, 8) if i % 2 else (4, 8)))
+        else:
+            x = g.op(cg.UNARY[name], x)
+    graph = g.done()
+    parts, steps = steps_of(lambda: fused(graph))
+    assert parts == [("matmul_post_ops", sorted(graph.ops))]
+    assert len(the_partition(graph).fusion.bindings["post_ops"]) == 19
+    # measured 15,861 (before: 93,075), mostly matmul_indexing_maps' 64 rejected candidates per anchor
+    assert steps < 50_000
+    assert_same_as_debug(graph, exact=False)  # f32 BLAS order: the check rule's f32 tolerance
+
+
+def the_partition(graph):
+    (part,) = graph.get_partitions()
+    return part
