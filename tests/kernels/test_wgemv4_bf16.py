@@ -114,3 +114,28 @@ def test_both_paths(monkeypatch, have_bf16, M, act):
         r, b = ref(x64, q, sc, z, G, bf16)
         terms = K
     assert np.all(np.abs(y - r) <= (terms + 4) * U * b)
+
+
+@needs_bf16
+@pytest.mark.parametrize("m", [1, 5])
+def test_partition_with_bf16_fpmath_and_apply_to_int_takes_the_kernel(m):
+    """A constant int4 weight under fpmath bf16 + apply_to_int: the compiled
+    partition's decode computes the scaled formula (within the f32 bound, which
+    rounding each dequantized weight to bf16 would exceed)."""
+    from graph_api import DataType as dt
+    from graph_api import OpKind as K
+
+    from .test_fused_wmatmul import Builder
+
+    b = Builder("bf16", True)
+    Kd, N, G = 256, 128, 32
+    w = b.compressed_weight(dt.u4, Kd, N, True, group=G, zps=True)
+    x = b.input(dt.f32, [m, Kd])
+    b.op(K.MatMul, [x, w], dt.f32, [m, N], transpose_b=True)
+    fused = b.run("numba_wmatmul")
+    deq = next(op for op in b.g.get_ops() if op.kind == K.DynamicDequantize)
+    q, sc, z = (np.asarray(b.feeds[t.id]).astype(np.float64) for t in deq.inputs)
+    xb = bf16(b.feeds[x.id]).astype(np.float64)
+    r, bound = ref_scaled(xb, q.T, sc.T, z.T, G)
+    y = fused.outputs[b.g.output_ids[0]]
+    assert np.all(np.abs(y - r) <= (G + Kd // G + 4) * U * bound)
