@@ -768,6 +768,8 @@ def prepare_bf16(w, spec: WeightSpec, scales, zps=None) -> B4.PairsWeight:
     """Repack a constant int4 weight for the fpmath-bf16 decode kernel
     (:mod:`graph_api.kernels.wgemv4_bf16`); other paths keep reading the user's
     buffers (``src``), so the constant is not stored twice."""
+    if spec.kind not in (S4, U4) or spec.group % 2:
+        raise ValueError(f"the bf16 pair layout needs s4/u4 weights in groups of an even size, not {spec}")
     q, sc, zp = _logical(w, spec, scales, zps)
     N = spec.N
     Np = -(-N // 128) * 128

@@ -59,7 +59,8 @@ def test_lookup_table_is_the_nibble_value_in_bf16(signed):
 
 
 SHAPES = [(1, 256, 256, 32), (1, 128, 130, 64), (2, 96, 1, 32), (3, 128, 200, 128), (4, 256, 384, 64),
-          (5, 64, 127, 32), (7, 192, 256, 64), (8, 256, 129, 128), (1, 4096, 256, 128)]
+          (5, 64, 127, 32), (7, 192, 256, 64), (8, 256, 129, 128), (1, 4096, 256, 128), (1, 16, 130, 4),
+          (6, 8, 20, 2)]
 
 
 @needs_bf16
@@ -139,3 +140,10 @@ def test_partition_with_bf16_fpmath_and_apply_to_int_takes_the_kernel(m):
     r, bound = ref_scaled(xb, q.T, sc.T, z.T, G)
     y = fused.outputs[b.g.output_ids[0]]
     assert np.all(np.abs(y - r) <= (G + Kd // G + 4) * U * bound)
+
+
+def test_odd_groups_and_8_bit_weights_are_not_packed():
+    for kind, G in (("s4", 3), ("s8", 32)):
+        with pytest.raises(ValueError):
+            W.prepare_bf16(None, W.WeightSpec(kind, 96, 16, G, False), None)
+        assert not W.bf16_decode_applies(W.WeightSpec(kind, 96, 16, G, False))
