@@ -119,6 +119,7 @@ class _BFloat(ir.types.Type):
 _V16 = ir.VectorType(ir.FloatType(), 16)
 _I16V = ir.VectorType(ir.IntType(16), 32)
 _I32V = ir.VectorType(ir.IntType(32), 16)
+_I32X32 = ir.VectorType(ir.IntType(32), 32)  # shuffle mask type of a 32-lane splat
 _BF32 = ir.VectorType(_BFloat(), 32)
 
 
@@ -144,7 +145,7 @@ def vdp4(typingctx, acc, table, arr, idx, shift, xpair):
         words = builder.load(builder.bitcast(builder.gep(base, [i]), _I16V.as_pointer()), align=1)
         sh = context.cast(builder, sh, signature.args[4], types.int16)
         shv = builder.insert_element(ir.Constant(_I16V, ir.Undefined), sh, ir.IntType(32)(0))
-        words = builder.lshr(words, builder.shuffle_vector(shv, shv, ir.Constant(ir.VectorType(ir.IntType(32), 32), [0] * 32)))
+        words = builder.lshr(words, builder.shuffle_vector(shv, shv, ir.Constant(_I32X32, [0] * 32)))
         perm = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_I16V, [_I16V, _I16V]), "llvm.x86.avx512.permvar.hi.512")
         wv = builder.call(perm, [builder.bitcast(tab, _I16V), words])
