@@ -18,7 +18,7 @@ from numba import njit, prange
 from benchmarks import peers
 from graph_api.kernels import sdpa as SD
 from graph_api.kernels import wmatmul as WM
-from graph_api.kernels.bits import prefetch
+from graph_api.kernels.bits import RND_BF16, prefetch
 
 COLD_BYTES = 1 << 30  # rotation working set for "cold" (quick: 640 MiB)
 
@@ -129,12 +129,18 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
     out = np.empty((M, N), np.float32)
     ours = lambda i: WM.wmatmul(x, None, spec, prepared=prepared[i], out=out)
     direct = lambda i: WM.wmatmul(x, copies[i][0], spec, copies[i][1], copies[i][2], out=out)
+    # fpmath bf16 + apply_to_int (oneDNN set_fpmath_mode(bf16, true)): the vdpbf16ps decode kernel
+    bf16_on = decode and WM.bf16_decode_applies(spec)
+    pairs = [WM.prepare_bf16(w, spec, sc, z) for (w, sc, z, _, _) in copies] if bf16_on else []
+    ours_bf16 = lambda i: WM.wmatmul(x, None, spec, prepared=pairs[i], out=out, rnd_x=RND_BF16, rnd_w=RND_BF16)
     reps = 60 if decode else (5 if quick else 10)
     label = f"int4 {'decode' if decode else 'prefill'} M={M} K={K} N={N} g{G} {kind}{'+zp' if zp else ''}"
     flops = 2.0 * M * K * N
     modes = [("cold", ncold), ("hot", 1)] if decode else [("hot", 1)]
     for mode, nc in modes:
         jobs = {"project (blocked, prepared)": (ours, nc, reps)}
+        if bf16_on:
+            jobs["project fpmath bf16 (vdpbf16ps)"] = (ours_bf16, nc, reps)
         if decode and mode == "hot":
             jobs["project direct [N,K]"] = (direct, 1, 10)
         if peers_on:

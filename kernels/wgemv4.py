@@ -39,7 +39,8 @@ matter).  Reading 10.5 MB (g32, f32 scales) at ~40 GB/s cold takes ~0.26 ms,
 so cold decode is at the bandwidth bound; from L3 (~90 GB/s) it is
 compute-bound at ~50% of L3 bandwidth.  More needs fewer vector operations
 per weight than strict f32 allows (one FMA per weight and row; peers that go
-faster round the activations: ONNX Runtime's int8 VNNI mode, PyTorch's bf16).
+faster round the activations: ONNX Runtime's int8 VNNI mode, PyTorch's bf16;
+with fpmath bf16 + ``apply_to_int`` :mod:`graph_api.kernels.wgemv4_bf16` does).
 """
 from __future__ import annotations
 

@@ -67,8 +67,9 @@ from numba import njit, prange
 
 from graph_api.kernels import wgemv4 as W4
 from graph_api.kernels import wgemv8 as W8
-from graph_api.kernels.bits import (f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16, round_f16,
-                          round_code, load_row_f32)
+from graph_api.kernels import wgemv4_bf16 as B4
+from graph_api.kernels.bits import (RND_BF16, f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16,
+                          round_f16, round_code, load_row_f32)
 
 PANEL_BYTES = 64 << 20  #: prefill: f32 bytes of one dequantized panel (K x width)
 DECODE_MAX_M = 8
@@ -737,9 +738,9 @@ def _unpack4(w, count, signed):
     return q
 
 
-def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
-    """Repack a weight (user layout) into the kernels' layout (int4: interleaved,
-    int8: blocked); call once per constant."""
+def _logical(w, spec: WeightSpec, scales, zps):
+    """The user's weight as integers ``q [K, N]`` (int16) and per-column f32 scales and
+    zero points ``[K/G, N]`` (groups along N repeated; ``zp`` None without zero points)."""
     K, N, G = spec.K, spec.N, spec.group
     ng = K // G
     bits4 = spec.kind in (S4, U4)
@@ -751,11 +752,42 @@ def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
     q = q.reshape(N, K).T if spec.transposed else q.reshape(K, N)
     sc = np.asarray(scales, np.float32)
     sc = sc.T if spec.transposed else sc  # -> [ng, N]
-    # groups along N: one scale per column in the copy (the kernels' layout)
     sc = np.repeat(sc.reshape(ng, N // spec.group_n), spec.group_n, axis=1)
     zp = None if zps is None else np.asarray(zps).astype(np.float32)
     if zp is not None:
         zp = np.repeat((zp.T if spec.transposed else zp).reshape(ng, N // spec.group_n), spec.group_n, axis=1)
+    return q, sc, zp
+
+
+def bf16_decode_applies(spec: WeightSpec) -> bool:
+    """Can :func:`prepare_bf16` and the ``vdpbf16ps`` decode kernel serve this weight?"""
+    return B4.HAVE_BF16 and spec.kind in (S4, U4) and spec.group % 2 == 0
+
+
+def prepare_bf16(w, spec: WeightSpec, scales, zps=None) -> B4.PairsWeight:
+    """Repack a constant int4 weight for the fpmath-bf16 decode kernel
+    (:mod:`graph_api.kernels.wgemv4_bf16`); other paths keep reading the user's
+    buffers (``src``), so the constant is not stored twice."""
+    if spec.kind not in (S4, U4) or spec.group % 2:
+        raise ValueError(f"the bf16 pair layout needs s4/u4 weights in groups of an even size, not {spec}")
+    q, sc, zp = _logical(w, spec, scales, zps)
+    N = spec.N
+    Np = -(-N // 128) * 128
+    nblk = Np // B4.BLOCK_COLS
+    return B4.PairsWeight(spec, B4.pack_pairs(np.pad(q, ((0, 0), (0, Np - N)))),
+                          B4.lookup_table(spec.kind == S4), nblk, _per_block(sc, Np, nblk),
+                          _per_block(zp, Np, nblk) if zp is not None else np.zeros(1, np.float32),
+                          1 if zp is not None else 0, (w, scales, zps), param_bounds(sc, zp))
+
+
+def prepare(w, spec: WeightSpec, scales, zps=None) -> PreparedWeight:
+    """Repack a weight (user layout) into the kernels' layout (int4: interleaved,
+    int8: blocked); call once per constant."""
+    K, N, G = spec.K, spec.N, spec.group
+    ng = K // G
+    bits4 = spec.kind in (S4, U4)
+    signed = spec.kind in (S4, S8)
+    q, sc, zp = _logical(w, spec, scales, zps)  # groups along N: one scale per column in the copy
     Np = -(-N // 128) * 128
     if bits4:  # the interleaved layout of the lookup-table kernels (graph_api.kernels.wgemv4)
         nblk = Np // W4.BLOCK_COLS
@@ -909,11 +941,26 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     (_prep_x_serial if M * K < 65536 else _prep_x)(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
     ep = make_epilogue(post_ops, M, N)
     bits4 = spec.kind in (S4, U4)
+    pairs = prepared if isinstance(prepared, B4.PairsWeight) else None
+    if pairs is not None:  # the pair stream serves only the bf16 decode; the rest reads the user's buffers
+        prepared = None
+        w, scales, zps = pairs.src
     if prepared is None and bits4 and not spec.transposed and natural_chunk(N) and rnd_w == 0 \
             and spec.group_n == 1:
         prepared = _natural_blocked(w, spec, scales, zps)
-    if not _fast_is_exact(xf, spec, scales, zps, prepared):
+    if not _fast_is_exact(xf, spec, scales, zps, pairs or prepared):
         _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
+        return out
+    # fpmath bf16 with apply_to_int and bf16 activations (f32 ones rounded by rnd_x, or bf16
+    # data): vdpbf16ps on exact integer weights, scales on the group sums (wgemv4_bf16's doc)
+    if pairs is not None and M <= DECODE_MAX_M and rnd_w == RND_BF16 and B4.HAVE_BF16 \
+            and (kind == 1 or (kind == 0 and rnd_x == RND_BF16)):
+        S = _ksplits(pairs.nblk, ng)
+        part = np.empty((S, M, pairs.nblk * B4.BLOCK_COLS), np.float32)
+        xb = np.empty((M, K // 2), np.int32)
+        B4.pairs_of(xf, xb)
+        B4.gemv(xb, xs, pairs.w, pairs.wbs, pairs.table, pairs.sc, pairs.zf, pairs.sbs, pairs.zmode, G, part)
+        finish(part, out, okind, ep)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0 and prepared is not None:
         pw = prepared

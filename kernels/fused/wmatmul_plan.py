@@ -105,6 +105,7 @@ class Linear:
     act: str | None
     constant: bool  # weights, scales and zero points are all constant
     cache: ConstantCache = field(default_factory=ConstantCache)
+    bf16_pairs: bool = False  # rnd_w is fpmath bf16 (apply_to_int): constants packed for the vdpbf16ps decode
 
     @property
     def K(self) -> int:
@@ -135,9 +136,10 @@ class Linear:
         scales = self._params(inputs[self.s_id])
         zps = None if self.z_id is None else self._params(inputs[self.z_id])
         prepared = None
-        if self.constant and self.rnd_w == 0:
+        if self.constant and (self.rnd_w == 0 or self.bf16_pairs):
             sources = [inputs[t] for t in (self.w_id, self.s_id, self.z_id) if t is not None]
-            prepared = self.cache.get(sources, lambda: wm.prepare(w_buf, self.spec, scales, zps))
+            pack = wm.prepare_bf16 if self.bf16_pairs else wm.prepare
+            prepared = self.cache.get(sources, lambda: pack(w_buf, self.spec, scales, zps))
         y = wm.wmatmul(x2d, w_buf, self.spec, scales, zps, prepared=prepared, post_ops=post,
                        out_dtype=out_dtype, rnd_x=self.rnd_x, rnd_w=self.rnd_w, act_dtype=self.act)
         return y if out_dtype == "f32" else y.view(dtypes.numpy_dtype(DataType[out_dtype]))
@@ -266,9 +268,14 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
     rnd_x = rounding_code(request.fpmath, src_is_f32=x_lt.dtype == DataType.f32)
     z_id = deq.inputs[2].id if len(deq.inputs) > 2 else None
     constant = all(lts[t.id].property == PropertyType.constant for t in deq.inputs)
-    return Linear(mm.inputs[0].id, deq.inputs[0].id, deq.inputs[1].id, z_id,
-                  wm.WeightSpec(_WEIGHT_KINDS[wq.dtype], K_, N, group, transposed, group_n), scale_kind,
-                  rnd_x, rnd_w, _ACT[x_lt.dtype], constant)
+    spec = wm.WeightSpec(_WEIGHT_KINDS[wq.dtype], K_, N, group, transposed, group_n)
+    # the bf16 rounding of the weights comes from the fpmath mode, not from a bf16 tensor
+    # in the graph: the decode kernel may keep (q - z) exact and scale the group sums
+    bf16_pairs = (rnd_w == RND_BF16 and rounding_code(request.fpmath, for_int_weights=True) == RND_BF16
+                  and w_type not in _TYPE_RND and lts[deq.outputs[0].id].dtype not in _TYPE_RND
+                  and wm.bf16_decode_applies(spec))
+    return Linear(mm.inputs[0].id, deq.inputs[0].id, deq.inputs[1].id, z_id, spec, scale_kind,
+                  rnd_x, rnd_w, _ACT[x_lt.dtype], constant, bf16_pairs=bf16_pairs)
 
 
 def build(request: CompileRequest):
