@@ -50,6 +50,7 @@ from numba import njit, prange
 
 from graph_api.kernels.bits import prefetch, round_code, vfma, vload, vmul, vsplat, vstore, vsub
 from graph_api.kernels.lut4 import TABLE_S4, TABLE_U4, vlut4
+from graph_api.kernels.openblas import sgemm
 
 BLOCK_COLS = 128  #: columns per block (64 bytes per row: one cache line, one zmm load)
 ROW_BYTES = 64
@@ -288,26 +289,54 @@ def gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
                   min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
 
 
-@njit(parallel=True, cache=True)
+@njit(inline="always", cache=True)
+def _dequant_rows(w, wbs, tab, sc, zf, sbs, zmode, G, blk, k0, k1, rnd, tile, d0, ld):
+    """tile[d0 + (k - k0) * ld + j] = round((q[k, 128 blk + j] - z) * s) for k0 <= k < k1,
+    j < 128 (``tile`` flat f32; exact f32 products, then the fpmath rounding ``rnd``)."""
+    zero = vsplat(np.float32(0.0))
+    for k in range(k0, k1):
+        r = blk * wbs + k * ROW_BYTES
+        o = blk * sbs + (k // G) * BLOCK_COLS
+        d = d0 + (k - k0) * ld
+        for j in range(8):
+            z = vload(zf, o + 16 * j) if zmode == 1 else zero
+            vstore(tile, d + 16 * j, vmul(vsub(vlut4(tab, w, r, 4 * j), z), vload(sc, o + 16 * j)))
+        if rnd != 0:
+            for j in range(BLOCK_COLS):
+                tile[d + j] = round_code(tile[d + j], rnd)
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def dequant_panel(w, wbs, table, sc, zf, sbs, zmode, G, b0, rnd, panel):
     """panel[k, j] = round((q - z) * s) for blocks b0.. (exact f32 products;
     ``rnd``: fpmath rounding code of the dequantized weight, 0 for none)."""
     K = panel.shape[0]
-    nbk = panel.shape[1] // BLOCK_COLS
+    ld = panel.shape[1]
+    nbk = ld // BLOCK_COLS
     nk = (K + 31) // 32
     tab = vload(table, 0)
-    zero = vsplat(np.float32(0.0))
+    flat = panel.reshape(-1)
     for t in prange(nk * nbk):
         c = t // nbk
         bb = t % nbk
-        blk = b0 + bb
-        for k in range(c * 32, min(c * 32 + 32, K)):
-            r = blk * wbs + k * ROW_BYTES
-            o = blk * sbs + (k // G) * BLOCK_COLS
-            d = k * panel.shape[1] + bb * BLOCK_COLS
-            for j in range(8):
-                z = vload(zf, o + 16 * j) if zmode == 1 else zero
-                vstore(panel, d + 16 * j, vmul(vsub(vlut4(tab, w, r, 4 * j), z), vload(sc, o + 16 * j)))
-            if rnd != 0:
-                for j in range(BLOCK_COLS):
-                    panel[k, bb * BLOCK_COLS + j] = round_code(panel[k, bb * BLOCK_COLS + j], rnd)
+        k0 = c * 32
+        _dequant_rows(w, wbs, tab, sc, zf, sbs, zmode, G, b0 + bb, k0, min(k0 + 32, K), rnd, flat,
+                      k0 * ld + bb * BLOCK_COLS, ld)
+
+
+@njit(cache=True, nogil=True)
+def prefill_chunk(x, w, wbs, table, sc, zf, sbs, zmode, G, b0, nb, kc, rnd, tile, out, o_off, ldo, sgemm_fn):
+    """``out[:, cols] = x @ dequant(W)[:, cols]`` for the columns of blocks ``b0 .. b0 + nb``
+    (one thread): K in steps of ``kc`` rows, each dequantized into ``tile`` (``kc x 128 nb``
+    f32, cache-resident) and multiplied by one ``cblas_sgemm`` at address ``sgemm_fn`` that
+    adds into ``out`` (f32, the block's first element at flat ``o_off``, row stride
+    ``ldo``; beta 0 for the first step).  The sums are f32: sgemm's within a step, one
+    f32 addition per step."""
+    M, K = x.shape
+    ld = nb * BLOCK_COLS
+    tab = vload(table, 0)
+    for k0 in range(0, K, kc):
+        k1 = min(K, k0 + kc)
+        for bb in range(nb):
+            _dequant_rows(w, wbs, tab, sc, zf, sbs, zmode, G, b0 + bb, k0, k1, rnd, tile, bb * BLOCK_COLS, ld)
+        sgemm(sgemm_fn, M, ld, k1 - k0, x, k0, K, tile, 0, ld, np.float32(0.0 if k0 == 0 else 1.0), out, o_off, ldo)

@@ -55,6 +55,7 @@ convert to bf16/f16 bits.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -550,7 +551,7 @@ def _wval(w, idx, bits4, signed):
     return np.float32(w[idx])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _dequant_panel(w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n0, rnd, panel):
     """panel[k, j] = round((q[k, n0+j] - z) * s) for j < panel width (exact f32).
 
@@ -578,7 +579,7 @@ def _dequant_panel(w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n0, rnd
                 panel[k, j] = round_code((q - z) * s, rnd)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _dequant_panel_blk(w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, b0, rnd, panel):
     """Dequantize int4 blocks b0.. (addressed as in :func:`_gemv4_m1`) into
     panel[K, 2*cbw*nb].
@@ -969,64 +970,179 @@ def _scales_zps(spec, scales, zps):
     return sc, np.ascontiguousarray(np.asarray(zps).astype(np.float32)).reshape(sh), True
 
 
-_scratch = threading.local()  #: per-thread reusable panel buffer (no page faults per call)
+_scratch = threading.local()  #: per-thread reusable panel and tile buffers (no page faults per call)
 
 
-def _panel_buffer(size: int) -> np.ndarray:
-    buf = getattr(_scratch, "panel", None)
+def _buffer(name: str, size: int) -> np.ndarray:
+    buf = getattr(_scratch, name, None)
     if buf is None or buf.size < size:
-        buf = _scratch.panel = np.empty(size, np.float32)
+        buf = np.empty(size, np.float32)
+        setattr(_scratch, name, buf)
     return buf[:size]
 
 
-def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
-    """Panels of up to PANEL_BYTES: dequantize (parallel, exact f32) then one
-    sgemm per panel (``exact``: float64 sums rounded once, as the reference
-    MatMul).
+#: pipelined prefill: f32 bytes of one thread's dequantized panel (K x width).
+#: Measured on one Zen 5 core (K = N = 4096, CPU time): sgemm over 256-column
+#: panels ran as fast as one whole-matrix sgemm at M = 128 and 512 and 27%
+#: faster at M = 32 (the whole dequantized matrix, 64 MiB, streams from DRAM);
+#: dequantizing into 4 MiB panels took 1.9 ms for all 16.8 M weights, into
+#: 8 MiB and wider ones 3.2-5.7 ms (the panels no longer stay in L2/L3).
+PANEL_TILE_BYTES = 4 << 20
+_pool = None
+_pool_lock = threading.Lock()
 
-    Few wide panels: every multi-threaded OpenBLAS call pays a thread wake-up
-    and B-packing start, which on a loaded 2-core machine cost more than the
-    GEMM itself for 1024-column panels (4x the CPU time of one call at
-    M = 128).  The panel buffer is kept per thread and reused, so its pages
-    are not faulted in again on every call.
+
+def _pool_submit(fn, *args):
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                                           thread_name_prefix="graph_api-prefill")
+    return _pool.submit(fn, *args)
+
+
+def _drain(panels, run_panel):
+    """Run panels from the shared iterator until none is left (one thread:
+    Numba kernels single-threaded here, BLAS single-threaded by the caller)."""
+    numba.set_num_threads(1)  # thread-local in Numba
+    while True:
+        item = next(panels, None)  # a list iterator: atomic under the GIL
+        if item is None:
+            return
+        run_panel(*item)
+
+
+def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
+    """Dequantize panels of columns (exact f32) and multiply each with one
+    sgemm (``exact``: float64 sums rounded once, as the reference MatMul).
+
+    Pipelined (when numpy's OpenBLAS thread count can be set, or with one
+    thread): each of the ``numba.get_num_threads()`` threads takes the next
+    panel of about ``PANEL_TILE_BYTES`` (full K), dequantizes it into its own
+    cache-resident buffer and runs a single-threaded sgemm that writes the
+    output's column block; the threads never wait for each other, and one
+    thread's dequantization runs beside the other's GEMM.  No thread wake-ups
+    per panel: the earlier scheme (a parallel dequantization, then a
+    two-thread sgemm per panel) paid both pools' wake-ups per panel and so
+    used one 64 MiB panel, whose sgemm read the weights from DRAM again.
+
+    Otherwise (another BLAS, several threads): panels of up to
+    ``PANEL_BYTES``, a parallel dequantization, then one multi-threaded sgemm
+    each.  Both schemes compute the same products and sums.
     """
+    from graph_api.kernels import openblas
+
     M, K = xf.shape
     N = spec.N
     bits4 = spec.kind in (S4, U4)
     use_blk = prepared is not None and bits4
     unit = 2 * prepared.cbw if use_blk and prepared.table is None else 128  # int4 prepared/natural: whole blocks per panel
     ncols = prepared.nblk * unit if use_blk else -(-N // 128) * 128
-    step = max(unit, PANEL_BYTES // (4 * max(K, 1)) // unit * unit)
+    threads = numba.get_num_threads()
+    if use_blk and prepared.table is not None and not exact and openblas.available():
+        _prefill_chunks(xf, prepared, N, rnd_w, out, okind, ep, threads)
+        return
+    pipelined = threads == 1 or openblas.available()
+    panel_bytes = PANEL_TILE_BYTES if pipelined else PANEL_BYTES
+    step = max(unit, panel_bytes // (4 * max(K, 1)) // unit * unit)
     npanels = -(-ncols // step)
     step = -(-ncols // (npanels * unit)) * unit  # panels of (nearly) equal width
-    panel = _panel_buffer(K * min(step, ncols)).reshape(K, min(step, ncols))
-    direct = not exact and okind == OUT_F32 and ep.ops.shape[0] == 0 and ncols == N and step >= N
-    tile = out if direct else np.empty((M, min(step, ncols)), np.float32)
+    # the sgemm writes the output's column block itself when nothing follows it
+    direct = not exact and okind == OUT_F32 and ep.ops.shape[0] == 0 and ncols == N
     if prepared is not None and not bits4:
         w, scales, zps = prepared.src
     if not use_blk:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         wf = _flat(w, bits4)
-    for n0 in range(0, ncols, step):
-        width = min(step, ncols - n0)
-        pv, tv = (panel, tile) if width == panel.shape[1] else (panel[:, :width], tile[:, :width])
-        if use_blk and prepared.table is not None:
-            pw = prepared
+    x64 = xf.astype(np.float64) if exact else None
+    pw = prepared
+
+    def run_panel(n0, width):
+        pv = _buffer("panel", K * width).reshape(K, width)
+        if use_blk and pw.table is not None:
             W4.dequant_panel(pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, spec.group, n0 // unit,
                              rnd_w, pv)
         elif use_blk:
-            pw = prepared
             _dequant_panel_blk(pw.w, pw.wbs, pw.wks, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs,
                                pw.zmode, np.float32(pw.zc), spec.group, n0 // unit, rnd_w, pv)
         else:
             _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group, spec.group_n,
                            sc, zp, has_zp, n0, rnd_w, pv)
+        if direct:
+            np.matmul(xf, pv, out=out[:, n0:n0 + width])
+            return
+        tv = _buffer("acc", M * width).reshape(M, width)
         if exact:
             with np.errstate(all="ignore"):
-                tv[...] = np.matmul(xf.astype(np.float64), pv.astype(np.float64))
+                tv[...] = np.matmul(x64, pv.astype(np.float64))
         else:
             np.matmul(xf, pv, out=tv)
-        if not direct:  # the row-wise vectorised epilogue store (kernels.store imports this module)
-            from graph_api.kernels import store
+        from graph_api.kernels import store  # (kernels.store imports this module)
 
-            store.store_tile(tv, out, n0, okind, ep)
+        store.store_tile(tv, out, n0, okind, ep)  # the row-wise vectorised epilogue store
+
+    panels = [(n0, min(step, ncols - n0)) for n0 in range(0, ncols, step)]
+    if pipelined:
+        _run_pipelined(panels, run_panel, threads)
+    else:
+        for item in panels:
+            run_panel(*item)
+
+
+def _run_pipelined(items, run, threads):
+    """``run(*item)`` for every item, on ``threads`` threads that each take
+    the next item when done (Numba kernels and BLAS single-threaded in each)."""
+    from graph_api.kernels import openblas
+
+    workers = min(threads, len(items))
+    it = iter(items)
+    with openblas.single_threaded() if openblas.available() else contextlib.nullcontext():
+        helpers = [_pool_submit(_drain, it, run) for _ in range(workers - 1)]
+        try:
+            _drain(it, run)
+        finally:
+            numba.set_num_threads(threads)
+            for f in helpers:  # a helper still queued behind other work finds no item left
+                f.result()
+
+
+#: chunked prefill (interleaved int4 weights, :func:`_prefill_chunks`): columns per
+#: work item and f32 bytes of one dequantized tile (rows of K x those columns)
+PREFILL_CHUNK_COLS = 1024
+PREFILL_TILE_BYTES = 1 << 20
+
+
+def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads):
+    """Prepared int4 weights (interleaved layout), numpy's OpenBLAS reachable:
+    work items of up to ``PREFILL_CHUNK_COLS`` columns, each one
+    :func:`graph_api.kernels.wgemv4.prefill_chunk` call on one thread (K in
+    tiles of ``PREFILL_TILE_BYTES`` that stay in L2, each tile one sgemm
+    adding into the output columns)."""
+    from graph_api.kernels import openblas
+
+    M, K = xf.shape
+    nblk = pw.nblk
+    per = max(1, min(PREFILL_CHUNK_COLS // W4.BLOCK_COLS, -(-nblk // threads)))  # blocks per item
+    width = per * W4.BLOCK_COLS
+    kc = max(16, PREFILL_TILE_BYTES // (4 * width) // 16 * 16)
+    direct = (okind == OUT_F32 and ep.ops.shape[0] == 0 and nblk * W4.BLOCK_COLS == N
+              and out.dtype == np.float32 and out.flags.c_contiguous)
+    fn = openblas.sgemm_address()
+    G = pw.spec.group
+
+    def run(b0, nb):
+        tile = _buffer("wtile", kc * nb * W4.BLOCK_COLS)
+        if direct:
+            W4.prefill_chunk(xf, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, G, b0, nb, kc, rnd_w,
+                             tile, out, b0 * W4.BLOCK_COLS, N, fn)
+            return
+        acc = _buffer("acc", M * nb * W4.BLOCK_COLS).reshape(M, nb * W4.BLOCK_COLS)
+        W4.prefill_chunk(xf, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, G, b0, nb, kc, rnd_w,
+                         tile, acc, 0, nb * W4.BLOCK_COLS, fn)
+        from graph_api.kernels import store  # (kernels.store imports this module)
+
+        store.store_tile(acc, out, b0 * W4.BLOCK_COLS, okind, ep)  # the row-wise vectorised epilogue store
+
+    _run_pipelined([(b0, min(per, nblk - b0)) for b0 in range(0, nblk, per)], run, threads)
