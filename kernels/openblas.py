@@ -82,6 +82,7 @@ def available() -> bool:
 
 def sgemm_address() -> int:
     """Address of ``cblas_sgemm`` (64-bit integers); requires :func:`available`."""
+    available()
     return _funcs[2]
 
 
@@ -90,6 +91,7 @@ def single_threaded():
     """numpy's OpenBLAS runs one thread per call inside this block (reference
     counted across threads; requires :func:`available`)."""
     global _users, _saved
+    available()
     get, put, _ = _funcs
     with _lock:
         if _users == 0:

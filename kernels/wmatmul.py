@@ -1108,32 +1108,35 @@ def _run_pipelined(items, run, threads):
                 f.result()
 
 
-#: chunked prefill (interleaved int4 weights, :func:`_prefill_chunks`): columns per
-#: work item and f32 bytes of one dequantized tile (rows of K x those columns)
-PREFILL_CHUNK_COLS = 1024
-PREFILL_TILE_BYTES = 1 << 20
+#: chunked prefill (interleaved int4 weights, :func:`_prefill_chunks`): per activation
+#: row count below a bound, (columns per work item, K rows per tile).  Measured on one
+#: Zen 5 core (CPU time, K = N = 4096; dequantization + sgemm, against one sgemm on the
+#: pre-dequantized matrix, same process): M = 32: 512 x 256 tiles 15.2 ms (dense 20.8),
+#: 1024 x 448 16.2; M = 128: 512 x 256 49.9, 1024 x 256 49.5 (dense 52.6); M = 512:
+#: 1024 x 448 182.6, 2048 x 448 181.8, 512 x 256 184.9 (dense 175.1: fewer, deeper
+#: steps re-pack the activations and re-read the output block less often).
+PREFILL_GEOMETRY = ((256, 512, 256), (1 << 62, 1024, 448))
 
 
 def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads):
     """Prepared int4 weights (interleaved layout), numpy's OpenBLAS reachable:
-    work items of up to ``PREFILL_CHUNK_COLS`` columns, each one
+    work items of a few hundred columns (:data:`PREFILL_GEOMETRY`), each one
     :func:`graph_api.kernels.wgemv4.prefill_chunk` call on one thread (K in
-    tiles of ``PREFILL_TILE_BYTES`` that stay in L2, each tile one sgemm
+    tiles of a few hundred rows that stay in L2/L3, each tile one sgemm
     adding into the output columns)."""
     from graph_api.kernels import openblas
 
     M, K = xf.shape
     nblk = pw.nblk
-    per = max(1, min(PREFILL_CHUNK_COLS // W4.BLOCK_COLS, -(-nblk // threads)))  # blocks per item
-    width = per * W4.BLOCK_COLS
-    kc = max(16, PREFILL_TILE_BYTES // (4 * width) // 16 * 16)
+    cols, kc = next((c, k) for below, c, k in PREFILL_GEOMETRY if M < below)
+    per = max(1, min(cols // W4.BLOCK_COLS, -(-nblk // threads)))  # blocks per item
     direct = (okind == OUT_F32 and ep.ops.shape[0] == 0 and nblk * W4.BLOCK_COLS == N
               and out.dtype == np.float32 and out.flags.c_contiguous)
     fn = openblas.sgemm_address()
     G = pw.spec.group
 
     def run(b0, nb):
-        tile = _buffer("wtile", kc * nb * W4.BLOCK_COLS)
+        tile = _buffer("wtile", W4.tile_floats(kc, nb))
         if direct:
             W4.prefill_chunk(xf, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, G, b0, nb, kc, rnd_w,
                              tile, out, b0 * W4.BLOCK_COLS, N, fn)

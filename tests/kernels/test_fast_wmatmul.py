@@ -205,8 +205,7 @@ def test_prefill_chunks_ragged(monkeypatch, kind, zp, M, K, N, G):
     and K steps of 48 rows (640 and 384 are not multiples of 48), N = 1000 and
     130 ragged (the last block's padding columns are computed into a scratch
     tile and not stored).  sgemm sums in f32 in any order: K terms."""
-    monkeypatch.setattr(W, "PREFILL_CHUNK_COLS", 256)
-    monkeypatch.setattr(W, "PREFILL_TILE_BYTES", 48 * 256 * 4)
+    monkeypatch.setattr(W, "PREFILL_GEOMETRY", ((1 << 62, 256, 48),))
     rng = np.random.default_rng(hash((kind, zp, M, K, N)) % 2**32)
     q, sc, z, w, scu, zu = make(kind, K, N, G, True, zp, rng)
     x = rng.standard_normal((M, K)).astype(np.float32)

@@ -181,7 +181,7 @@ def test_prefill_chunk_against_float64(zp, rnd):
     wb, table = L.pack_interleaved(q, False)
     wbs, sbs, sgs = L.block_params(K, G, nblk)
     out = np.full((M, N + 5), np.float32(7.0))  # row stride N + 5; columns outside 128..383 untouched
-    tile = np.empty(48 * 256, np.float32)
+    tile = np.empty(L.tile_floats(48, 2), np.float32)
     L.prefill_chunk(x, wb, wbs, table, per_block(sc, nblk), per_block(z, nblk) if zp else np.zeros(1, np.float32),
                     sbs, 1 if zp else 0, G, 1, 2, 48, rnd, tile, out, 128, N + 5, openblas.sgemm_address())
     zz = np.repeat(z, G, 0) if zp else 0.0
