@@ -294,16 +294,18 @@ def _dequant_rows(w, wbs, tab, sc, zf, sbs, zmode, G, blk, k0, k1, rnd, tile, d0
     """tile[d0 + (k - k0) * ld + j] = round((q[k, 128 blk + j] - z) * s) for k0 <= k < k1,
     j < 128 (``tile`` flat f32; exact f32 products, then the fpmath rounding ``rnd``)."""
     zero = vsplat(np.float32(0.0))
-    for k in range(k0, k1):
-        r = blk * wbs + k * ROW_BYTES
-        o = blk * sbs + (k // G) * BLOCK_COLS
-        d = d0 + (k - k0) * ld
-        for j in range(8):
-            z = vload(zf, o + 16 * j) if zmode == 1 else zero
-            vstore(tile, d + 16 * j, vmul(vsub(vlut4(tab, w, r, 4 * j), z), vload(sc, o + 16 * j)))
-        if rnd != 0:
-            for j in range(BLOCK_COLS):
-                tile[d + j] = round_code(tile[d + j], rnd)
+    g0 = k0 // G
+    for g in range(g0, (k1 + G - 1) // G):  # one division per group, not per row (~25 cycles)
+        o = blk * sbs + g * BLOCK_COLS
+        for k in range(max(k0, g * G), min(k1, g * G + G)):
+            r = blk * wbs + k * ROW_BYTES
+            d = d0 + (k - k0) * ld
+            for j in range(8):
+                z = vload(zf, o + 16 * j) if zmode == 1 else zero
+                vstore(tile, d + 16 * j, vmul(vsub(vlut4(tab, w, r, 4 * j), z), vload(sc, o + 16 * j)))
+            if rnd != 0:
+                for j in range(BLOCK_COLS):
+                    tile[d + j] = round_code(tile[d + j], rnd)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -41,12 +41,19 @@ K splits when there are few blocks) over threads; M > 1 unpacks each weight
 row once for all M rows.  Activation prep and the epilogue run serially for
 small outputs (one thread launch per call).  Each kernel has one compiled
 signature (runtime masks and strides instead of specialisations).
-Prefill: panels of up to ``PANEL_BYTES`` f32 (one panel for K = N = 4096),
-a parallel exact dequantization, then one numpy BLAS ``sgemm`` per panel
-(dequantization amortised over M), then the epilogue.  The Numba team and
-OpenBLAS's pool alternate; set ``OPENBLAS_THREAD_TIMEOUT=4`` before numpy is
-imported, otherwise OpenBLAS workers spin ~2**28 cycles after each call and
-slow the next Numba launch (the benchmark suite sets it).
+Prefill (M > 8): each of ``numba.get_num_threads()`` Python threads takes the
+next few hundred output columns and, for prepared int4 weights
+(:func:`_prefill_chunks`), walks K in tiles of a few hundred rows: it
+dequantizes a tile exactly (f32 ``(q - z) * s``, then the fpmath rounding)
+into a cache-resident buffer and adds ``x[:, k-range] @ tile`` into the output
+block with one single-threaded OpenBLAS ``sgemm`` called from the Numba kernel
+(:mod:`graph_api.kernels.openblas`; OpenBLAS's thread count is held at 1
+meanwhile).  The threads never wait for each other; no thread wakes up per
+tile.  Other layouts dequantize full-K panels per thread and use numpy's
+``matmul``.  Without a reachable OpenBLAS (and more than one thread): panels
+of up to ``PANEL_BYTES``, a parallel dequantization, then one multi-threaded
+sgemm each.  All schemes sum in f32 (sgemm's order; the error bound is K
+roundings).
 
 Post-ops are an *epilogue program* (see :func:`make_epilogue`): int-coded ops
 with per-op scalars and an operand view ``(offset, stride_m, stride_n)`` into
