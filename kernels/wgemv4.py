@@ -1,4 +1,5 @@
-"""int4 decode GEMV (M <= 8) and panel dequantization on the *interleaved* prepared layout.
+"""int4 decode GEMV (M <= 8), panel dequantization and the prefill tile loop
+(:func:`prefill_chunk`) on the *interleaved* prepared layout.
 
 Layout (made once per constant weight by :func:`pack_interleaved`): blocks of
 ``BLOCK_COLS = 128`` columns; block ``b`` is one contiguous stream of ``K``
@@ -337,14 +338,78 @@ def tile_floats(kc: int, nb: int) -> int:
     return kc * (nb * BLOCK_COLS + TILE_PAD)
 
 
+@njit(inline="always", cache=True)
+def _mk4(x, r0, k0, k1, tile, ld, j, out, o, ldo, first):
+    """out rows r0..r0+3, columns j..j+31 (flat ``out[o + r * ldo + j + l]``)
+    += x[r, k0:k1] @ tile rows 0..k1-k0: 8 f32x16 accumulators, one FMA per
+    product, sequential over k and continuing from ``out`` unless ``first``."""
+    p = o + r0 * ldo + j
+    if first:
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = vsplat(np.float32(0.0))
+    else:
+        a0 = vload(out, p)
+        b0 = vload(out, p + 16)
+        a1 = vload(out, p + ldo)
+        b1 = vload(out, p + ldo + 16)
+        a2 = vload(out, p + 2 * ldo)
+        b2 = vload(out, p + 2 * ldo + 16)
+        a3 = vload(out, p + 3 * ldo)
+        b3 = vload(out, p + 3 * ldo + 16)
+    for k in range(k0, k1):
+        t = (k - k0) * ld + j
+        w0 = vload(tile, t)
+        w1 = vload(tile, t + 16)
+        x0 = vsplat(x[r0, k])
+        a0 = vfma(x0, w0, a0)
+        b0 = vfma(x0, w1, b0)
+        x1 = vsplat(x[r0 + 1, k])
+        a1 = vfma(x1, w0, a1)
+        b1 = vfma(x1, w1, b1)
+        x2 = vsplat(x[r0 + 2, k])
+        a2 = vfma(x2, w0, a2)
+        b2 = vfma(x2, w1, b2)
+        x3 = vsplat(x[r0 + 3, k])
+        a3 = vfma(x3, w0, a3)
+        b3 = vfma(x3, w1, b3)
+    vstore(out, p, a0)
+    vstore(out, p + 16, b0)
+    vstore(out, p + ldo, a1)
+    vstore(out, p + ldo + 16, b1)
+    vstore(out, p + 2 * ldo, a2)
+    vstore(out, p + 2 * ldo + 16, b2)
+    vstore(out, p + 3 * ldo, a3)
+    vstore(out, p + 3 * ldo + 16, b3)
+
+
+@njit(inline="always", cache=True)
+def _mk1(x, r, k0, k1, tile, ld, j, out, o, ldo, first):
+    """One row of :func:`_mk4` (the rows after the last group of 4)."""
+    p = o + r * ldo + j
+    if first:
+        a0 = b0 = vsplat(np.float32(0.0))
+    else:
+        a0 = vload(out, p)
+        b0 = vload(out, p + 16)
+    for k in range(k0, k1):
+        t = (k - k0) * ld + j
+        x0 = vsplat(x[r, k])
+        a0 = vfma(x0, vload(tile, t), a0)
+        b0 = vfma(x0, vload(tile, t + 16), b0)
+    vstore(out, p, a0)
+    vstore(out, p + 16, b0)
+
+
 @njit(cache=True, nogil=True)
 def prefill_chunk(x, w, wbs, table, sc, zf, sbs, zmode, G, b0, nb, kc, rnd, tile, out, o_off, ldo, sgemm_fn):
     """``out[:, cols] = x @ dequant(W)[:, cols]`` for the columns of blocks ``b0 .. b0 + nb``
     (one thread): K in steps of ``kc`` rows, each dequantized into ``tile`` (``kc`` rows of
-    ``128 nb`` f32, row stride ``128 nb + TILE_PAD``; cache-resident) and multiplied by one
-    ``cblas_sgemm`` at address ``sgemm_fn`` that adds into ``out`` (f32, the block's first
-    element at flat ``o_off``, row stride ``ldo``; beta 0 for the first step).  The sums
-    are f32: sgemm's within a step, one f32 addition per step."""
+    ``128 nb`` f32, row stride ``128 nb + TILE_PAD``; cache-resident) and multiplied into
+    ``out`` (f32 C-contiguous, the block's first element at flat ``o_off``, row stride
+    ``ldo``).  With ``sgemm_fn`` (an address, not 0): one ``cblas_sgemm`` per step adding
+    into ``out`` (beta 0 for the first step; f32 sums in sgemm's order, one addition per
+    step).  With 0: the register-blocked :func:`_mk4` (4 rows x 32 columns), one f32 FMA
+    per product in k order across all steps -- faster than OpenBLAS's sgemm for small M
+    (the rows of ``x`` stay in L1), slower for large M (measured in wmatmul)."""
     M, K = x.shape
     width = nb * BLOCK_COLS
     ld = width + TILE_PAD
@@ -353,5 +418,15 @@ def prefill_chunk(x, w, wbs, table, sc, zf, sbs, zmode, G, b0, nb, kc, rnd, tile
         k1 = min(K, k0 + kc)
         for bb in range(nb):
             _dequant_rows(w, wbs, tab, sc, zf, sbs, zmode, G, b0 + bb, k0, k1, rnd, tile, bb * BLOCK_COLS, ld)
-        sgemm(sgemm_fn, M, width, k1 - k0, x, k0, K, tile, 0, ld, np.float32(0.0 if k0 == 0 else 1.0),
-              out, o_off, ldo)
+        if sgemm_fn != 0:
+            sgemm(sgemm_fn, M, width, k1 - k0, x, k0, K, tile, 0, ld, np.float32(0.0 if k0 == 0 else 1.0),
+                  out, o_off, ldo)
+            continue
+        for j in range(0, width, 32):
+            r = 0
+            while r + 4 <= M:
+                _mk4(x, r, k0, k1, tile, ld, j, out, o_off, ldo, k0 == 0)
+                r += 4
+            while r < M:
+                _mk1(x, r, k0, k1, tile, ld, j, out, o_off, ldo, k0 == 0)
+                r += 1

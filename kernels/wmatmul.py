@@ -45,15 +45,16 @@ Prefill (M > 8): each of ``numba.get_num_threads()`` Python threads takes the
 next few hundred output columns and, for prepared int4 weights
 (:func:`_prefill_chunks`), walks K in tiles of a few hundred rows: it
 dequantizes a tile exactly (f32 ``(q - z) * s``, then the fpmath rounding)
-into a cache-resident buffer and adds ``x[:, k-range] @ tile`` into the output
-block with one single-threaded OpenBLAS ``sgemm`` called from the Numba kernel
-(:mod:`graph_api.kernels.openblas`; OpenBLAS's thread count is held at 1
-meanwhile).  The threads never wait for each other; no thread wakes up per
-tile.  Other layouts dequantize full-K panels per thread and use numpy's
-``matmul``.  Without a reachable OpenBLAS (and more than one thread): panels
-of up to ``PANEL_BYTES``, a parallel dequantization, then one multi-threaded
-sgemm each.  All schemes sum in f32 (sgemm's order; the error bound is K
-roundings).
+into a cache-resident buffer and multiplies it into the output block -- below
+384 rows with a Numba register-blocked kernel (4 rows x 32 columns, one FMA
+per product in k order), above with one single-threaded OpenBLAS ``sgemm``
+per tile called from the Numba kernel (:mod:`graph_api.kernels.openblas`;
+OpenBLAS's thread count is held at 1 meanwhile).  The threads never wait for
+each other; no thread wakes up per tile.  Other layouts dequantize full-K
+panels per thread and use numpy's ``matmul``.  Without a reachable OpenBLAS
+(and more than one thread) those use panels of up to ``PANEL_BYTES``, a
+parallel dequantization, then one multi-threaded sgemm each.  All schemes sum
+in f32 (the error bound is K roundings).
 
 Post-ops are an *epilogue program* (see :func:`make_epilogue`): int-coded ops
 with per-op scalars and an operand view ``(offset, stride_m, stride_n)`` into
@@ -1048,8 +1049,8 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
     unit = 2 * prepared.cbw if use_blk and prepared.table is None else 128  # int4 prepared/natural: whole blocks per panel
     ncols = prepared.nblk * unit if use_blk else -(-N // 128) * 128
     threads = numba.get_num_threads()
-    if use_blk and prepared.table is not None and not exact and openblas.available():
-        _prefill_chunks(xf, prepared, N, rnd_w, out, okind, ep, threads)
+    if use_blk and prepared.table is not None and not exact and \
+            _prefill_chunks(xf, prepared, N, rnd_w, out, okind, ep, threads):
         return
     pipelined = threads == 1 or openblas.available()
     panel_bytes = PANEL_TILE_BYTES if pipelined else PANEL_BYTES
@@ -1098,14 +1099,15 @@ def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=Fa
             run_panel(*item)
 
 
-def _run_pipelined(items, run, threads):
+def _run_pipelined(items, run, threads, blas=True):
     """``run(*item)`` for every item, on ``threads`` threads that each take
-    the next item when done (Numba kernels and BLAS single-threaded in each)."""
+    the next item when done (Numba kernels and, if ``blas``, numpy's OpenBLAS
+    single-threaded in each)."""
     from graph_api.kernels import openblas
 
     workers = min(threads, len(items))
     it = iter(items)
-    with openblas.single_threaded() if openblas.available() else contextlib.nullcontext():
+    with openblas.single_threaded() if blas and openblas.available() else contextlib.nullcontext():
         helpers = [_pool_submit(_drain, it, run) for _ in range(workers - 1)]
         try:
             _drain(it, run)
@@ -1116,30 +1118,35 @@ def _run_pipelined(items, run, threads):
 
 
 #: chunked prefill (interleaved int4 weights, :func:`_prefill_chunks`): per activation
-#: row count below a bound, (columns per work item, K rows per tile).  Measured on one
-#: Zen 5 core (CPU time, K = N = 4096; dequantization + sgemm, against one sgemm on the
-#: pre-dequantized matrix, same process): M = 32: 512 x 256 tiles 15.2 ms (dense 20.8),
-#: 1024 x 448 16.2; M = 128: 512 x 256 49.9, 1024 x 256 49.5 (dense 52.6); M = 512:
-#: 1024 x 448 182.6, 2048 x 448 181.8, 512 x 256 184.9 (dense 175.1: fewer, deeper
-#: steps re-pack the activations and re-read the output block less often).
-PREFILL_GEOMETRY = ((256, 512, 256), (1 << 62, 1024, 448))
+#: row count below a bound, (columns per work item, K rows per tile, whether the tile
+#: product is OpenBLAS's sgemm or the Numba register-blocked kernel).  Measured on one
+#: Zen 5 core (CPU time, K = N = 4096, whole prefill, one sgemm on the pre-dequantized
+#: matrix as "dense", same process): Numba 512 x 256 tiles: M = 32 12.6 ms (dense 17.9),
+#: M = 128 46.0 (49.4), M = 256 92.6 (90.5; sgemm tiles 96.1); products of hot tiles
+#: alone at M = 512: Numba 205, sgemm 183 (the rows of x no longer stay in L1).  sgemm
+#: tiles at M = 512: 1024 x 448 182.6, 2048 x 448 181.8, 512 x 256 184.9, dense 175.1
+#: (fewer, deeper steps re-pack the activations and re-read the output block less often).
+PREFILL_GEOMETRY = ((384, 512, 256, False), (1 << 62, 1024, 448, True))
 
 
-def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads):
-    """Prepared int4 weights (interleaved layout), numpy's OpenBLAS reachable:
-    work items of a few hundred columns (:data:`PREFILL_GEOMETRY`), each one
+def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads) -> bool:
+    """Prepared int4 weights (interleaved layout): work items of a few hundred
+    columns (:data:`PREFILL_GEOMETRY`), each one
     :func:`graph_api.kernels.wgemv4.prefill_chunk` call on one thread (K in
-    tiles of a few hundred rows that stay in L2/L3, each tile one sgemm
-    adding into the output columns)."""
+    tiles of a few hundred rows that stay in L2/L3, each multiplied into the
+    output columns).  False (nothing done) when the geometry wants OpenBLAS
+    and numpy's is not reachable."""
     from graph_api.kernels import openblas
 
     M, K = xf.shape
     nblk = pw.nblk
-    cols, kc = next((c, k) for below, c, k in PREFILL_GEOMETRY if M < below)
+    cols, kc, blas = next((c, k, b) for below, c, k, b in PREFILL_GEOMETRY if M < below)
+    if blas and not openblas.available():
+        return False
     per = max(1, min(cols // W4.BLOCK_COLS, -(-nblk // threads)))  # blocks per item
     direct = (okind == OUT_F32 and ep.ops.shape[0] == 0 and nblk * W4.BLOCK_COLS == N
               and out.dtype == np.float32 and out.flags.c_contiguous)
-    fn = openblas.sgemm_address()
+    fn = openblas.sgemm_address() if blas else 0
     G = pw.spec.group
 
     def run(b0, nb):
@@ -1155,4 +1162,5 @@ def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads):
 
         store.store_tile(acc, out, b0 * W4.BLOCK_COLS, okind, ep)  # the row-wise vectorised epilogue store
 
-    _run_pipelined([(b0, min(per, nblk - b0)) for b0 in range(0, nblk, per)], run, threads)
+    _run_pipelined([(b0, min(per, nblk - b0)) for b0 in range(0, nblk, per)], run, threads, blas)
+    return True

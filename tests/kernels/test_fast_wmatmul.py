@@ -200,12 +200,14 @@ def test_groups_along_n(kind, trans, M):
 
 @pytest.mark.parametrize("kind,zp", [("s4", False), ("u4", True), ("s4", True)])
 @pytest.mark.parametrize("M,K,N,G", [(9, 640, 1024, 32), (40, 384, 1000, 128), (17, 128, 130, 64)])
-def test_prefill_chunks_ragged(monkeypatch, kind, zp, M, K, N, G):
+@pytest.mark.parametrize("blas", [False, True])
+def test_prefill_chunks_ragged(monkeypatch, kind, zp, M, K, N, G, blas):
     """The chunked prefill of prepared int4 weights: work items of 256 columns
     and K steps of 48 rows (640 and 384 are not multiples of 48), N = 1000 and
     130 ragged (the last block's padding columns are computed into a scratch
-    tile and not stored).  sgemm sums in f32 in any order: K terms."""
-    monkeypatch.setattr(W, "PREFILL_GEOMETRY", ((1 << 62, 256, 48),))
+    tile and not stored), M not a multiple of 4.  The Numba tile product and
+    sgemm both sum in f32: K terms."""
+    monkeypatch.setattr(W, "PREFILL_GEOMETRY", ((1 << 62, 256, 48, blas),))
     rng = np.random.default_rng(hash((kind, zp, M, K, N)) % 2**32)
     q, sc, z, w, scu, zu = make(kind, K, N, G, True, zp, rng)
     x = rng.standard_normal((M, K)).astype(np.float32)

@@ -164,15 +164,17 @@ def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
 
 @pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("rnd", [RND_NONE, RND_BF16])
-def test_prefill_chunk_against_float64(zp, rnd):
+@pytest.mark.parametrize("blas", [False, True])
+def test_prefill_chunk_against_float64(zp, rnd, blas):
     """prefill_chunk: blocks 1..2 of 3, K = 160 in steps of 48 rows (the last one
-    16), each step one sgemm adding into a column block of a wider output.
-    Bound: sgemm sums each step's products in f32 in some order (kc - 1
-    roundings) and each step adds into the output once, so every output is K
-    f32 additions of exactly rounded products: ``|y - y64| <= (K + 1) u B``."""
+    16), M = 7 (a group of 4 rows and 3 single rows), into a column block of a
+    wider output.  Bound: the Numba kernel sums each output's K products in
+    order with FMAs; sgemm sums each step's products in f32 in some order and
+    adds into the output once per step: either way at most K f32 roundings of
+    partial sums of exactly rounded products: ``|y - y64| <= (K + 1) u B``."""
     import ml_dtypes
     from graph_api.kernels import openblas
-    if not openblas.available():
+    if blas and not openblas.available():
         pytest.skip("numpy's OpenBLAS (64-bit integers) not found")
     rng = np.random.default_rng(8)
     M, K, N, G = 7, 160, 384, 32
@@ -183,7 +185,8 @@ def test_prefill_chunk_against_float64(zp, rnd):
     out = np.full((M, N + 5), np.float32(7.0))  # row stride N + 5; columns outside 128..383 untouched
     tile = np.empty(L.tile_floats(48, 2), np.float32)
     L.prefill_chunk(x, wb, wbs, table, per_block(sc, nblk), per_block(z, nblk) if zp else np.zeros(1, np.float32),
-                    sbs, 1 if zp else 0, G, 1, 2, 48, rnd, tile, out, 128, N + 5, openblas.sgemm_address())
+                    sbs, 1 if zp else 0, G, 1, 2, 48, rnd, tile, out, 128, N + 5,
+                    openblas.sgemm_address() if blas else 0)
     zz = np.repeat(z, G, 0) if zp else 0.0
     w32 = ((q - zz) * np.repeat(sc, G, 0)).astype(np.float32)
     if rnd == RND_BF16:
