@@ -339,6 +339,77 @@ def tile_floats(kc: int, nb: int) -> int:
 
 
 @njit(inline="always", cache=True)
+def _mk8(x, r0, k0, k1, tile, ld, j, out, o, ldo, first):
+    """:func:`_mk4` for 8 rows: 16 accumulators, 10 loads per 16 FMAs (4 rows: 6 per 8;
+    measured 5-7% faster at M = 32..128)."""
+    p = o + r0 * ldo + j
+    if first:
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = vsplat(np.float32(0.0))
+        b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = a0
+    else:
+        a0 = vload(out, p)
+        b0 = vload(out, p + 16)
+        a1 = vload(out, p + ldo)
+        b1 = vload(out, p + ldo + 16)
+        a2 = vload(out, p + 2 * ldo)
+        b2 = vload(out, p + 2 * ldo + 16)
+        a3 = vload(out, p + 3 * ldo)
+        b3 = vload(out, p + 3 * ldo + 16)
+        a4 = vload(out, p + 4 * ldo)
+        b4 = vload(out, p + 4 * ldo + 16)
+        a5 = vload(out, p + 5 * ldo)
+        b5 = vload(out, p + 5 * ldo + 16)
+        a6 = vload(out, p + 6 * ldo)
+        b6 = vload(out, p + 6 * ldo + 16)
+        a7 = vload(out, p + 7 * ldo)
+        b7 = vload(out, p + 7 * ldo + 16)
+    for k in range(k0, k1):
+        t = (k - k0) * ld + j
+        w0 = vload(tile, t)
+        w1 = vload(tile, t + 16)
+        xv = vsplat(x[r0, k])
+        a0 = vfma(xv, w0, a0)
+        b0 = vfma(xv, w1, b0)
+        xv = vsplat(x[r0 + 1, k])
+        a1 = vfma(xv, w0, a1)
+        b1 = vfma(xv, w1, b1)
+        xv = vsplat(x[r0 + 2, k])
+        a2 = vfma(xv, w0, a2)
+        b2 = vfma(xv, w1, b2)
+        xv = vsplat(x[r0 + 3, k])
+        a3 = vfma(xv, w0, a3)
+        b3 = vfma(xv, w1, b3)
+        xv = vsplat(x[r0 + 4, k])
+        a4 = vfma(xv, w0, a4)
+        b4 = vfma(xv, w1, b4)
+        xv = vsplat(x[r0 + 5, k])
+        a5 = vfma(xv, w0, a5)
+        b5 = vfma(xv, w1, b5)
+        xv = vsplat(x[r0 + 6, k])
+        a6 = vfma(xv, w0, a6)
+        b6 = vfma(xv, w1, b6)
+        xv = vsplat(x[r0 + 7, k])
+        a7 = vfma(xv, w0, a7)
+        b7 = vfma(xv, w1, b7)
+    vstore(out, p, a0)
+    vstore(out, p + 16, b0)
+    vstore(out, p + ldo, a1)
+    vstore(out, p + ldo + 16, b1)
+    vstore(out, p + 2 * ldo, a2)
+    vstore(out, p + 2 * ldo + 16, b2)
+    vstore(out, p + 3 * ldo, a3)
+    vstore(out, p + 3 * ldo + 16, b3)
+    vstore(out, p + 4 * ldo, a4)
+    vstore(out, p + 4 * ldo + 16, b4)
+    vstore(out, p + 5 * ldo, a5)
+    vstore(out, p + 5 * ldo + 16, b5)
+    vstore(out, p + 6 * ldo, a6)
+    vstore(out, p + 6 * ldo + 16, b6)
+    vstore(out, p + 7 * ldo, a7)
+    vstore(out, p + 7 * ldo + 16, b7)
+
+
+@njit(inline="always", cache=True)
 def _mk4(x, r0, k0, k1, tile, ld, j, out, o, ldo, first):
     """out rows r0..r0+3, columns j..j+31 (flat ``out[o + r * ldo + j + l]``)
     += x[r, k0:k1] @ tile rows 0..k1-k0: 8 f32x16 accumulators, one FMA per
@@ -407,7 +478,7 @@ def prefill_chunk(x, w, wbs, table, sc, zf, sbs, zmode, G, b0, nb, kc, rnd, tile
     ``out`` (f32 C-contiguous, the block's first element at flat ``o_off``, row stride
     ``ldo``).  With ``sgemm_fn`` (an address, not 0): one ``cblas_sgemm`` per step adding
     into ``out`` (beta 0 for the first step; f32 sums in sgemm's order, one addition per
-    step).  With 0: the register-blocked :func:`_mk4` (4 rows x 32 columns), one f32 FMA
+    step).  With 0: the register-blocked :func:`_mk8` (8 rows x 32 columns), one f32 FMA
     per product in k order across all steps -- faster than OpenBLAS's sgemm for small M
     (the rows of ``x`` stay in L1), slower for large M (measured in wmatmul)."""
     M, K = x.shape
@@ -424,6 +495,9 @@ def prefill_chunk(x, w, wbs, table, sc, zf, sbs, zmode, G, b0, nb, kc, rnd, tile
             continue
         for j in range(0, width, 32):
             r = 0
+            while r + 8 <= M:
+                _mk8(x, r, k0, k1, tile, ld, j, out, o_off, ldo, k0 == 0)
+                r += 8
             while r + 4 <= M:
                 _mk4(x, r, k0, k1, tile, ld, j, out, o_off, ldo, k0 == 0)
                 r += 4

@@ -46,7 +46,7 @@ next few hundred output columns and, for prepared int4 weights
 (:func:`_prefill_chunks`), walks K in tiles of a few hundred rows: it
 dequantizes a tile exactly (f32 ``(q - z) * s``, then the fpmath rounding)
 into a cache-resident buffer and multiplies it into the output block -- below
-384 rows with a Numba register-blocked kernel (4 rows x 32 columns, one FMA
+384 rows with a Numba register-blocked kernel (8 rows x 32 columns, one FMA
 per product in k order), above with one single-threaded OpenBLAS ``sgemm``
 per tile called from the Numba kernel (:mod:`graph_api.kernels.openblas`;
 OpenBLAS's thread count is held at 1 meanwhile).  The threads never wait for
@@ -1121,8 +1121,9 @@ def _run_pipelined(items, run, threads, blas=True):
 #: row count below a bound, (columns per work item, K rows per tile, whether the tile
 #: product is OpenBLAS's sgemm or the Numba register-blocked kernel).  Measured on one
 #: Zen 5 core (CPU time, K = N = 4096, whole prefill, one sgemm on the pre-dequantized
-#: matrix as "dense", same process): Numba 512 x 256 tiles: M = 32 12.6 ms (dense 17.9),
-#: M = 128 46.0 (49.4), M = 256 92.6 (90.5; sgemm tiles 96.1); products of hot tiles
+#: matrix as "dense", same process): Numba 512 x 256 tiles (4-row blocks; 8-row blocks
+#: took 5-7% less on the products alone): M = 32 12.6 ms (dense 17.9), M = 128 46.0
+#: (49.4), M = 256 92.6 (90.5; sgemm tiles 96.1); products of hot tiles
 #: alone at M = 512: Numba 205, sgemm 183 (the rows of x no longer stay in L1).  sgemm
 #: tiles at M = 512: 1024 x 448 182.6, 2048 x 448 181.8, 512 x 256 184.9, dense 175.1
 #: (fewer, deeper steps re-pack the activations and re-read the output block less often).

@@ -167,7 +167,7 @@ def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
 @pytest.mark.parametrize("blas", [False, True])
 def test_prefill_chunk_against_float64(zp, rnd, blas):
     """prefill_chunk: blocks 1..2 of 3, K = 160 in steps of 48 rows (the last one
-    16), M = 7 (a group of 4 rows and 3 single rows), into a column block of a
+    16), M = 15 (groups of 8 and 4 rows, 3 single rows), into a column block of a
     wider output.  Bound: the Numba kernel sums each output's K products in
     order with FMAs; sgemm sums each step's products in f32 in some order and
     adds into the output once per step: either way at most K f32 roundings of
@@ -177,7 +177,7 @@ def test_prefill_chunk_against_float64(zp, rnd, blas):
     if blas and not openblas.available():
         pytest.skip("numpy's OpenBLAS (64-bit integers) not found")
     rng = np.random.default_rng(8)
-    M, K, N, G = 7, 160, 384, 32
+    M, K, N, G = 15, 160, 384, 32
     q, sc, z, x = operands(M, K, N, G, False, zp, rng)
     nblk = N // 128
     wb, table = L.pack_interleaved(q, False)
