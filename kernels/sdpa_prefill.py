@@ -35,6 +35,8 @@ from numba import njit
 from graph_api.kernels.bits import exp32, vadd, vfma, vload, vmax, vsplat, vstore
 
 QB = 32  #: query rows per block (their score rows stay in L1/L2)
+PV_TB = 64  #: positions per block of the P V product (32 lanes of V: 8 KiB, in L1)
+SP_PAD = 16  #: f32 padding of kT and score rows: 2**n-byte row strides alias cache sets
 MAX_S = 4096  #: longer KV: the tiled online-softmax kernel
 NEG_INF = np.float32(-np.inf)
 
@@ -53,9 +55,12 @@ def score_rows(qb, kT, sc, Rp, D, Sp, ntc):
     rows of kT and sc are Sp apart, 4 rows x 32 lanes of accumulators (also the
     tiled prefill's score step in sdpa.py)."""
     z = vsplat(np.float32(0.0))
-    for r0 in range(0, Rp, 4):
-        q0 = r0 * D
-        for c in range(0, ntc, 32):
+    # column blocks outer: the D x 32 block of kT (16 KiB at D = 128) is read from L2 once
+    # and reused from L1 by every group of 4 rows (rows outer streamed all of kT, 1 MiB
+    # at S = 2048, once per 4 rows)
+    for c in range(0, ntc, 32):
+        for r0 in range(0, Rp, 4):
+            q0 = r0 * D
             a0 = z
             a1 = z
             a2 = z
@@ -120,59 +125,79 @@ def _softmax_row(row, n, ntc, part):
 
 @njit(inline="always", cache=True, error_model="numpy")
 def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
-    """acc[r, :] = sum_{t < n} sc[r, t] * V[t, :] (V rows at vb[v0 + t * D]); 4 rows x 16/32 lanes."""
+    """acc[r, :] = sum_{t < n} sc[r, t] * V[t, :] (V rows at vb[v0 + t * D]); 4 rows x 16/32 lanes.
+
+    Positions in blocks of PV_TB: a block's 32 lanes of V (8 KiB) are read from L2 once
+    and reused from L1 by every group of 4 rows (rows outer streamed all of V, 1 MiB at
+    S = 2048, once per 4 rows); the accumulators go through ``acc`` between blocks, so
+    each sum still runs over t in order."""
     z = vsplat(np.float32(0.0))
-    for r0 in range(0, Rp, 4):
-        p0 = r0 * Sp
+    for t0 in range(0, n, PV_TB):
+        t1 = min(n, t0 + PV_TB)
         c = 0
         while c + 32 <= D:
-            a0 = z
-            a1 = z
-            a2 = z
-            a3 = z
-            b0 = z
-            b1 = z
-            b2 = z
-            b3 = z
-            for t in range(n):
-                w0 = vload(vb, v0 + t * D + c)
-                w1 = vload(vb, v0 + t * D + c + 16)
-                x = vsplat(sc[p0 + t])
-                a0 = vfma(x, w0, a0)
-                b0 = vfma(x, w1, b0)
-                x = vsplat(sc[p0 + Sp + t])
-                a1 = vfma(x, w0, a1)
-                b1 = vfma(x, w1, b1)
-                x = vsplat(sc[p0 + 2 * Sp + t])
-                a2 = vfma(x, w0, a2)
-                b2 = vfma(x, w1, b2)
-                x = vsplat(sc[p0 + 3 * Sp + t])
-                a3 = vfma(x, w0, a3)
-                b3 = vfma(x, w1, b3)
-            vstore(acc, r0 * D + c, a0)
-            vstore(acc, r0 * D + c + 16, b0)
-            vstore(acc, (r0 + 1) * D + c, a1)
-            vstore(acc, (r0 + 1) * D + c + 16, b1)
-            vstore(acc, (r0 + 2) * D + c, a2)
-            vstore(acc, (r0 + 2) * D + c + 16, b2)
-            vstore(acc, (r0 + 3) * D + c, a3)
-            vstore(acc, (r0 + 3) * D + c + 16, b3)
+            for r0 in range(0, Rp, 4):
+                p0 = r0 * Sp
+                o0 = r0 * D + c
+                if t0 == 0:
+                    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = z
+                else:
+                    a0 = vload(acc, o0)
+                    b0 = vload(acc, o0 + 16)
+                    a1 = vload(acc, o0 + D)
+                    b1 = vload(acc, o0 + D + 16)
+                    a2 = vload(acc, o0 + 2 * D)
+                    b2 = vload(acc, o0 + 2 * D + 16)
+                    a3 = vload(acc, o0 + 3 * D)
+                    b3 = vload(acc, o0 + 3 * D + 16)
+                for t in range(t0, t1):
+                    w0 = vload(vb, v0 + t * D + c)
+                    w1 = vload(vb, v0 + t * D + c + 16)
+                    x = vsplat(sc[p0 + t])
+                    a0 = vfma(x, w0, a0)
+                    b0 = vfma(x, w1, b0)
+                    x = vsplat(sc[p0 + Sp + t])
+                    a1 = vfma(x, w0, a1)
+                    b1 = vfma(x, w1, b1)
+                    x = vsplat(sc[p0 + 2 * Sp + t])
+                    a2 = vfma(x, w0, a2)
+                    b2 = vfma(x, w1, b2)
+                    x = vsplat(sc[p0 + 3 * Sp + t])
+                    a3 = vfma(x, w0, a3)
+                    b3 = vfma(x, w1, b3)
+                vstore(acc, o0, a0)
+                vstore(acc, o0 + 16, b0)
+                vstore(acc, o0 + D, a1)
+                vstore(acc, o0 + D + 16, b1)
+                vstore(acc, o0 + 2 * D, a2)
+                vstore(acc, o0 + 2 * D + 16, b2)
+                vstore(acc, o0 + 3 * D, a3)
+                vstore(acc, o0 + 3 * D + 16, b3)
             c += 32
         if c < D:  # D = 16 (mod 32): one more 16-lane column
-            a0 = z
-            a1 = z
-            a2 = z
-            a3 = z
-            for t in range(n):
-                w0 = vload(vb, v0 + t * D + c)
-                a0 = vfma(vsplat(sc[p0 + t]), w0, a0)
-                a1 = vfma(vsplat(sc[p0 + Sp + t]), w0, a1)
-                a2 = vfma(vsplat(sc[p0 + 2 * Sp + t]), w0, a2)
-                a3 = vfma(vsplat(sc[p0 + 3 * Sp + t]), w0, a3)
-            vstore(acc, r0 * D + c, a0)
-            vstore(acc, (r0 + 1) * D + c, a1)
-            vstore(acc, (r0 + 2) * D + c, a2)
-            vstore(acc, (r0 + 3) * D + c, a3)
+            for r0 in range(0, Rp, 4):
+                p0 = r0 * Sp
+                o0 = r0 * D + c
+                if t0 == 0:
+                    a0 = a1 = a2 = a3 = z
+                else:
+                    a0 = vload(acc, o0)
+                    a1 = vload(acc, o0 + D)
+                    a2 = vload(acc, o0 + 2 * D)
+                    a3 = vload(acc, o0 + 3 * D)
+                for t in range(t0, t1):
+                    w0 = vload(vb, v0 + t * D + c)
+                    a0 = vfma(vsplat(sc[p0 + t]), w0, a0)
+                    a1 = vfma(vsplat(sc[p0 + Sp + t]), w0, a1)
+                    a2 = vfma(vsplat(sc[p0 + 2 * Sp + t]), w0, a2)
+                    a3 = vfma(vsplat(sc[p0 + 3 * Sp + t]), w0, a3)
+                vstore(acc, o0, a0)
+                vstore(acc, o0 + D, a1)
+                vstore(acc, o0 + 2 * D, a2)
+                vstore(acc, o0 + 3 * D, a3)
+    if n == 0:  # no position: zero sums (then 0/0 = NaN, as the general kernel)
+        for i in range(Rp * D):
+            acc[i] = np.float32(0.0)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -186,7 +211,7 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
     B, Hq, Sq, D = q.shape
     rep = Hq // Hkv
     coff = S - Sq if causal == 2 else 0
-    Sp = (S + 31) // 32 * 32
+    Sp = (S + 31) // 32 * 32 + SP_PAD  # not a power of two: kT's rows d and d + 1 in other cache sets
     kT = np.zeros(D * Sp, np.float32)  # columns S..Sp stay 0
     sc = np.empty(QB * Sp, np.float32)
     acc = np.empty(QB * D, np.float32)

@@ -164,7 +164,7 @@ def _store_ser(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf):
     _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, 0, acc.shape[0])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _tile_block(acc, out, n0, okind, ops, fpar, ipar, buf, r0, r1):
     C = min(acc.shape[1], out.shape[1] - n0)
     v = np.empty(C, np.float32)
@@ -177,7 +177,7 @@ def _tile_block(acc, out, n0, okind, ops, fpar, ipar, buf, r0, r1):
         put_dense(v, out[r], n0, okind)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _tile_par(acc, out, n0, okind, ops, fpar, ipar, buf, blocks):
     R = acc.shape[0]
     step = (R + blocks - 1) // blocks

@@ -41,12 +41,20 @@ K splits when there are few blocks) over threads; M > 1 unpacks each weight
 row once for all M rows.  Activation prep and the epilogue run serially for
 small outputs (one thread launch per call).  Each kernel has one compiled
 signature (runtime masks and strides instead of specialisations).
-Prefill: panels of up to ``PANEL_BYTES`` f32 (one panel for K = N = 4096),
-a parallel exact dequantization, then one numpy BLAS ``sgemm`` per panel
-(dequantization amortised over M), then the epilogue.  The Numba team and
-OpenBLAS's pool alternate; set ``OPENBLAS_THREAD_TIMEOUT=4`` before numpy is
-imported, otherwise OpenBLAS workers spin ~2**28 cycles after each call and
-slow the next Numba launch (the benchmark suite sets it).
+Prefill (M > 8): each of ``numba.get_num_threads()`` Python threads takes the
+next few hundred output columns and, for prepared int4 weights
+(:func:`_prefill_chunks`), walks K in tiles of a few hundred rows: it
+dequantizes a tile exactly (f32 ``(q - z) * s``, then the fpmath rounding)
+into a cache-resident buffer and multiplies it into the output block -- below
+384 rows with a Numba register-blocked kernel (8 rows x 32 columns, one FMA
+per product in k order), above with one single-threaded OpenBLAS ``sgemm``
+per tile called from the Numba kernel (:mod:`graph_api.kernels.openblas`;
+OpenBLAS's thread count is held at 1 meanwhile).  The threads never wait for
+each other; no thread wakes up per tile.  Other layouts dequantize full-K
+panels per thread and use numpy's ``matmul``.  Without a reachable OpenBLAS
+(and more than one thread) those use panels of up to ``PANEL_BYTES``, a
+parallel dequantization, then one multi-threaded sgemm each.  All schemes sum
+in f32 (the error bound is K roundings).
 
 Post-ops are an *epilogue program* (see :func:`make_epilogue`): int-coded ops
 with per-op scalars and an operand view ``(offset, stride_m, stride_n)`` into
@@ -55,6 +63,7 @@ convert to bf16/f16 bits.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -551,7 +560,7 @@ def _wval(w, idx, bits4, signed):
     return np.float32(w[idx])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _dequant_panel(w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n0, rnd, panel):
     """panel[k, j] = round((q[k, n0+j] - z) * s) for j < panel width (exact f32).
 
@@ -579,7 +588,7 @@ def _dequant_panel(w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n0, rnd
                 panel[k, j] = round_code((q - z) * s, rnd)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _dequant_panel_blk(w, wbs, wks, cbw, xm, sc, zf, sbs, sgs, zmode, zc, G, b0, rnd, panel):
     """Dequantize int4 blocks b0.. (addressed as in :func:`_gemv4_m1`) into
     panel[K, 2*cbw*nb].
@@ -1016,64 +1025,190 @@ def _scales_zps(spec, scales, zps):
     return sc, np.ascontiguousarray(np.asarray(zps).astype(np.float32)).reshape(sh), True
 
 
-_scratch = threading.local()  #: per-thread reusable panel buffer (no page faults per call)
+_scratch = threading.local()  #: per-thread reusable panel and tile buffers (no page faults per call)
 
 
-def _panel_buffer(size: int) -> np.ndarray:
-    buf = getattr(_scratch, "panel", None)
+def _buffer(name: str, size: int) -> np.ndarray:
+    buf = getattr(_scratch, name, None)
     if buf is None or buf.size < size:
-        buf = _scratch.panel = np.empty(size, np.float32)
+        buf = np.empty(size, np.float32)
+        setattr(_scratch, name, buf)
     return buf[:size]
 
 
-def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
-    """Panels of up to PANEL_BYTES: dequantize (parallel, exact f32) then one
-    sgemm per panel (``exact``: float64 sums rounded once, as the reference
-    MatMul).
+#: pipelined prefill: f32 bytes of one thread's dequantized panel (K x width).
+#: Measured on one Zen 5 core (K = N = 4096, CPU time): sgemm over 256-column
+#: panels ran as fast as one whole-matrix sgemm at M = 128 and 512 and 27%
+#: faster at M = 32 (the whole dequantized matrix, 64 MiB, streams from DRAM);
+#: dequantizing into 4 MiB panels took 1.9 ms for all 16.8 M weights, into
+#: 8 MiB and wider ones 3.2-5.7 ms (the panels no longer stay in L2/L3).
+PANEL_TILE_BYTES = 4 << 20
+_pool = None
+_pool_lock = threading.Lock()
 
-    Few wide panels: every multi-threaded OpenBLAS call pays a thread wake-up
-    and B-packing start, which on a loaded 2-core machine cost more than the
-    GEMM itself for 1024-column panels (4x the CPU time of one call at
-    M = 128).  The panel buffer is kept per thread and reused, so its pages
-    are not faulted in again on every call.
+
+def _pool_submit(fn, *args):
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                                           thread_name_prefix="graph_api-prefill")
+    return _pool.submit(fn, *args)
+
+
+def _drain(panels, run_panel):
+    """Run panels from the shared iterator until none is left (one thread:
+    Numba kernels single-threaded here, BLAS single-threaded by the caller)."""
+    numba.set_num_threads(1)  # thread-local in Numba
+    while True:
+        item = next(panels, None)  # a list iterator: atomic under the GIL
+        if item is None:
+            return
+        run_panel(*item)
+
+
+def _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=False):
+    """Dequantize panels of columns (exact f32) and multiply each with one
+    sgemm (``exact``: float64 sums rounded once, as the reference MatMul).
+
+    Pipelined (when numpy's OpenBLAS thread count can be set, or with one
+    thread): each of the ``numba.get_num_threads()`` threads takes the next
+    panel of about ``PANEL_TILE_BYTES`` (full K), dequantizes it into its own
+    cache-resident buffer and runs a single-threaded sgemm that writes the
+    output's column block; the threads never wait for each other, and one
+    thread's dequantization runs beside the other's GEMM.  No thread wake-ups
+    per panel: the earlier scheme (a parallel dequantization, then a
+    two-thread sgemm per panel) paid both pools' wake-ups per panel and so
+    used one 64 MiB panel, whose sgemm read the weights from DRAM again.
+
+    Otherwise (another BLAS, several threads): panels of up to
+    ``PANEL_BYTES``, a parallel dequantization, then one multi-threaded sgemm
+    each.  Both schemes compute the same products and sums.
     """
+    from graph_api.kernels import openblas
+
     M, K = xf.shape
     N = spec.N
     bits4 = spec.kind in (S4, U4)
     use_blk = prepared is not None and bits4
     unit = 2 * prepared.cbw if use_blk and prepared.table is None else 128  # int4 prepared/natural: whole blocks per panel
     ncols = prepared.nblk * unit if use_blk else -(-N // 128) * 128
-    step = max(unit, PANEL_BYTES // (4 * max(K, 1)) // unit * unit)
+    threads = numba.get_num_threads()
+    if use_blk and prepared.table is not None and not exact and \
+            _prefill_chunks(xf, prepared, N, rnd_w, out, okind, ep, threads):
+        return
+    pipelined = threads == 1 or openblas.available()
+    panel_bytes = PANEL_TILE_BYTES if pipelined else PANEL_BYTES
+    step = max(unit, panel_bytes // (4 * max(K, 1)) // unit * unit)
     npanels = -(-ncols // step)
     step = -(-ncols // (npanels * unit)) * unit  # panels of (nearly) equal width
-    panel = _panel_buffer(K * min(step, ncols)).reshape(K, min(step, ncols))
-    direct = not exact and okind == OUT_F32 and ep.ops.shape[0] == 0 and ncols == N and step >= N
-    tile = out if direct else np.empty((M, min(step, ncols)), np.float32)
+    # the sgemm writes the output's column block itself when nothing follows it
+    direct = not exact and okind == OUT_F32 and ep.ops.shape[0] == 0 and ncols == N
     if prepared is not None and not bits4:
         w, scales, zps = prepared.src
     if not use_blk:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)
         wf = _flat(w, bits4)
-    for n0 in range(0, ncols, step):
-        width = min(step, ncols - n0)
-        pv, tv = (panel, tile) if width == panel.shape[1] else (panel[:, :width], tile[:, :width])
-        if use_blk and prepared.table is not None:
-            pw = prepared
+    x64 = xf.astype(np.float64) if exact else None
+    pw = prepared
+
+    def run_panel(n0, width):
+        pv = _buffer("panel", K * width).reshape(K, width)
+        if use_blk and pw.table is not None:
             W4.dequant_panel(pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, spec.group, n0 // unit,
                              rnd_w, pv)
         elif use_blk:
-            pw = prepared
             _dequant_panel_blk(pw.w, pw.wbs, pw.wks, pw.cbw, np.uint8(pw.xm), pw.sc, pw.zf, pw.sbs, pw.sgs,
                                pw.zmode, np.float32(pw.zc), spec.group, n0 // unit, rnd_w, pv)
         else:
             _dequant_panel(wf, bits4, spec.kind in (S4, S8), spec.transposed, K, N, spec.group, spec.group_n,
                            sc, zp, has_zp, n0, rnd_w, pv)
+        if direct:
+            np.matmul(xf, pv, out=out[:, n0:n0 + width])
+            return
+        tv = _buffer("acc", M * width).reshape(M, width)
         if exact:
             with np.errstate(all="ignore"):
-                tv[...] = np.matmul(xf.astype(np.float64), pv.astype(np.float64))
+                tv[...] = np.matmul(x64, pv.astype(np.float64))
         else:
             np.matmul(xf, pv, out=tv)
-        if not direct:  # the row-wise vectorised epilogue store (kernels.store imports this module)
-            from graph_api.kernels import store
+        from graph_api.kernels import store  # (kernels.store imports this module)
 
-            store.store_tile(tv, out, n0, okind, ep)
+        store.store_tile(tv, out, n0, okind, ep)  # the row-wise vectorised epilogue store
+
+    panels = [(n0, min(step, ncols - n0)) for n0 in range(0, ncols, step)]
+    if pipelined:
+        _run_pipelined(panels, run_panel, threads)
+    else:
+        for item in panels:
+            run_panel(*item)
+
+
+def _run_pipelined(items, run, threads, blas=True):
+    """``run(*item)`` for every item, on ``threads`` threads that each take
+    the next item when done (Numba kernels and, if ``blas``, numpy's OpenBLAS
+    single-threaded in each)."""
+    from graph_api.kernels import openblas
+
+    workers = min(threads, len(items))
+    it = iter(items)
+    with openblas.single_threaded() if blas and openblas.available() else contextlib.nullcontext():
+        helpers = [_pool_submit(_drain, it, run) for _ in range(workers - 1)]
+        try:
+            _drain(it, run)
+        finally:
+            numba.set_num_threads(threads)
+            for f in helpers:  # a helper still queued behind other work finds no item left
+                f.result()
+
+
+#: chunked prefill (interleaved int4 weights, :func:`_prefill_chunks`): per activation
+#: row count below a bound, (columns per work item, K rows per tile, whether the tile
+#: product is OpenBLAS's sgemm or the Numba register-blocked kernel).  Measured on one
+#: Zen 5 core (CPU time, K = N = 4096, whole prefill, one sgemm on the pre-dequantized
+#: matrix as "dense", same process): Numba 512 x 256 tiles (4-row blocks; 8-row blocks
+#: took 5-7% less on the products alone): M = 32 12.6 ms (dense 17.9), M = 128 46.0
+#: (49.4), M = 256 92.6 (90.5; sgemm tiles 96.1); products of hot tiles
+#: alone at M = 512: Numba 205, sgemm 183 (the rows of x no longer stay in L1).  sgemm
+#: tiles at M = 512: 1024 x 448 182.6, 2048 x 448 181.8, 512 x 256 184.9, dense 175.1
+#: (fewer, deeper steps re-pack the activations and re-read the output block less often).
+PREFILL_GEOMETRY = ((384, 512, 256, False), (1 << 62, 1024, 448, True))
+
+
+def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads) -> bool:
+    """Prepared int4 weights (interleaved layout): work items of a few hundred
+    columns (:data:`PREFILL_GEOMETRY`), each one
+    :func:`graph_api.kernels.wgemv4.prefill_chunk` call on one thread (K in
+    tiles of a few hundred rows that stay in L2/L3, each multiplied into the
+    output columns).  False (nothing done) when the geometry wants OpenBLAS
+    and numpy's is not reachable."""
+    from graph_api.kernels import openblas
+
+    M, K = xf.shape
+    nblk = pw.nblk
+    cols, kc, blas = next((c, k, b) for below, c, k, b in PREFILL_GEOMETRY if M < below)
+    if blas and not openblas.available():
+        return False
+    per = max(1, min(cols // W4.BLOCK_COLS, -(-nblk // threads)))  # blocks per item
+    direct = (okind == OUT_F32 and ep.ops.shape[0] == 0 and nblk * W4.BLOCK_COLS == N
+              and out.dtype == np.float32 and out.flags.c_contiguous)
+    fn = openblas.sgemm_address() if blas else 0
+    G = pw.spec.group
+
+    def run(b0, nb):
+        tile = _buffer("wtile", W4.tile_floats(kc, nb))
+        if direct:
+            W4.prefill_chunk(xf, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, G, b0, nb, kc, rnd_w,
+                             tile, out, b0 * W4.BLOCK_COLS, N, fn)
+            return
+        acc = _buffer("acc", M * nb * W4.BLOCK_COLS).reshape(M, nb * W4.BLOCK_COLS)
+        W4.prefill_chunk(xf, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, G, b0, nb, kc, rnd_w,
+                         tile, acc, 0, nb * W4.BLOCK_COLS, fn)
+        from graph_api.kernels import store  # (kernels.store imports this module)
+
+        store.store_tile(acc, out, b0 * W4.BLOCK_COLS, okind, ep)  # the row-wise vectorised epilogue store
+
+    _run_pipelined([(b0, min(per, nblk - b0)) for b0 in range(0, nblk, per)], run, threads, blas)
+    return True

@@ -196,3 +196,70 @@ def test_groups_along_n(kind, trans, M):
     terms = K if M > W.DECODE_MAX_M else G + K // G
     check(W.wmatmul(x, w, spec, scu, zu), r, b, terms)
     check(W.wmatmul(x, None, spec, prepared=W.prepare(w, spec, scu, zu)), r, b, terms)
+
+
+@pytest.mark.parametrize("kind,zp", [("s4", False), ("u4", True), ("s4", True)])
+@pytest.mark.parametrize("M,K,N,G", [(9, 640, 1024, 32), (40, 384, 1000, 128), (17, 128, 130, 64)])
+@pytest.mark.parametrize("blas", [False, True])
+def test_prefill_chunks_ragged(monkeypatch, kind, zp, M, K, N, G, blas):
+    """The chunked prefill of prepared int4 weights: work items of 256 columns
+    and K steps of 48 rows (640 and 384 are not multiples of 48), N = 1000 and
+    130 ragged (the last block's padding columns are computed into a scratch
+    tile and not stored), M not a multiple of 4.  The Numba tile product and
+    sgemm both sum in f32: K terms."""
+    monkeypatch.setattr(W, "PREFILL_GEOMETRY", ((1 << 62, 256, 48, blas),))
+    rng = np.random.default_rng(hash((kind, zp, M, K, N)) % 2**32)
+    q, sc, z, w, scu, zu = make(kind, K, N, G, True, zp, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    spec = W.WeightSpec(kind, K, N, G, True)
+    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    pw = W.prepare(w, spec, scu, zu)
+    out = np.full((M, N), np.nan, np.float32)
+    assert W.wmatmul(x, None, spec, prepared=pw, out=out) is out
+    check(out, r, b, K)
+
+
+@pytest.mark.parametrize("rnd", [RND_BF16, RND_F16])
+def test_prefill_chunks_fpmath_weight_rounding(rnd):
+    """fpmath with apply_to_int on prepared weights: the dequantized f32 weight
+    is rounded (bf16/f16) before the f32 GEMM, as the reference does."""
+    rng = np.random.default_rng(12)
+    M, K, N, G = 24, 256, 384, 32
+    q, sc, z, w, scu, zu = make("u4", K, N, G, True, True, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    rx = _round(rnd)
+    spec = W.WeightSpec("u4", K, N, G, True)
+    r, b = ref(rx(x).astype(np.float64), q, sc, z, G, rx)
+    y = W.wmatmul(x, None, spec, prepared=W.prepare(w, spec, scu, zu), rnd_x=rnd, rnd_w=rnd)
+    check(y, r, b, K)
+
+
+def test_prefill_chunks_epilogue_bf16_out_and_threads():
+    """Post-ops and bf16 output go through a per-thread f32 tile; two Python
+    threads calling at once (each call runs its own worker threads) get the
+    same answers as one at a time."""
+    import threading
+    rng = np.random.default_rng(13)
+    M, K, N, G = 33, 256, 640, 64
+    q, sc, z, w, scu, zu = make("s4", K, N, G, True, False, rng)
+    spec = W.WeightSpec("s4", K, N, G, True)
+    pw = W.prepare(w, spec, scu)
+    bias = rng.standard_normal(N).astype(np.float32)
+    xs = [rng.standard_normal((M, K)).astype(np.float32) for _ in range(4)]
+    refs = [ref(x.astype(np.float64), q, sc, z, G) for x in xs]
+    got = [None] * 4
+
+    def call(i):
+        got[i] = W.wmatmul(xs[i], None, spec, prepared=pw, post_ops=[("bias", bias), ("relu", None)])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for y, (r, b) in zip(got, refs):
+        # relu is 1-Lipschitz and the bias addition rounds once more (|r + bias| <= b + |bias|)
+        assert np.all(np.abs(y - np.maximum(r + bias, 0)) <= (K + 5) * U * (b + np.abs(bias)))
+    yb = W.wmatmul(xs[0], None, spec, prepared=pw, post_ops=[("bias", bias)], out_dtype="bf16")
+    expect = (refs[0][0] + bias).astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.max(np.abs(yb.astype(np.int32) - expect.astype(np.int32))) <= 1  # f32 vs f64 then RNE

@@ -19,6 +19,7 @@ CASES = [  # B, Hq, Hkv, Sq, S, D
     (1, 4, 2, 37, 70, 16),    # GQA, query block tail, S not a multiple of 32
     (1, 2, 1, 40, 130, 48),   # MQA, D = 16 (mod 32)
     (1, 2, 2, 100, 33, 64),   # more queries than keys
+    (1, 2, 1, 72, 300, 32),   # several P V position blocks (PV_TB) and score column blocks
 ]
 
 

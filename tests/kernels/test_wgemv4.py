@@ -160,3 +160,39 @@ def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
     qabs = np.abs(q) if kind == "s8" else np.abs(q - 128)
     bound = (G + K // G + 4 + S) * U * (np.abs(x64) @ ((qabs + zabs) * s))
     assert np.all(np.abs(y - x64 @ w32) <= bound)
+
+
+@pytest.mark.parametrize("zp", [False, True])
+@pytest.mark.parametrize("rnd", [RND_NONE, RND_BF16])
+@pytest.mark.parametrize("blas", [False, True])
+def test_prefill_chunk_against_float64(zp, rnd, blas):
+    """prefill_chunk: blocks 1..2 of 3, K = 160 in steps of 48 rows (the last one
+    16), M = 15 (groups of 8 and 4 rows, 3 single rows), into a column block of a
+    wider output.  Bound: the Numba kernel sums each output's K products in
+    order with FMAs; sgemm sums each step's products in f32 in some order and
+    adds into the output once per step: either way at most K f32 roundings of
+    partial sums of exactly rounded products: ``|y - y64| <= (K + 1) u B``."""
+    import ml_dtypes
+    from graph_api.kernels import openblas
+    if blas and not openblas.available():
+        pytest.skip("numpy's OpenBLAS (64-bit integers) not found")
+    rng = np.random.default_rng(8)
+    M, K, N, G = 15, 160, 384, 32
+    q, sc, z, x = operands(M, K, N, G, False, zp, rng)
+    nblk = N // 128
+    wb, table = L.pack_interleaved(q, False)
+    wbs, sbs, sgs = L.block_params(K, G, nblk)
+    out = np.full((M, N + 5), np.float32(7.0))  # row stride N + 5; columns outside 128..383 untouched
+    tile = np.empty(L.tile_floats(48, 2), np.float32)
+    L.prefill_chunk(x, wb, wbs, table, per_block(sc, nblk), per_block(z, nblk) if zp else np.zeros(1, np.float32),
+                    sbs, 1 if zp else 0, G, 1, 2, 48, rnd, tile, out, 128, N + 5,
+                    openblas.sgemm_address() if blas else 0)
+    zz = np.repeat(z, G, 0) if zp else 0.0
+    w32 = ((q - zz) * np.repeat(sc, G, 0)).astype(np.float32)
+    if rnd == RND_BF16:
+        w32 = w32.astype(ml_dtypes.bfloat16).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = x64 @ w32.astype(np.float64)
+    bound = (K + 1) * U * (np.abs(x64) @ np.abs(w32).astype(np.float64))
+    assert np.all(np.abs(out[:, 128:384] - want[:, 128:]) <= bound[:, 128:])
+    assert np.all(out[:, :128] == 7.0) and np.all(out[:, 384:] == 7.0)
