@@ -362,6 +362,25 @@ def exp32(x):
     return y if x == x else x
 
 
+@njit(inline="always", cache=True)
+def _exp32_in_range(x):
+    """:func:`exp32` for ``-87 < x < 88`` whose result is a normal number (at most
+    ``2**-126``): the same operations without the range clamps, special cases and the
+    two-step power of two (exact either way for such x), so bit-identical results
+    for less work.  Any other x gives an unspecified value (erf32 discards those)."""
+    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375)
+    r = r - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * pow2i(n)
+
+
 #: erf on |x| < 1: x + x * P(x**2), 1 + P fitted (weighted least squares, relative error 1.2e-9 in f64)
 _ERF_SMALL = (7.853855640860274e-05, -0.0008010191959328949, 0.00518832728266716, -0.026853810995817184,
               0.1128358542919159, -0.3761262595653534, 0.1283791670955126)
@@ -399,7 +418,9 @@ def erf32(x):
     q = fma32(q, u, np.float32(b[6]))
     q = fma32(q, u, np.float32(b[7]))
     q = fma32(q, u, np.float32(b[8]))
-    big = np.float32(1.0) - exp32(-q)
+    # q = -log(erfc(|x|)) for 1 <= |x| <= 4 lies in [1.8, 18.1]: exp(-q) is a normal
+    # number (lanes with |x| < 1, where q may be anything, take the other branch)
+    big = np.float32(1.0) - _exp32_in_range(-q)
     big = -big if x < 0 else big
     r = small if t < np.float32(1.0) else big
     return r if x == x else x
@@ -715,3 +736,95 @@ def load_f32(x, kind, i):
     if kind == 1:
         return bf16_to_f32(x[i])
     return f16_bits_to_f32(x[i])
+
+
+# ------------------------------------------------------- explicit f64 vectors
+# ``f64x8``: LLVM ``<8 x double>`` (one zmm), for sums of f32 data kept in f64 with
+# 8 independent lanes in a fixed order (LLVM does not vectorise such a reduction by
+# itself without reassociating it).
+
+
+class F64x8Type(_nbtypes.Type):
+    def __init__(self):
+        super().__init__(name="f64x8")
+
+
+f64x8 = F64x8Type()
+_V8D = ir.VectorType(ir.DoubleType(), 8)
+
+
+@_register_model(F64x8Type)
+class _F64x8Model(_models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _V8D)
+
+
+@intrinsic
+def vload8_f64(typingctx, arr, idx):
+    """arr.flat[idx:idx+8] (C-contiguous float32) widened exactly to f64x8."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f64x8(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        v = builder.load(builder.bitcast(p, ir.VectorType(ir.FloatType(), 8).as_pointer()), align=4)
+        return builder.fpext(v, _V8D)
+
+    return sig, codegen
+
+
+@intrinsic
+def vsplat64(typingctx, x):
+    """8 copies of a float64."""
+    sig = f64x8(types.float64)
+
+    def codegen(context, builder, signature, args):
+        v = builder.insert_element(ir.Constant(_V8D, ir.Undefined), args[0], ir.IntType(32)(0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+
+    return sig, codegen
+
+
+@intrinsic
+def vstore64(typingctx, arr, idx, v):
+    """arr.flat[idx:idx+8] = v (C-contiguous float64)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float64):
+        return None
+    sig = types.void(arr, idx, v)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        builder.store(args[2], builder.bitcast(p, _V8D.as_pointer()), align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _vbin64(op):
+    @intrinsic
+    def f(typingctx, a, b):
+        sig = f64x8(f64x8, f64x8)
+
+        def codegen(context, builder, signature, args):
+            return getattr(builder, op)(*args)
+
+        return sig, codegen
+
+    return f
+
+
+vadd64 = _vbin64("fadd")
+vsub64 = _vbin64("fsub")
+vmul64 = _vbin64("fmul")
+
+
+@intrinsic
+def vlane64(typingctx, v, i):
+    """Lane ``i`` of an f64x8."""
+    sig = types.float64(f64x8, i)
+
+    def codegen(context, builder, signature, args):
+        return builder.extract_element(args[0], context.cast(builder, args[1], signature.args[1], types.int32))
+
+    return sig, codegen

@@ -17,7 +17,8 @@ from graph_api.kernels.numba_setup import numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import load_f32, act_kind, exp32
+from graph_api.kernels.bits import (act_kind, exp32, load_f32, vadd64, vlane64, vload8_f64, vmul64, vsplat64,
+                                    vsub64)
 from graph_api.kernels.store import ep_row, put_dense
 from graph_api.kernels.wmatmul import make_epilogue
 
@@ -27,29 +28,23 @@ LAYER, RMS, SOFTMAX = 0, 1, 2
 @njit(inline="always", cache=True)
 def _sum64(row, shift, square):
     """sum of ``row - shift`` (or of its square) in f64, as 8 interleaved partial sums
-    (independent chains: the loop vectorises without reassociating a single sum)."""
+    (lane j sums the elements j, j + 8, ...; one f64x8 register: the lanes are
+    independent chains, added in a fixed order at the end)."""
     C = row.shape[0]
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     c8 = C - C % 8
+    acc = vsplat64(0.0)
+    sh = vsplat64(shift)
     for c in range(0, c8, 8):
-        d0, d1 = np.float64(row[c]) - shift, np.float64(row[c + 1]) - shift
-        d2, d3 = np.float64(row[c + 2]) - shift, np.float64(row[c + 3]) - shift
-        d4, d5 = np.float64(row[c + 4]) - shift, np.float64(row[c + 5]) - shift
-        d6, d7 = np.float64(row[c + 6]) - shift, np.float64(row[c + 7]) - shift
+        d = vsub64(vload8_f64(row, c), sh)
         if square:
-            d0, d1, d2, d3, d4, d5, d6, d7 = d0 * d0, d1 * d1, d2 * d2, d3 * d3, d4 * d4, d5 * d5, d6 * d6, d7 * d7
-        s0 += d0
-        s1 += d1
-        s2 += d2
-        s3 += d3
-        s4 += d4
-        s5 += d5
-        s6 += d6
-        s7 += d7
+            d = vmul64(d, d)
+        acc = vadd64(acc, d)
+    s0 = vlane64(acc, 0)
     for c in range(c8, C):
         d = np.float64(row[c]) - shift
         s0 += d * d if square else d
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    return ((s0 + vlane64(acc, 1)) + (vlane64(acc, 2) + vlane64(acc, 3))) + \
+        ((vlane64(acc, 4) + vlane64(acc, 5)) + (vlane64(acc, 6) + vlane64(acc, 7)))
 
 
 @njit(cache=True)
@@ -93,8 +88,9 @@ def _rows(x, kind, R, C, op, gamma, has_g, beta, has_b, eps, okind, ops, fpar, i
         for r in range(b * step, min(R, b * step + step)):
             base = r * C
             if kind == 0:
+                xs = x[base:base + C]  # a slice: no negative-index wraparound, so the copy vectorises
                 for c in range(C):
-                    row[c] = x[base + c]
+                    row[c] = xs[c]
             else:
                 for c in range(C):
                     row[c] = load_f32(x, kind, base + c)

@@ -14,7 +14,12 @@ the user has not set them, then imports numba:
 ``OMP_WAIT_POLICY=PASSIVE``
     Numba's OpenMP team and numpy's OpenBLAS pool otherwise both spin after
     each call; alternating them (the prefill path does) costs up to +65% on 2
-    cores.  Passive waiting costs a few microseconds per launch instead.
+    cores.  Passive waiting costs a few microseconds per launch instead.  With
+    PASSIVE and no ``GOMP_SPINCOUNT`` the team does not spin at all; a spin count
+    is deliberately not set here: ``GOMP_SPINCOUNT=1000`` (the benchmarks' setting)
+    made the BERT 8x64 encoder take 183 instead of 177 ms of CPU per call on 2
+    threads (the team spinning beside OpenBLAS); wall time was not measurable on the
+    loaded machine that day: re-measure before changing this.
 ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``
     LLVM tunes this CPU (AVX-512) to prefer 256-bit vectors; the nibble
     unpack + FMA loops run ~1.6x faster with 512-bit vectors.  We pass the

@@ -887,10 +887,14 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     if sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):  # short f32 prefill
         if out is None:
             out = np.empty((B, Hq, Sq, D), np.float32)
+        direct = out.dtype == np.float32 and out.strides[-1] == 4 and min(out.strides) >= 0
+        dest = out if direct else np.empty((B, Hq, Sq, D), np.float32)
         mflat, mstr = _flat_mask(m if mask is not None else None)
         _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
-                   scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], out,
+                   scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], *_flat_out(dest),
                    work=2 * B * Hq * Sq * S * D)
+        if not direct:
+            out[...] = dest
         return out
     qt = Sq if Sq <= 8 else QT
     nqt = -(-Sq // qt)
@@ -942,6 +946,16 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
     _merge_np(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
     return out
+
+
+def _flat_out(out):
+    """A 4-D f32 array with a contiguous last axis and non-negative strides as (a flat
+    C-contiguous view from its first element, element strides of its first three axes):
+    one compiled signature for a dense output and for a strided view of the next layout."""
+    st = [s // 4 for s in out.strides]
+    span = 1 + sum((n - 1) * s for n, s in zip(out.shape, st)) if out.size else 0
+    flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(4,))
+    return flat, np.array(st[:3], np.int64)
 
 
 def _flat_mask(m):

@@ -201,10 +201,12 @@ def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, out):
+def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, obuf, ostr):
     """Work items ``b * Hq + h`` of the module formula.
 
-    q, out: [B, Hq, Sq, D] f32 (C order); kb, vb: flat f32 [B, Hkv, S, D];
+    q: [B, Hq, Sq, D] f32 (C order); kb, vb: flat f32 [B, Hkv, S, D]; output row
+    ``(b, h, i)`` at ``obuf[b*ostr[0] + h*ostr[1] + i*ostr[2]:][:D]`` (any layout whose D
+    axis is contiguous: the caller's [B, Sq, Hq, D] buffer takes the rows in place);
     mask element ``(b, h, i, j)`` at ``mflat[b*mstr[0] + h*mstr[1] + i*mstr[2] + j*mstr[3]]``
     (stride 0 on broadcast axes); causal 0 none, 1 top-left, 2 bottom-right.
     """
@@ -222,9 +224,10 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
         b = it // Hq
         h = it % Hq
         kbase = (b * Hkv + h // rep) * S * D
-        for t in range(S):
-            for d in range(D):
-                kT[d * Sp + t] = kb[kbase + t * D + d]
+        for d in range(D):  # contiguous writes, strided reads: measured faster than the reverse
+            kd = kT[d * Sp:d * Sp + S]
+            for t in range(S):
+                kd[t] = kb[kbase + t * D + d]
         for i0 in range(0, Sq, QB):
             nq = min(QB, Sq - i0)
             Rp = (nq + 3) // 4 * 4
@@ -269,7 +272,8 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                 lsum[r] = _softmax_row(row, n, ntc, part)
             _pv(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
             for r in range(nq):
-                orow = out[b, h, i0 + r]
+                o = b * ostr[0] + h * ostr[1] + (i0 + r) * ostr[2]
+                orow = obuf[o:o + D]
                 den = lsum[r]
                 for d in range(D):
                     orow[d] = acc[r * D + d] / den

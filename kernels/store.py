@@ -24,7 +24,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import erf32, f32_to_bf16, f32_to_f16_bits, round_bf16, round_f16
+from graph_api.kernels.bits import (erf32, f32_to_bf16, f32_to_f16_bits, round_bf16, round_f16, vadd, vload, vmax,
+                                    vmul, vsplat, vstore, vsub)
 from graph_api.kernels.wmatmul import _ep_one
 from graph_api.postops import ADD, GELU_ERF, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB, SUB
 
@@ -139,29 +140,38 @@ def _put_row(v, out, base, coff, run, okind):
 
 
 @njit(cache=True)
-def _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1):
+def _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1):
     N = acc.shape[1]
     v = np.empty(N, np.float32)
     orow = np.empty(N, np.float32)
     for r in range(r0, r1):
         row = acc[r]
-        for n in range(N):
-            v[n] = row[n]
+        if head.shape[0]:  # the head's own bias, added as the row is read
+            for n in range(N):
+                v[n] = row[n] + head[n]
+        else:
+            for n in range(N):
+                v[n] = row[n]
         ep_row(v, r, ops, fpar, ipar, buf, orow)
         _put_row(v, out, roff[r], coff, run, okind)
 
 
 @njit(parallel=True, cache=True)
-def _store_par(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks):
+def _store_par(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks):
     R = acc.shape[0]
     step = (R + blocks - 1) // blocks
     for b in prange(blocks):
-        _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, b * step, min(R, b * step + step))
+        _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, b * step,
+                     min(R, b * step + step))
 
 
 @njit(cache=True)
-def _store_ser(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf):
-    _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, 0, acc.shape[0])
+def _store_ser(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf):
+    _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, 0, acc.shape[0])
+
+
+#: no bias row before the epilogue
+NO_HEAD = np.zeros(0, np.float32)
 
 
 @njit(cache=True, nogil=True)
@@ -196,6 +206,49 @@ def store_tile(acc, out, n0, okind, ep) -> None:
         _tile_par(acc, out, n0, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, max(1, min(R, 4 * numba.get_num_threads())))
 
 
+@njit(cache=True)
+def _abs_max_flat(x):
+    """max |x| of a flat C-contiguous f32 array in one read (16-lane running maxima of x
+    and of -x); NaN when x holds an inf or a NaN (their x * 0 is NaN: a sum of those
+    products stays 0 only for finite x)."""
+    n = x.shape[0]
+    z = vsplat(np.float32(0.0))
+    hi = z
+    lo = z
+    bad = z
+    n16 = n - n % 16
+    for i in range(0, n16, 16):
+        v = vload(x, i)
+        hi = vmax(hi, v)
+        lo = vmax(lo, vsub(z, v))
+        bad = vadd(bad, vmul(v, z))
+    lanes = np.empty(48, np.float32)
+    vstore(lanes, 0, hi)
+    vstore(lanes, 16, lo)
+    vstore(lanes, 32, bad)
+    m = np.float32(0.0)
+    s = np.float32(0.0)
+    for j in range(16):
+        m = max(m, max(lanes[j], lanes[16 + j]))
+        s += lanes[32 + j]
+    for i in range(n16, n):
+        m = max(m, abs(x[i]))
+        s += x[i] * np.float32(0.0)
+    return m if s == 0 else np.float32(np.nan)
+
+
+def abs_max(x) -> float:
+    """max |x| over an f32 array (0 when empty); NaN when it holds an inf or a NaN.
+    One read for a C-contiguous array, numpy's max and min otherwise."""
+    if not x.size:
+        return 0.0
+    if x.dtype == np.float32 and x.flags.c_contiguous:
+        return float(_abs_max_flat(x.reshape(-1)))
+    # a NaN makes both NaN, and max() returns its first argument when it is NaN
+    m = max(float(np.max(x)), -float(np.min(x)))
+    return m if m < np.inf else float("nan")
+
+
 def contiguous_run(coff) -> int:
     """The longest ``L`` dividing N with ``coff`` consecutive within each run of L columns."""
     N = coff.shape[0]
@@ -208,15 +261,19 @@ def contiguous_run(coff) -> int:
     return max(run, 1)
 
 
-def store(acc2d, out_flat, roff, coff, okind, ep) -> None:
-    """Apply epilogue ``ep`` to ``acc2d`` (f32 [R, N]) and store through the offsets."""
+def store(acc2d, out_flat, roff, coff, okind, ep, run: int | None = None, head=NO_HEAD) -> None:
+    """Apply epilogue ``ep`` to ``acc2d`` (f32 [R, N]) and store through the offsets
+    (``run``: :func:`contiguous_run` of ``coff`` when the caller knows it).  ``head``: an
+    f32 [N] row added to every row before the epilogue (a MatMul's bias: one f32 add,
+    as the epilogue's add step, without a pass of its own or a place in its buffer)."""
     R, N = acc2d.shape
-    run = contiguous_run(coff)
+    if run is None:
+        run = contiguous_run(coff)
     if acc2d.size < SERIAL_BELOW:
-        _store_ser(acc2d, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        _store_ser(acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
     else:
         blocks = min(R, 4 * numba.get_num_threads())
-        _store_par(acc2d, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, blocks)
+        _store_par(acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, blocks)
 
 
 def element_offsets(shape, strides) -> np.ndarray:

@@ -113,7 +113,7 @@ class Epilogue:
     buf: np.ndarray
 
 
-def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
+def make_epilogue(post_ops, M: int, N: int, buf: np.ndarray | None = None) -> Epilogue:
     """Build the epilogue program for an ``[M, N]`` output.
 
     ``post_ops`` is a sequence of ``(name, arg)``: unary ``("relu", None)``,
@@ -122,6 +122,8 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
     where ``array`` broadcasts to ``[M, N]`` (scalar, ``[N]``, ``[1, N]``,
     ``[M, 1]`` or ``[M, N]``; bf16/f16 operands are widened here), or
     :data:`RUNNING` for the running value itself (offset -1 in ``ipar``).
+    ``buf``: an f32 array of the operands' total size to copy several operands into
+    (a caller that runs the same program again keeps it: no allocation per call).
     """
     post_ops = list(post_ops or ())
     P = len(post_ops)
@@ -154,8 +156,14 @@ def make_epilogue(post_ops, M: int, N: int) -> Epilogue:
                 fpar[i, 0] = arg
     # one writeable operand is its own buffer, not a copy (a read-only array would be
     # another Numba type: one more compiled signature of every kernel taking ``buf``)
-    buf = chunks[0] if len(chunks) == 1 and chunks[0].flags.writeable else \
-        np.concatenate(chunks) if chunks else np.zeros(1, np.float32)
+    if len(chunks) == 1 and chunks[0].flags.writeable:
+        buf = chunks[0]
+    elif not chunks:
+        buf = np.zeros(1, np.float32)
+    elif buf is not None and buf.shape == (off,):
+        np.concatenate(chunks, out=buf)
+    else:
+        buf = np.concatenate(chunks)
     return Epilogue(ops[:P] if P else ops[:0], fpar, ipar, buf)
 
 

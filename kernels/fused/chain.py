@@ -22,7 +22,7 @@ from graph_api.postops import POST_OPS
 from graph_api.kernels import scratch
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
-from .epilogue import _ROUND_STEP, bind, chain_program
+from .epilogue import _ROUND_STEP, OPERAND_STEPS, bind, chain_program
 
 LAYOUT = {K.StaticReshape, K.StaticTranspose, K.Reorder}
 OKIND = {DataType.f32: 0, DataType.bf16: 1, DataType.f16: 2}
@@ -110,6 +110,13 @@ class Walk:
         return self
 
 
+def _is_f32_row(lt, shape) -> bool:
+    """An f32 operand of one value per column of ``shape`` ([N], [1, N], [1, 1, N], ...)."""
+    dims = tuple(lt.shape)
+    return (lt.dtype == DataType.f32 and len(shape) > 0 and len(dims) <= len(shape) and len(dims) > 0
+            and dims[-1] == shape[-1] and all(d == 1 for d in dims[:-1]))
+
+
 def ancestors(request, targets: set[int]) -> set[int]:
     """Op ids inside the partition that produce (transitively) tensors ``targets``."""
     producer = {lt.id: op for op in request.ops for lt in op.outputs}
@@ -146,6 +153,9 @@ class ChainPlan:
         lts = request.lts
         self.request, self.walk, self._store = request, walk, store
         self.steps = list(head_steps) + walk.steps
+        #: id of an f32 [N] row :meth:`store` adds before the epilogue, or None (see
+        #: :meth:`take_head_add`)
+        self.head_add = None
         self.shape = walk.shape
         self.N = self.shape[-1] if self.shape else 1
         self.R = int(np.prod(self.shape)) // max(self.N, 1)
@@ -171,12 +181,25 @@ class ChainPlan:
                 off = off.reshape(lts[op.inputs[0].id].shape)
         self.offsets = store.separable(off.reshape(self.R, self.N)) if off.size else \
             (np.zeros(self.R, np.int64), np.zeros(self.N, np.int64))
+        #: columns stored consecutively (the store's run length), worked out once
+        self.run_length = store.contiguous_run(self.offsets[1]) if self.offsets is not None else 1
         parts = [self.kernel]
         if self.pre_steps:
             parts.append("ref_pre[" + ",".join(s[1].kind.name for s in self.pre_steps) + "]")
         if self.post_steps:
             parts.append("ref_post[" + ",".join(s[1].kind.name for s in self.post_steps) + "]")
         self.name = "+".join(parts)
+
+    def take_head_add(self) -> None:
+        """Move a first ``add`` step of an f32 row operand (a MatMul's bias) out of the
+        program into :meth:`store`'s row read: one pass less, and the program keeps at
+        most the other operand as its buffer (no copy of a residual per call).  Only
+        for plans whose every result goes through :meth:`store`."""
+        first = self.steps[0] if self.steps else (None, None)
+        if first[0] == "add" and isinstance(first[1], int) and \
+                _is_f32_row(self.request.lts[first[1]], self.shape):
+            self.head_add = first[1]
+            self.steps = self.steps[1:]
 
     def reason(self) -> str | None:
         """Why this plan cannot run these shapes/types, or None."""
@@ -196,18 +219,32 @@ class ChainPlan:
         return scratch.empty(int(np.prod(dlt.shape)), dtypes.numpy_dtype(dlt.dtype))
 
     def epilogue(self, arrays, R=None, N=None):
-        """The epilogue program; built once when no step reads an operand tensor."""
+        """The epilogue program of this call's operand arrays.
+
+        Kept while the operands are the same memory (address, shape, strides): a
+        program whose buffer is the one operand itself is reused as it is; one whose
+        buffer holds copies (several operands, converted or broadcast ones) gets
+        them copied again into the same buffer (the values may have changed).
+        """
         R = self.R if R is None else R
         N = self.N if N is None else N
-        key = (R, N)
+        operands = [arrays[arg] for name, arg in self.steps if isinstance(arg, int) and name in OPERAND_STEPS]
         cached = self.__dict__.get("_ep_cache")
-        if cached is not None and cached[0] == key:
+        if cached is not None and not cached[2] and cached[3] == (R, N) and len(cached[4]) == len(operands) \
+                and all(a is b for a, b in zip(cached[4], operands)):
+            return cached[1]  # the same array objects (so the same memory) as last time
+        key = (R, N) + tuple((a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+                             for a in operands)
+        if cached is not None and cached[0] == key and not cached[2]:
+            self._ep_cache = cached[:4] + (operands,)
             return cached[1]
         from graph_api.kernels import wmatmul as wm
 
-        ep = wm.make_epilogue(bind(self.steps, lambda tid: arrays[tid], self.shape, R, N), R, N)
-        if not any(isinstance(arg, int) for _, arg in self.steps):
-            self._ep_cache = (key, ep)
+        old_buf = cached[1].buf if cached is not None and cached[2] else None
+        ep = wm.make_epilogue(bind(self.steps, lambda tid: arrays[tid], self.shape, R, N), R, N, old_buf)
+        copied = bool(operands) and not (
+            len(operands) == 1 and ep.buf.__array_interface__["data"][0] == key[2][0])
+        self._ep_cache = (key, ep, copied, (R, N), operands)
         return ep
 
     def store(self, acc, arrays, outputs) -> None:
@@ -215,8 +252,11 @@ class ChainPlan:
         buf = self._dest_buffer(outputs)
         if acc.size:
             acc2 = np.ascontiguousarray(acc.reshape(self.R, self.N), dtype=np.float32)
+            head = self._store.NO_HEAD if self.head_add is None else \
+                np.ascontiguousarray(arrays[self.head_add], dtype=np.float32).reshape(-1)
             self._store.store(acc2, buf.view(np.uint16) if self.okind else buf,
-                              self.offsets[0], self.offsets[1], self.okind, self.epilogue(arrays))
+                              self.offsets[0], self.offsets[1], self.okind, self.epilogue(arrays),
+                              self.run_length, head)
         self.finish(buf, arrays, outputs)
 
     def finish(self, buf, arrays, outputs) -> None:

@@ -83,13 +83,17 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts,
     return steps, value_id
 
 
+#: epilogue steps whose argument, when an int, is the id of an operand tensor
+OPERAND_STEPS = ("add", "mul", "sub", "div", "max", "min", "rsub", "rdiv")
+
+
 def bind(steps, arrays_of, out_shape, M: int, N: int) -> list:
     """Steps with binary operands replaced by arrays broadcast to ``[M, N]``-able form."""
     import numpy as np
 
     bound = []
     for name, arg in steps:
-        if isinstance(arg, int) and name in ("add", "mul", "sub", "div", "max", "min", "rsub", "rdiv"):
+        if isinstance(arg, int) and name in OPERAND_STEPS:
             value = np.asarray(arrays_of(arg))
             shape = value.shape
             if value.ndim <= 1 or all(d == 1 for d in shape[:-1]):

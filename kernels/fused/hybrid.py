@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
 
@@ -11,7 +13,10 @@ class HybridPlan:
 
     ``core`` gets the partition's input tensors by id (raw buffers available:
     packed int4 stays packed) and a dict to put the logical arrays it produces
-    in, keyed by tensor id.  ``covered`` are the op ids the core computes.
+    in, keyed by tensor id.  ``covered`` are the op ids the core computes.  A core
+    with ``writes_outputs`` set also gets the output tensors and may compute
+    straight into their memory; an array it puts in ``arrays`` that already is an
+    output's memory is not copied again.
     """
 
     def __init__(self, request: CompileRequest, name: str, core: Callable, covered: set[int]):
@@ -26,11 +31,16 @@ class HybridPlan:
 
     def execute(self, inputs: dict, outputs: dict) -> None:
         arrays: dict = {}
-        self.core(inputs, arrays)
+        if getattr(self.core, "writes_outputs", False):
+            self.core(inputs, arrays, outputs)
+        else:
+            self.core(inputs, arrays)
         if self.tail.steps:
             if self._needs_inputs:
                 for tid, t in inputs.items():
                     arrays.setdefault(tid, t.numpy())
             arrays = self.tail.run_arrays(arrays)
         for tid, tensor in outputs.items():
-            tensor.write(arrays[tid])
+            value = arrays[tid]
+            if not (isinstance(value, np.ndarray) and tensor.is_view_of(value)):
+                tensor.write(value)

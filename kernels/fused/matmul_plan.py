@@ -59,19 +59,26 @@ class MatmulPlan(ChainPlan):
         super().__init__(request, walk, [lt.id for lt in mm.inputs], pre)
         self.b_const = lts[self.b_id].property == PropertyType.constant and self.b_id in request.input_ids
         self._b_cache: dict = {}
+        self._b_last: tuple | None = None  # (the constant array object last seen, its cache entry)
         self.direct = (not self.steps and not walk.layout and self.okind == 0 and self.dest_out
                        and self.dest_dense)
+        self.take_head_add()  # every result below goes through self.store
 
     def _operand(self, arrays, i: int):
         tid = (self.a_id, self.b_id)[i]
         if i == 1 and self.b_const:  # oneDNN's rule: a constant tensor's data does not change
             src = arrays[tid]
-            key = (src.__array_interface__["data"][0], src.shape)
-            hit = self._b_cache.get(key)
-            if hit is None:
-                self._b_cache.clear()
-                x = np.ascontiguousarray(self.round[1](src))
-                hit = self._b_cache[key] = (x, _abs_max(x))
+            last = self._b_last
+            if last is not None and last[0] is src:  # the same array object: no key to work out
+                hit = last[1]
+            else:
+                key = (src.__array_interface__["data"][0], src.shape)
+                hit = self._b_cache.get(key)
+                if hit is None:
+                    self._b_cache.clear()
+                    x = np.ascontiguousarray(self.round[1](src))
+                    hit = self._b_cache[key] = (x, _abs_max(x))
+                self._b_last = (src, hit)
             x, xmax = hit
         else:
             x = self.round[i](arrays[tid])
@@ -112,11 +119,10 @@ class MatmulPlan(ChainPlan):
 
 
 def _abs_max(x) -> float:
-    """max |x| (NaN when x holds a NaN; 0 for an empty x): two reads, no |x| temporary."""
-    if not x.size:
-        return 0.0
-    # a NaN makes both NaN, and max() returns its first argument when it is NaN
-    return max(float(np.max(x)), -float(np.min(x)))
+    """max |x|; NaN when x holds an inf or a NaN (0 for an empty x)."""
+    from graph_api.kernels.store import abs_max
+
+    return abs_max(x)
 
 
 def build(request: CompileRequest):

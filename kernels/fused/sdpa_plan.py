@@ -388,7 +388,34 @@ class SdpaCore:
                                g.lead + (g.Sq,))
         out[dead] = 0
 
-    def __call__(self, inputs, arrays):
+    def _out_view(self, inputs, outputs):
+        """The attention result ``[*lead, Sq, D]`` as a view of the final output tensor's
+        memory (the output chain's transposes and reshapes undone), so the kernel
+        writes the partition's output with no copy; None when that layout needs a
+        copy, the output is not f32, or the output's memory overlaps an input (the
+        kernel reads inputs while it writes)."""
+        t = (outputs or {}).get(self.final_id)
+        if t is None or self.out_dtype != DataType.f32 or t.packed or not t.is_direct():
+            return None
+        dest = t.numpy()
+        if any(np.may_share_memory(dest, x.memory()) for x in inputs.values()):
+            return None
+        g = self.geo
+        shapes = [g.lead + (g.Sq, g.D)]
+        for kind, arg in self.steps:
+            last = shapes[-1]
+            shapes.append(tuple(arg) if kind == "reshape" else
+                          last[::-1] if arg is None else tuple(last[i] for i in arg))
+        v = dest
+        try:
+            for (kind, arg), shape_in in zip(reversed(self.steps), reversed(shapes[:-1])):
+                v = np.reshape(v, shape_in, copy=False) if kind == "reshape" else \
+                    np.transpose(v, None if arg is None else np.argsort(arg))
+            return np.reshape(v, (g.B, g.Hq, g.Sq, g.D), copy=False)
+        except ValueError:  # a reshape of this strided view would copy
+            return None
+
+    def __call__(self, inputs, arrays, outputs=None):
         from graph_api.kernels import sdpa as SD
 
         g, sc = self.geo, self.scores
@@ -404,7 +431,8 @@ class SdpaCore:
         v = make_kv(self.v, inputs, self.fetch, shape4, allow_bhds=False)
         out = SD.sdpa(np.reshape(q, (g.B, g.Hq, g.Sq, g.D)), k, v, scale=scale,
                       scale_mode=sc.scale_mode, mask=None if mask is None else g.kernel_mask(mask),
-                      causal=causal, out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd)
+                      causal=causal, out=self._out_view(inputs, outputs),
+                      out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd)
         out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
         if sc.inf_as_zero and np.isnan(out).any():
             if mask is not None or causal is not None:
@@ -539,12 +567,13 @@ def _with_fallback(request, core):
     """``core``, running the composed reference plan when it raises :class:`_Fallback`."""
     reference = ComposedPlan(request)
 
-    def run(inputs, arrays):
+    def run(inputs, arrays, outputs=None):
         try:
-            core(inputs, arrays)
+            core(inputs, arrays, outputs)
         except _Fallback as why:
             log(f"fallback,{request.pattern},reference,{why}")
             arrays.update(reference.run_arrays({tid: t.numpy() for tid, t in inputs.items()}))
 
     run.core = core
+    run.writes_outputs = True
     return run

@@ -170,3 +170,70 @@ def test_numba_cache_folder_follows_every_kernel_source(monkeypatch):
 
     monkeypatch.setattr(Path, "read_bytes", edited)
     assert numba_setup._source_hash() != before
+
+
+@njit(cache=True)
+def _exp_pair(x):
+    a = np.empty_like(x)
+    b = np.empty_like(x)
+    for i in range(x.size):
+        a[i] = bits.exp32(x[i])
+        b[i] = bits._exp32_in_range(x[i])
+    return a, b
+
+
+def test_erf32_lean_exp_is_exp32_on_its_range():
+    """erf32's large branch calls exp on -q with q in [1.8, 18.1]; the lean exp must be
+    bit-identical to exp32 there (a sample of every 7th f32 in [-18.5, -1.5])."""
+    lo, hi = np.float32(-1.5).view(np.uint32), np.float32(-18.5).view(np.uint32)
+    x = np.arange(lo, hi, 7, dtype=np.uint32).view(np.float32)
+    a, b = _exp_pair(x)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 33, 1000])
+def test_abs_max_one_read(n):
+    from graph_api.kernels.store import abs_max
+
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 10).astype(np.float32)
+    want = float(np.abs(x).max()) if n else 0.0
+    assert abs_max(x) == want and abs_max(-x) == want
+    if n > 2:
+        for bad in (np.nan, np.inf, -np.inf):  # anywhere, also in the scalar tail
+            for i in (0, n - 1):
+                y = x.copy()
+                y[i] = bad
+                assert np.isnan(abs_max(y))
+        y = np.stack([x, x])[:, ::2]  # a strided view: numpy's two reads
+        assert abs_max(y) == float(np.abs(y).max())
+
+
+@njit(cache=True)
+def _sums(x, shift):
+    out = np.empty((x.shape[0], 2))
+    for r in range(x.shape[0]):
+        out[r, 0] = norm._sum64(x[r], shift, False)
+        out[r, 1] = norm._sum64(x[r], shift, True)
+    return out
+
+
+@pytest.mark.parametrize("C", [1, 7, 8, 37, 384])
+def test_layer_norm_f64_sums_in_lane_order(C):
+    """The f64x8 sums of norm._sum64 add element j into lane j % 8 (the tail into lane 0)
+    and the lanes as ((0+1)+(2+3))+((4+5)+(6+7)): exactly that order in f64."""
+    rng = np.random.default_rng(C)
+    x = (rng.standard_normal((3, C)) * 5 + 2).astype(np.float32)
+    shift = 0.37
+    got = _sums(x, shift)
+    for r in range(3):
+        d = x[r].astype(np.float64) - shift
+        for col, v in ((0, d), (1, d * d)):
+            c8 = C - C % 8
+            lanes = [0.0] * 8
+            for c in range(c8):
+                lanes[c % 8] += v[c]
+            for c in range(c8, C):
+                lanes[0] += v[c]
+            want = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+            assert got[r, col] == want

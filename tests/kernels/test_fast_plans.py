@@ -180,3 +180,36 @@ def test_matmul_transpose_within_the_f32_accumulation_bound(bias_add):
     bound = bound.reshape(2, 24, 4, 16).transpose(0, 2, 1, 3)
     assert got.shape == want.shape
     assert np.all(np.abs(got - want) <= bound)
+
+
+def test_epilogue_operands_read_again_on_every_execute():
+    """The BLAS plan keeps its epilogue program while the operands are the same memory;
+    the values in that memory are read again each execute (a residual changed in place
+    between executes, then a residual in other memory)."""
+    g = graphs.G()
+    x = g.input((2, 8, 16))
+    w = g.tensor((16, 16), prop=ga.PropertyType.constant)
+    bias = g.tensor((16,), prop=ga.PropertyType.constant)
+    res = g.input((2, 8, 16))
+    g.op(ga.OpKind.Add, g.op(ga.OpKind.MatMul, x, w, bias), res)
+    graph = g.done()
+    (part,) = graph.get_partitions()
+    assert part.get_kind() == "matmul_post_ops"
+    rng = np.random.default_rng(4)
+    feeds = {x.id: rng.standard_normal((2, 8, 16)).astype(np.float32),
+             w.id: rng.standard_normal((16, 16)).astype(np.float32),
+             bias.id: rng.standard_normal(16).astype(np.float32),
+             res.id: rng.standard_normal((2, 8, 16)).astype(np.float32)}
+    compiled = ga.compile_graph(graph, feeds)
+    assert compiled.steps[0][1].plan.name == "blas_matmul_epilogue"
+    (out_id,) = graph.output_ids
+    exact = feeds[x.id].astype(np.float64) @ feeds[w.id] + feeds[bias.id]
+    # f32 sum of K = 16 products, then two rounded adds
+    bound = 16 * 2.0 ** -24 * (np.abs(feeds[x.id]).astype(np.float64) @ np.abs(feeds[w.id])) + 1e-6
+    for step in range(3):
+        if step == 1:
+            feeds[res.id][...] = rng.standard_normal((2, 8, 16))  # same memory, new values
+        elif step == 2:
+            feeds[res.id] = rng.standard_normal((2, 8, 16)).astype(np.float32)  # other memory
+        got = compiled(feeds)[out_id]
+        assert np.all(np.abs(got - (exact + feeds[res.id])) <= bound + 2.0 ** -23 * np.abs(exact + feeds[res.id]))

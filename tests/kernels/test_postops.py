@@ -164,3 +164,24 @@ def test_store_tile_column_panels():
         W._store_rows(acc, 0, 0, want, W.OUT_F32, ep.ops, ep.fpar, ep.ipar, ep.buf)
         # erf32 vs libm erff: a few f32 ulps, carried through mul and tanh
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("R", [5, 300])  # the serial and the parallel store
+def test_store_head_row_is_the_epilogue_add(R):
+    """A bias given to the store as its head row (added as each row is read) gives the
+    same bits as the same bias as the program's first add step."""
+    from graph_api.kernels import store
+
+    rng = np.random.default_rng(R)
+    N = 384
+    acc = rng.standard_normal((R, N)).astype(np.float32) * 3
+    bias = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((R, N)).astype(np.float32)
+    roff, coff = np.arange(R, dtype=np.int64) * N, np.arange(N, dtype=np.int64)
+    want = np.empty(R * N, np.float32)
+    store.store(acc, want, roff, coff, store.OUT_F32,
+                W.make_epilogue([("add", bias), ("gelu_erf", None), ("add", res)], R, N))
+    got = np.empty(R * N, np.float32)
+    store.store(acc, got, roff, coff, store.OUT_F32, W.make_epilogue([("gelu_erf", None), ("add", res)], R, N),
+                head=bias)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

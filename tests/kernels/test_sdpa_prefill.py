@@ -68,3 +68,40 @@ def test_usable_only_for_f32_prefill():
     assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 64, 64, 0, 1)    # bf16 output
     assert not sdpa_prefill.usable(0, 0, 0, 0, 24, 64, 64, 0, 0)    # D not a multiple of 16
     assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 8192, 64, 0, 0)  # long KV: the tiled kernel
+
+
+@pytest.mark.parametrize("out_layout", ["bhsd", "bs(hd)"])  # (a lone transpose is its own partition)
+def test_partition_writes_the_output_layout_directly(out_layout):
+    """A BERT attention partition (scores / scale + mask, SoftMax, P V, then the output
+    chain) computes straight into the output tensor through the chain's transpose and
+    reshape (a strided view of the [B, S, H, D] rows); the numbers are those of the
+    float64 formula laid out the same way (tolerance: the module docstring's)."""
+    import graph_api as ga
+    from tests.patterns.builder import G, K
+
+    B, H, S, D = 2, 3, 40, 32
+    g = G()
+    q, k, v = (g.input((B, H, S, D)) for _ in range(3))
+    scale, mask = g.input((1,)), g.input((B, 1, 1, S))
+    s = g.op(K.MatMul, q, k, attrs={"transpose_b": True})
+    p = g.op(K.SoftMax, g.op(K.Add, g.op(K.Divide, s, scale), mask), attrs={"axis": -1})
+    c = g.op(K.MatMul, p, v)
+    if out_layout != "bhsd":
+        c = g.op(K.StaticTranspose, c, attrs={"order": [0, 2, 1, 3]})
+    if out_layout == "bs(hd)":
+        c = g.op(K.StaticReshape, c, attrs={"shape": [B, S, H * D], "special_zero": False})
+    graph = g.done()
+    rng = np.random.default_rng(11)
+    feeds = {t.id: rng.standard_normal((B, H, S, D)).astype(np.float32) for t in (q, k, v)}
+    feeds[scale.id] = np.array([np.sqrt(D)], np.float32)
+    feeds[mask.id] = np.where(np.arange(S) >= S - 5, -1e4, 0).astype(np.float32).reshape(1, 1, 1, S) \
+        * np.ones((B, 1, 1, 1), np.float32)
+    compiled = ga.compile_graph(graph, feeds)
+    assert [c_.plan.name for _, c_, _, _ in compiled.steps] == ["numba_sdpa"]
+    (out_id,) = graph.output_ids
+    got = compiled(feeds)[out_id]
+    r = ref(feeds[q.id], feeds[k.id], feeds[v.id], 1 / np.sqrt(D), feeds[mask.id], None)
+    if out_layout != "bhsd":
+        r = r.transpose(0, 2, 1, 3)
+    r = r.reshape(got.shape)
+    assert np.max(np.abs(got - r)) <= 1e-5 * np.max(np.abs(r))
