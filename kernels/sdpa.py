@@ -851,7 +851,7 @@ def _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
 
 def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=None,
          out=None, out_dtype="f32", q_dtype=None, rnd: int = 0, kv_splits: int | None = None,
-         stats=None, prob_quant=None):
+         stats=None, prob_quant=None, score_rnd: int = 0):
     """Attention ``softmax(q k^T * scale + mask) v`` -> [B, Hq, Sq, D].
 
     Args:
@@ -870,7 +870,8 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
       prob_quant: the parameters of :func:`sdpa_prefill._quantize_row` (quantize scale,
         zero point, integer range, dequantize scale, zero point, s8/u8 or f8 rounding):
         the normalised probabilities pass that Quantize -> Dequantize pair before
-        ``P V``.  Only the
+        ``P V``.  ``score_rnd``: rounding code of the scores after the product, the
+        scale and the mask (half-precision score ops of the quantized form).  Only the
         exact two-pass kernel has them: f32 Q/K/V, K not transposed, no rounding,
         f32 output, D a multiple of 16, S <= sdpa_prefill.MAX_S (any Sq).
     """
@@ -896,6 +897,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
     if prob_quant is not None:
         assert sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, 9, rnd, okind), "prob_quant operands"
+    assert score_rnd == 0 or prob_quant is not None, "score rounding: the quantized form only"
     if prob_quant is not None or sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):
         if out is None:
             out = np.empty((B, Hq, Sq, D), np.float32)
@@ -905,8 +907,8 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
                    scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], out,
                    stats is not None, rmax, rsum, prob_quant is not None,
-                   np.asarray(prob_quant if prob_quant is not None else (1, 0, 0, 0, 1, 0, 0, 0, 0, 0),
-                              np.float32),
+                   np.asarray(prob_quant if prob_quant is not None else (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0),
+                              np.float32), score_rnd,
                    work=2 * B * Hq * Sq * S * D)
         if stats is not None:
             stats[...] = _row_stats(rmax, rsum).reshape(B, Hq, Sq)
@@ -984,10 +986,9 @@ def _merged_stats(pm, pl, Hkv, Sq, qt, nsplit, B, Hq):
     pm = pm.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
     pl = pl.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
     mx = pm.max(axis=1)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(all="ignore"):  # rows past a short last tile hold unset partials (unused)
         w = np.where(pm == -np.inf, 0.0, np.exp(pm - mx[:, None]))
-    total = (pl * w).sum(axis=1)
-    with np.errstate(divide="ignore"):
+        total = (pl * w).sum(axis=1)
         st = (mx + np.log(total)).astype(np.float32).reshape(B, Hkv, nqt, rows)
     res = np.empty((B, Hq, Sq), np.float32)
     for qi in range(nqt):

@@ -32,8 +32,8 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401
 import numpy as np
 from numba import njit
 
-from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, vadd, vfma, vload, vmax,
-                                    vsplat, vstore)
+from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, round_code, vadd, vfma,
+                                    vload, vmax, vsplat, vstore)
 
 QB = 32  #: query rows per block (their score rows stay in L1/L2)
 MAX_S = 4096  #: longer KV: the tiled online-softmax kernel
@@ -141,22 +141,25 @@ def _quantize_row(row, n, total, prm):
     """row[t] = Dequantize(Quantize(row[t] / total)) for t < n, in f32 as the reference:
     p = e / sum;  y = p / qs + qz;  q = min(max(rne(y), lo), hi) for s8/u8 (``prm[6]`` 0),
     q = :func:`_round_f8` (y) for f8 (``prm[6]`` 1: prm[7..9] = shift, tiny, quantum);
-    row = (q - dz) * ds.  A row with no visible key (sum 0) becomes NaN: the plan hands
-    it to the reference."""
+    row = (q - dz) * ds.  ``p`` is first rounded by code ``prm[10]`` (a half-precision
+    SoftMax output) and the row by code ``prm[11]`` (a TypeCast after the Dequantize),
+    as :func:`bits.round_code`.  A row with no visible key (sum 0) becomes NaN: the plan
+    hands it to the reference."""
     qs, qz, lo, hi, ds, dz = prm[0], prm[1], prm[2], prm[3], prm[4], prm[5]
+    p_rnd, out_rnd = int(prm[10]), int(prm[11])
     if total == np.float32(0.0):
         for t in range(n):
             row[t] = np.float32(np.nan)
         return
     if prm[6] == np.float32(0.0):
         for t in range(n):
-            y = np.rint(row[t] / total / qs + qz)
-            row[t] = (min(max(y, lo), hi) - dz) * ds
+            y = np.rint(round_code(row[t] / total, p_rnd) / qs + qz)
+            row[t] = round_code((min(max(y, lo), hi) - dz) * ds, out_rnd)
         return
     shift = np.uint32(prm[7])
     for t in range(n):
-        y = _round_f8(row[t] / total / qs + qz, shift, prm[8], prm[9])
-        row[t] = (y - dz) * ds
+        y = _round_f8(round_code(row[t] / total, p_rnd) / qs + qz, shift, prm[8], prm[9])
+        row[t] = round_code((y - dz) * ds, out_rnd)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -218,7 +221,7 @@ def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, out,
-                  want_rows, rmax, rsum, pq, pq_param):
+                  want_rows, rmax, rsum, pq, pq_param, srnd):
     """Work items ``b * Hq + h`` of the module formula.
 
     q, out: [B, Hq, Sq, D] f32 (C order); kb, vb: flat f32 [B, Hkv, S, D];
@@ -228,6 +231,8 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
     ``rmax``/``rsum`` flat [B, Hq, Sq] (the SoftMax stats of a training forward).
     ``pq``: the probabilities pass a Quantize -> Dequantize pair before ``P V``
     (static-quantized SDPA): see :func:`_quantize_row` for ``pq_param`` (f32).
+    ``srnd``: rounding code (:func:`bits.round_code`) of the scores after the product,
+    the scale and the mask (each a half-precision op output in the graph), 0 none.
     """
     B, Hq, Sq, D = q.shape
     rep = Hq // Hkv
@@ -268,12 +273,18 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                         row[t] = np.float32(0.0)
                     continue
                 i = i0 + r
+                if srnd != 0:
+                    for t in range(n):
+                        row[t] = round_code(row[t], srnd)
                 if smul:
                     for t in range(n):
                         row[t] = row[t] * scale
                 else:
                     for t in range(n):
                         row[t] = row[t] / scale
+                if srnd != 0:
+                    for t in range(n):
+                        row[t] = round_code(row[t], srnd)
                 if has_mask:
                     mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
                     ms = mstr[3]
@@ -284,6 +295,9 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                     else:
                         for t in range(n):
                             row[t] = row[t] + mflat[mo + t * ms]
+                    if srnd != 0:
+                        for t in range(n):
+                            row[t] = round_code(row[t], srnd)
                 if causal != 0:
                     for t in range(max(0, i + coff + 1), n):
                         row[t] = NEG_INF
