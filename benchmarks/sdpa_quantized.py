@@ -3,7 +3,7 @@
 mb 2, seq 128, 16 heads, head size 64, u8 Q/K/V/output with per-tensor scale
 0.25 (``bench_quantized_sdpa`` of the example): Dequantize -> f32 attention with
 the probabilities quantized and dequantized -> Quantize, one partition built with
-the public API.  Rows: the partition on the attention kernel (``numba_sdpa_int8``)
+the public API.  Rows: the partition on the attention kernel (``numba_sdpa_quantized``)
 vs the same partition with every op on its single-op fast plan (``per_op_fast``,
 what ran before), and PyTorch f32 SDPA on the dequantized values (no probability
 quantization: the work of an f32 framework), interleaved in one process.

@@ -978,15 +978,15 @@ def _row_stats(rmax, rsum):
 
 def _merged_stats(pm, pl, Hkv, Sq, qt, nsplit, B, Hq):
     """[B, Hq, Sq] stats from the split partials (row max ``pm``, sum ``pl`` relative to
-    it): M = max over splits, L = sum_sp pl exp(pm - M) in float64, then :func:`_row_stats`
-    (rows laid out as in :func:`_merge_np`)."""
+    it): M = max over splits, L = sum_sp pl exp(pm - M), stats = M + ln L, in float64 and
+    rounded once to f32 as :func:`_row_stats` (rows laid out as in :func:`_merge_np`)."""
     rep = Hq // Hkv
     nqt = -(-Sq // qt)
     rows = pm.shape[1]
-    pm = pm.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
-    pl = pl.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
-    mx = pm.max(axis=1)
     with np.errstate(all="ignore"):  # rows past a short last tile hold unset partials (unused)
+        pm = pm.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
+        pl = pl.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
+        mx = pm.max(axis=1)
         w = np.where(pm == -np.inf, 0.0, np.exp(pm - mx[:, None]))
         total = (pl * w).sum(axis=1)
         st = (mx + np.log(total)).astype(np.float32).reshape(B, Hkv, nqt, rows)

@@ -281,5 +281,5 @@ def build(request: CompileRequest):
                        DataType.f32, steps, chain[1], {})
     run = QuantCore(core, q_deq, k_deq, v_deq, k_swapped, v_swapped, prob, score_rnd,
                     out_lt.dtype, out_cast, quant_out, final)
-    return HybridPlan(request, "numba_sdpa_int8", SP._with_fallback(request, run),
+    return HybridPlan(request, "numba_sdpa_quantized", SP._with_fallback(request, run),
                       {op.id for op in request.ops})

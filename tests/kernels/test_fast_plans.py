@@ -68,6 +68,8 @@ CANONICAL = [
     ("sdpa_causal", lambda: graphs.sdpa(mask="causal")),
     ("sdpa_stats", lambda: graphs.sdpa(stats=True)),
     ("sdpa_quantized", lambda: graphs.sdpa_quantized()),
+    ("sdpa_quantized_bf16", lambda: graphs.sdpa_quantized(bf16=True)),
+    ("sdpa_quantized_f8", lambda: graphs.sdpa_quantized(q_dt=dt.f8_e4m3)),
     ("sdpa_backward", lambda: graphs.backward()),
     ("sdpa_jax", lambda: graphs.jax_mha()),
     ("mqa_jax", lambda: graphs.jax_mqa()),

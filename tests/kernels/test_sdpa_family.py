@@ -242,7 +242,7 @@ def quantized_sdpa(b, *, B=2, H=2, Sq=40, S=48, D=32, qdt=dt.u8, zp=0, p_scale=1
 def test_quantized_sdpa_on_the_attention_kernel(qdt, zp, mask, sq, bf16):
     b = Builder()
     out = quantized_sdpa(b, Sq=sq, qdt=qdt, zp=zp, mask=mask, bf16=bf16)
-    fused = run(b, expect="numba_sdpa_int8")  # graph_api.check: integers within one unit
+    fused = run(b, expect="numba_sdpa_quantized")  # graph_api.check: integers within one unit
     ref = _reference(b)
     got, want = (r.outputs[out.id].astype(np.float64) for r in (fused, ref))
     # one unit where an f32 value lies within summation-order distance of a rounding
@@ -271,7 +271,7 @@ def test_quantized_probabilities_are_the_references(qdt, zp, p_scale):
     b = Builder(seed=5)
     out = quantized_sdpa(b, S=32, D=32, qdt=qdt, zp=zp, p_scale=p_scale, final_quant=False,
                          v_identity=True)
-    fused = run(b, expect="numba_sdpa_int8")
+    fused = run(b, expect="numba_sdpa_quantized")
     got = fused.outputs[out.id].astype(np.float64)
     want = _reference(b).outputs[out.id].astype(np.float64)
     # the reference's probabilities in float64, to find the boundary cases
@@ -353,7 +353,7 @@ def test_int8_bf16_probabilities_match_the_reference(qdt, zp, p_scale):
     b = Builder(seed=7)
     out = quantized_sdpa(b, S=32, D=32, qdt=qdt, zp=zp, p_scale=p_scale, final_quant=False,
                          v_identity=True, bf16=True)
-    fused = run(b, expect="numba_sdpa_int8")
+    fused = run(b, expect="numba_sdpa_quantized")
     got, want = (r.outputs[out.id].astype(np.float64) for r in (fused, _reference(b)))
     differ = got != want
     assert differ.mean() < 0.01 and len(np.unique(want)) > 3
