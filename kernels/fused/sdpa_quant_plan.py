@@ -34,8 +34,9 @@ Rounding at every quantize point is the reference's (kernels/reference/quant.py)
   integer unit (the check rule's allowance for integer outputs).
 
 Refused: per-channel probability parameters, values rounded to two different
-half types in turn, fpmath modes other than strict (they round the MatMul
-inputs), more than ``sdpa_prefill.MAX_S`` keys, tensors other than the final
+half types in turn, an fpmath mode with ``apply_to_int`` (it rounds the
+dequantized MatMul inputs; without it every MatMul operand, coming from a
+Dequantize, is used as is: docs/fpmath.md), more than ``sdpa_prefill.MAX_S`` keys, tensors other than the final
 output leaving the partition.  A row with no visible key runs the reference for
 that call.
 """
@@ -49,7 +50,7 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
-from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE
+from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, rounding_code
 from graph_api.kernels.plan import CompileRequest
 
 from .hybrid import HybridPlan
@@ -221,8 +222,8 @@ def build(request: CompileRequest):
     reason = SP._unknown_ops(request, b) or SP.zero_size_reason(request)
     if reason:
         return reason
-    if request.fpmath.rounding is not None:
-        return f"fpmath {request.fpmath} rounds the dequantized f32 MatMul inputs"
+    if rounding_code(request.fpmath, for_int_weights=True) != RND_NONE:  # docs/fpmath.md
+        return f"fpmath {request.fpmath} with apply_to_int rounds the dequantized MatMul inputs"
     qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]
     if len(qk.inputs) > 2 or len(pv.inputs) > 2 or qk.attrs.get("transpose_a", False) or \
             pv.attrs.get("transpose_a", False):

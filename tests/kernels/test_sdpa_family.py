@@ -301,6 +301,19 @@ def test_quantized_probabilities_are_the_references(qdt, zp, p_scale):
     assert len(np.unique(want)) > 3
 
 
+@pytest.mark.parametrize("apply_to_int", [False, True])
+def test_quantized_sdpa_under_an_fpmath_mode(apply_to_int):
+    """docs/fpmath.md: the MatMul operands all come from Dequantize, so fpmath bf16
+    rounds them only with apply_to_int; without it the kernel runs, with it the
+    plan refuses (each op on its fast plan)."""
+    b = Builder(fpmath="bf16", apply_to_int=apply_to_int)
+    quantized_sdpa(b, Sq=24, S=40)
+    if apply_to_int:
+        run_vs_single_ops(b, expect="per_op_fast")
+    else:
+        run(b, expect="numba_sdpa_quantized")
+
+
 @pytest.mark.parametrize("knob,reason", [
     (dict(qdt=dt.f8_e4m3, p_scale=1 / 1024), "may leave the f8_e4m3 range"),
 ])
