@@ -141,6 +141,8 @@ KERNELS: dict[tuple, Builder] = {
     (P.SDPA, "*", "*"): _sdpa,
     (P.SDPA_COMPRESSED, "*", "*"): _sdpa,
     (P.SDPA_GQA, "*", "*"): _sdpa,
+    (P.SDPA_JAX, "*", "*"): _sdpa,
+    (P.SDPA_QUANTIZED, "*", "*"): _sdpa,
     DOT_KEY: _dot_plan,
     (P.COMPOSITE, "*", "*"): _composite,  # extension: Composite ops with a fast kernel
     (P.CONV_POST_OPS, "*", "*"): _conv,

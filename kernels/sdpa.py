@@ -850,7 +850,8 @@ def _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
 
 
 def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=None,
-         out=None, out_dtype="f32", q_dtype=None, rnd: int = 0, kv_splits: int | None = None):
+         out=None, out_dtype="f32", q_dtype=None, rnd: int = 0, kv_splits: int | None = None,
+         stats=None, prob_quant=None, score_rnd: int = 0):
     """Attention ``softmax(q k^T * scale + mask) v`` -> [B, Hq, Sq, D].
 
     Args:
@@ -863,6 +864,16 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
       out: optional preallocated output (f32 or uint16 for bf16/f16).
       rnd: fpmath rounding code applied to f32 Q, K and V values.
       kv_splits: override the KV split count (decode).
+      stats: optional f32 [B, Hq, Sq] output: each row's ``max + ln(sum exp(s - max))``
+        of the scores (SoftMax's stats, see :func:`_row_stats`); -inf for a row
+        whose every score is -inf.
+      prob_quant: the parameters of :func:`sdpa_prefill._quantize_row` (quantize scale,
+        zero point, integer range, dequantize scale, zero point, s8/u8 or f8 rounding):
+        the normalised probabilities pass that Quantize -> Dequantize pair before
+        ``P V``.  ``score_rnd``: rounding code of the scores after the product, the
+        scale and the mask (half-precision score ops of the quantized form).  Only the
+        exact two-pass kernel has them: f32 Q/K/V, K not transposed, no rounding,
+        f32 output, D a multiple of 16, S <= sdpa_prefill.MAX_S (any Sq).
     """
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
@@ -884,17 +895,27 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         mask4 = np.zeros((1, 1, 1, 1), np.float32)
         has_mask = False
     okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
-    if sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):  # short f32 prefill
+    if prob_quant is not None:
+        assert sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, 9, rnd, okind), "prob_quant operands"
+    assert score_rnd == 0 or prob_quant is not None, "score rounding: the quantized form only"
+    if prob_quant is not None or sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):
         if out is None:
             out = np.empty((B, Hq, Sq, D), np.float32)
         direct = out.dtype == np.float32 and out.strides[-1] == 4 and min(out.strides) >= 0
         dest = out if direct else np.empty((B, Hq, Sq, D), np.float32)
         mflat, mstr = _flat_mask(m if mask is not None else None)
+        rows = B * Hq * Sq if stats is not None else 1
+        rmax, rsum = np.empty(rows, np.float32), np.empty(rows, np.float32)
         _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
                    scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], *_flat_out(dest),
+                   stats is not None, rmax, rsum, prob_quant is not None,
+                   np.asarray(prob_quant if prob_quant is not None else (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0),
+                              np.float32), score_rnd,
                    work=2 * B * Hq * Sq * S * D)
         if not direct:
             out[...] = dest
+        if stats is not None:
+            stats[...] = _row_stats(rmax, rsum).reshape(B, Hq, Sq)
         return out
     qt = Sq if Sq <= 8 else QT
     nqt = -(-Sq // qt)
@@ -912,7 +933,8 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     fastk = kk >= 5 and ktr == 1 and S % 2 == 0 and rnd >= 0
     vperm = vk >= 5 and D % 2 == 0 and (vG % 2 == 0)
     kperm = kk >= 5 and ktr == 0 and D % 2 == 0 and (kG % 2 == 0)
-    if os.environ.get("SDPA_OLD") != "1" and _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
+    if stats is None and os.environ.get("SDPA_OLD") != "1" and \
+            _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
         four = kk >= 5
         if not khs:
             ksc = np.ones(B * Hkv * S * (D // kG), np.float32)
@@ -945,6 +967,8 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     if out is None:
         out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
     _merge_np(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
+    if stats is not None:
+        stats[...] = _merged_stats(pm, pl, Hkv, Sq, qt, nsplit, B, Hq)
     return out
 
 
@@ -956,6 +980,35 @@ def _flat_out(out):
     span = 1 + sum((n - 1) * s for n, s in zip(out.shape, st)) if out.size else 0
     flat = np.lib.stride_tricks.as_strided(out, shape=(span,), strides=(4,))
     return flat, np.array(st[:3], np.int64)
+
+
+def _row_stats(rmax, rsum):
+    """SoftMax's stats ``max + ln(sum)`` of rows with f32 score max and sum of
+    ``exp(s - max)``, evaluated in float64 and rounded once to f32 (the reference's
+    formula on the kernel's f32 scores); -inf + ln 0 = -inf for an all -inf row."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (rmax.astype(np.float64) + np.log(rsum.astype(np.float64))).astype(np.float32)
+
+
+def _merged_stats(pm, pl, Hkv, Sq, qt, nsplit, B, Hq):
+    """[B, Hq, Sq] stats from the split partials (row max ``pm``, sum ``pl`` relative to
+    it): M = max over splits, L = sum_sp pl exp(pm - M), stats = M + ln L, in float64 and
+    rounded once to f32 as :func:`_row_stats` (rows laid out as in :func:`_merge_np`)."""
+    rep = Hq // Hkv
+    nqt = -(-Sq // qt)
+    rows = pm.shape[1]
+    with np.errstate(all="ignore"):  # rows past a short last tile hold unset partials (unused)
+        pm = pm.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
+        pl = pl.reshape(B * Hkv * nqt, nsplit, rows).astype(np.float64)
+        mx = pm.max(axis=1)
+        w = np.where(pm == -np.inf, 0.0, np.exp(pm - mx[:, None]))
+        total = (pl * w).sum(axis=1)
+        st = (mx + np.log(total)).astype(np.float32).reshape(B, Hkv, nqt, rows)
+    res = np.empty((B, Hq, Sq), np.float32)
+    for qi in range(nqt):
+        nq = min(qt, Sq - qi * qt)
+        res[:, :, qi * qt:qi * qt + nq] = st[:, :, qi, :rep * nq].reshape(B, Hq, nq)
+    return res
 
 
 def _flat_mask(m):

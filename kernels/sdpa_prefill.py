@@ -32,7 +32,8 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401
 import numpy as np
 from numba import njit
 
-from graph_api.kernels.bits import exp32, vadd, vfma, vload, vmax, vsplat, vstore
+from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, round_code, vadd, vfma,
+                                    vload, vmax, vsplat, vstore)
 
 QB = 32  #: query rows per block (their score rows stay in L1/L2)
 PV_TB = 64  #: positions per block of the P V product (32 lanes of V: 8 KiB, in L1)
@@ -97,7 +98,8 @@ def score_rows(qb, kT, sc, Rp, D, Sp, ntc):
 @njit(inline="always", cache=True, error_model="numpy")
 def _softmax_row(row, n, ntc, part):
     """exp(row - max) in place over ``ntc`` entries (those from ``n`` on are set to -inf,
-    so 0); returns the sum (16 lane sums, then the lanes in order); 0 for an all -inf row."""
+    so 0); returns (max, sum) (the sum: 16 lane sums, then the lanes in order);
+    (-inf, 0) for an all -inf row."""
     for t in range(n, ntc):
         row[t] = NEG_INF
     mv = vsplat(NEG_INF)
@@ -110,7 +112,7 @@ def _softmax_row(row, n, ntc, part):
     if mx == NEG_INF:
         for t in range(ntc):
             row[t] = np.float32(0.0)
-        return np.float32(0.0)
+        return mx, np.float32(0.0)
     for t in range(ntc):
         row[t] = exp32(row[t] - mx)
     ls = vsplat(np.float32(0.0))
@@ -120,7 +122,49 @@ def _softmax_row(row, n, ntc, part):
     s = part[0]
     for j in range(1, 16):
         s += part[j]
-    return s
+    return mx, s
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _round_f8(y, shift, tiny, quantum):
+    """Finite f32 ``y`` to the nearest (even) value with ``23 - shift`` mantissa bits whose
+    normal range starts at ``tiny`` (below it: multiples of ``quantum``, the subnormals),
+    as ml_dtypes converts f32 to f8 (no saturation: the plan checks the range)."""
+    a = abs(y)
+    if a < tiny:
+        r = np.rint(a / quantum) * quantum  # power-of-two scaling: exact
+    else:
+        u = bits_from_f32(a)
+        half = (np.uint32(1) << shift) - np.uint32(1)
+        u = (u + (half >> np.uint32(1)) + ((u >> shift) & np.uint32(1))) & ~half
+        r = f32_from_bits(u)
+    return r if y >= np.float32(0.0) else -r
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _quantize_row(row, n, total, prm):
+    """row[t] = Dequantize(Quantize(row[t] / total)) for t < n, in f32 as the reference:
+    p = e / sum;  y = p / qs + qz;  q = min(max(rne(y), lo), hi) for s8/u8 (``prm[6]`` 0),
+    q = :func:`_round_f8` (y) for f8 (``prm[6]`` 1: prm[7..9] = shift, tiny, quantum);
+    row = (q - dz) * ds.  ``p`` is first rounded by code ``prm[10]`` (a half-precision
+    SoftMax output) and the row by code ``prm[11]`` (a TypeCast after the Dequantize),
+    as :func:`bits.round_code`.  A row with no visible key (sum 0) becomes NaN: the plan
+    hands it to the reference."""
+    qs, qz, lo, hi, ds, dz = prm[0], prm[1], prm[2], prm[3], prm[4], prm[5]
+    p_rnd, out_rnd = int(prm[10]), int(prm[11])
+    if total == np.float32(0.0):
+        for t in range(n):
+            row[t] = np.float32(np.nan)
+        return
+    if prm[6] == np.float32(0.0):
+        for t in range(n):
+            y = np.rint(round_code(row[t] / total, p_rnd) / qs + qz)
+            row[t] = round_code((min(max(y, lo), hi) - dz) * ds, out_rnd)
+        return
+    shift = np.uint32(prm[7])
+    for t in range(n):
+        y = _round_f8(round_code(row[t] / total, p_rnd) / qs + qz, shift, prm[8], prm[9])
+        row[t] = round_code((y - dz) * ds, out_rnd)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -201,7 +245,8 @@ def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, obuf, ostr):
+def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, obuf, ostr,
+                  want_rows, rmax, rsum, pq, pq_param, srnd):
     """Work items ``b * Hq + h`` of the module formula.
 
     q: [B, Hq, Sq, D] f32 (C order); kb, vb: flat f32 [B, Hkv, S, D]; output row
@@ -209,6 +254,12 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
     axis is contiguous: the caller's [B, Sq, Hq, D] buffer takes the rows in place);
     mask element ``(b, h, i, j)`` at ``mflat[b*mstr[0] + h*mstr[1] + i*mstr[2] + j*mstr[3]]``
     (stride 0 on broadcast axes); causal 0 none, 1 top-left, 2 bottom-right.
+    ``want_rows``: each row's score max and sum of exponentials go to
+    ``rmax``/``rsum`` flat [B, Hq, Sq] (the SoftMax stats of a training forward).
+    ``pq``: the probabilities pass a Quantize -> Dequantize pair before ``P V``
+    (static-quantized SDPA): see :func:`_quantize_row` for ``pq_param`` (f32).
+    ``srnd``: rounding code (:func:`bits.round_code`) of the scores after the product,
+    the scale and the mask (each a half-precision op output in the graph), 0 none.
     """
     B, Hq, Sq, D = q.shape
     rep = Hq // Hkv
@@ -250,12 +301,18 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                         row[t] = np.float32(0.0)
                     continue
                 i = i0 + r
+                if srnd != 0:
+                    for t in range(n):
+                        row[t] = round_code(row[t], srnd)
                 if smul:
                     for t in range(n):
                         row[t] = row[t] * scale
                 else:
                     for t in range(n):
                         row[t] = row[t] / scale
+                if srnd != 0:
+                    for t in range(n):
+                        row[t] = round_code(row[t], srnd)
                 if has_mask:
                     mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
                     ms = mstr[3]
@@ -266,10 +323,19 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                     else:
                         for t in range(n):
                             row[t] = row[t] + mflat[mo + t * ms]
+                    if srnd != 0:
+                        for t in range(n):
+                            row[t] = round_code(row[t], srnd)
                 if causal != 0:
                     for t in range(max(0, i + coff + 1), n):
                         row[t] = NEG_INF
-                lsum[r] = _softmax_row(row, n, ntc, part)
+                mx, lsum[r] = _softmax_row(row, n, ntc, part)
+                if want_rows:
+                    rmax[it * Sq + i] = mx
+                    rsum[it * Sq + i] = lsum[r]
+                if pq:
+                    _quantize_row(row, n, lsum[r], pq_param)
+                    lsum[r] = np.float32(1.0)
             _pv(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
             for r in range(nq):
                 o = b * ostr[0] + h * ostr[1] + (i0 + r) * ostr[2]

@@ -141,7 +141,10 @@ class NormPlan(ChainPlan):
         else:
             m = rows.max(axis=1, keepdims=True)
             with np.errstate(all="ignore"):
-                values = [m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True))]
+                st = m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True))
+            if head.attrs.get("mode") == "inf_as_zero":  # an all -inf row: -inf, not NaN
+                st = np.where(m == -np.inf, -np.inf, st)
+            values = [st]
         for tid, v in zip(self.extra, values):
             arrays[tid] = dtypes.convert(v.reshape(lts[tid].shape), lts[tid].dtype)
 

@@ -1,4 +1,10 @@
-"""SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``) on the Numba kernel of ``graph_api.kernels.sdpa``.
+"""SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``, ``sdpa_jax``) on the Numba kernel of ``graph_api.kernels.sdpa``.
+
+``sdpa_quantized`` partitions are handed to :mod:`.sdpa_quant_plan` (same
+score chain, exact quantize points).  ``mqa_jax`` has no plan: as written
+(graphs.jax_mqa, oneDNN's float_mqa_jax_fusion) SoftMax normalises over one
+axis and the second MatMul contracts over the other, which is not the
+kernel's ``softmax(s) v``.
 
 The whole partition becomes one ``graph_api.kernels.sdpa.sdpa`` call plus numpy
 reshapes/transposes of its output::
@@ -8,6 +14,12 @@ reshapes/transposes of its output::
         ─ [mask_add] ─ [select_mask] ─ softmax ─ [prob_cast] ─┐
     V ─[v_reshape | v_dequant ─ [v_cast]]─────────────────────┴ pv_matmul
         ─ [pv_reshape] ─ [out_transpose ─ out_reshape|Reorder]
+
+JAX form (``sdpa_jax``): the probabilities pass ``prob_transpose`` (swapping
+the last two dims) and ``prob_reorder`` into pv_matmul's input 1, V^T at input
+0 (``[.., D, S]``, or ``[.., S, D]`` with ``transpose_a``): pv_matmul gives
+``O^T = V^T P^T``, which the plan produces as a transpose of the kernel's O
+before ``out_transpose``/``out_reshape``.
 
 Shapes.  Q = qk_matmul input 0 ``[*L, Sq, D]``; K = qk_matmul input 1,
 ``[*Lk, S, D]`` with ``transpose_b`` or ``[*Lk, D, S]`` without; V = pv_matmul
@@ -64,9 +76,16 @@ probabilities by the mode before the PV MatMul, which an online softmax
 cannot reproduce: f32 probabilities under a rounding mode are refused, so
 under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.
 
-Refused (reference path): soft-capping, Dropout, any tensor but the final
-output leaving the partition (SoftMax stats of a training forward),
-non-scalar scales, K/V head size different from Q's, transposed probabilities.
+Training forward: SoftMax's stats output (``max + ln(sum exp(s - max))`` per
+row, f32) may leave the partition; the kernel records each row's max and sum
+of exponentials and the plan evaluates the formula in float64 from them
+(``kernels.sdpa._row_stats``), -inf for rows the masks hide (``inf_as_zero``)
+and NaN there in mode ``none``, as the reference.  Refused when the reference
+rounds the scores to a half type before SoftMax (the stats are judged as f32).
+
+Refused (reference path): soft-capping, Dropout, any other intermediate
+leaving the partition, non-scalar scales, K/V head size different from Q's,
+transposed probabilities.
 """
 from __future__ import annotations
 
@@ -164,6 +183,7 @@ class Scores:
     inf_as_zero: bool = False
     prob_id: int = -1          # the pv_matmul input 0
     types: tuple = ()          # types the reference rounds scores / probabilities to
+    score_types: tuple = ()    # the same up to SoftMax's input (what its stats see)
 
 
 def _select(op, value):
@@ -234,11 +254,21 @@ def _scores(request, b, ops) -> Scores | str:
     if any(lts[o.id].shape != scores_shape for o in softmax.outputs[:1]) or lts[value].shape != scores_shape:
         return f"a mask widens the scores {list(scores_shape)}"
     sc.inf_as_zero = softmax.attrs.get("mode", "none") == "inf_as_zero"
+    sc.score_types = tuple(kinds)
     prob = softmax.outputs[0].id
     kinds.append(lts[prob].dtype)
     if b.get("prob_cast") is not None:
         prob = ops[b["prob_cast"]].outputs[0].id
         kinds.append(lts[prob].dtype)
+    if b.get("prob_transpose") is not None:  # sdpa_jax: P^T enters pv_matmul at input 1
+        tr, ro = ops[b["prob_transpose"]], ops[b["prob_reorder"]]
+        r = len(scores_shape)
+        order = [int(a) % r for a in tr.attrs.get("order") or []]
+        if tr.inputs[0].id != prob or order != list(range(r - 2)) + [r - 1, r - 2]:
+            return f"prob_transpose (op {tr.id}) does not swap the probabilities' last two dims"
+        if ro.inputs[0].id != tr.outputs[0].id or lts[ro.outputs[0].id].dtype != lts[prob].dtype:
+            return f"prob_reorder (op {ro.id}) does not copy the transposed probabilities"
+        prob = ro.outputs[0].id
     sc.prob_id, sc.masks, sc.types = prob, tuple(masks), tuple(kinds)
     return sc
 
@@ -289,6 +319,8 @@ def _precision(request, out_dt, kinds) -> str | None:
 def _output_chain(request, b, ops):
     """([("reshape", shape) | ("transpose", order)], final id) after pv_matmul, or a reason."""
     steps, value = [], ops[b["pv_matmul"]].outputs[0].id
+    if b.get("prob_transpose") is not None:  # sdpa_jax: pv_matmul gives O^T = V^T P^T
+        steps.append(("transpose", _swap(tuple(range(len(request.lts[value].shape))))))
     for role in ("pv_reshape", "out_transpose", "out_reshape"):
         if b.get(role) is None:
             continue
@@ -304,11 +336,26 @@ def _output_chain(request, b, ops):
         else:
             steps.append(("reshape", tuple(out.shape)))
         value = out.id
-    if list(request.output_ids) != [value]:
-        others = [t for t in request.output_ids if t != value]
-        return f"tensors {others} leave the partition (SoftMax stats or an intermediate); " \
-               f"the kernel produces only the attention output"
     return steps, value
+
+
+def _stats_output(request, b, ops, final_id, scores: Scores):
+    """The id of SoftMax's stats when it leaves the partition (else None), or a reason."""
+    softmax = ops[b["softmax"]]
+    stats = softmax.outputs[1].id if len(softmax.outputs) > 1 else None
+    others = [t for t in request.output_ids if t not in (final_id, stats)]
+    if others or final_id not in request.output_ids:
+        return f"tensors {others} leave the partition (an intermediate); the kernel " \
+               f"produces the attention output and SoftMax's stats"
+    if stats not in request.output_ids:
+        return None
+    if request.lts[stats].dtype != DataType.f32:
+        return f"{request.lts[stats].dtype.name} SoftMax stats"
+    coarse = [t.name for t in scores.score_types if t != DataType.f32]
+    if coarse:  # the stats are f32 values judged at f32 precision
+        return f"the reference rounds the scores to {', '.join(coarse)} before the f32 stats; " \
+               f"the kernel keeps them f32"
+    return stats
 
 
 # ====================================================================== the plan
@@ -328,6 +375,7 @@ class SdpaCore:
     steps: list
     final_id: int
     reshaped: dict           # tensor id -> source id of a StaticReshape inside (sdpa_gqa)
+    stats_id: int | None = None  # SoftMax's stats output, when it leaves the partition
 
     def fetch(self, inputs, tid):
         """The logical array of ``tid``: a partition input, or a reshape of one."""
@@ -429,10 +477,11 @@ class SdpaCore:
         shape4 = (g.B, g.Hkv, g.S, g.D)
         k = make_kv(self.k, inputs, self.fetch, shape4, allow_bhds=True)
         v = make_kv(self.v, inputs, self.fetch, shape4, allow_bhds=False)
+        stats = None if self.stats_id is None else np.empty((g.B, g.Hq, g.Sq), np.float32)
         out = SD.sdpa(np.reshape(q, (g.B, g.Hq, g.Sq, g.D)), k, v, scale=scale,
                       scale_mode=sc.scale_mode, mask=None if mask is None else g.kernel_mask(mask),
                       causal=causal, out=self._out_view(inputs, outputs),
-                      out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd)
+                      out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd, stats=stats)
         out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
         if sc.inf_as_zero and np.isnan(out).any():
             if mask is not None or causal is not None:
@@ -444,6 +493,15 @@ class SdpaCore:
         for kind, arg in self.steps:
             out = np.reshape(out, arg) if kind == "reshape" else np.transpose(out, arg)
         arrays[self.final_id] = out
+        if stats is not None:
+            if not sc.inf_as_zero:  # mode none: a row of -inf scores gives NaN (-inf - -inf)
+                stats[stats == _NEG_INF] = np.nan
+            arrays[self.stats_id] = stats.reshape(g.lead + (g.Sq, 1))
+
+
+def _jax(b) -> bool:
+    """sdpa_jax: the probabilities enter pv_matmul transposed, at input 1."""
+    return b.get("prob_transpose") is not None
 
 
 def _unknown_ops(request, b) -> str | None:
@@ -472,7 +530,9 @@ def _operands(request, b, ops):
     lts = request.lts
     qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]
     k_swapped = not qk.attrs.get("transpose_b", False)
-    v_swapped = bool(pv.attrs.get("transpose_b", False))
+    v_port = 0 if _jax(b) else 1  # sdpa_jax: O^T = V^T P^T, V^T at input 0
+    v_swapped = not pv.attrs.get("transpose_a", False) if _jax(b) else \
+        bool(pv.attrs.get("transpose_b", False))
     if b.get("k_dequant") is not None:
         k = _compressed(request, b["k_dequant"], b.get("k_cast"), k_swapped, allow_bhds=True)
     else:
@@ -482,23 +542,28 @@ def _operands(request, b, ops):
     if b.get("v_dequant") is not None:
         v = _compressed(request, b["v_dequant"], b.get("v_cast"), v_swapped, allow_bhds=False)
     else:
-        v = _float_operand(request, pv.inputs[1].id, v_swapped)
+        v = _float_operand(request, pv.inputs[v_port].id, v_swapped)
     if isinstance(v, str):
         return f"V: {v}"
-    k_shape, v_shape = lts[qk.inputs[1].id].shape, lts[pv.inputs[1].id].shape
+    k_shape, v_shape = lts[qk.inputs[1].id].shape, lts[pv.inputs[v_port].id].shape
     return k, v, _swap(k_shape) if k_swapped else k_shape, _swap(v_shape) if v_swapped else v_shape
 
 
 def build(request: CompileRequest):
     """The plan of an SDPA partition, or why the fast path does not apply."""
     b, lts = request.bindings, request.lts
+    if b.get("prob_quant") is not None:  # sdpa_quantized
+        from . import sdpa_quant_plan
+
+        return sdpa_quant_plan.build(request)
     ops = {op.id: op for op in request.ops}
     reason = _unknown_ops(request, b) or zero_size_reason(request)
     if reason:
         return reason
     qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]
-    if pv.attrs.get("transpose_a", False):
-        return "transposed probabilities (pv_matmul transpose_a)"
+    prob_port, prob_flag = (1, "transpose_b") if _jax(b) else (0, "transpose_a")
+    if pv.attrs.get(prob_flag, False):
+        return f"transposed probabilities (pv_matmul {prob_flag})"
     if len(qk.inputs) > 2 or len(pv.inputs) > 2:
         return "a MatMul with a bias"
     operands = _operands(request, b, ops)
@@ -517,10 +582,11 @@ def build(request: CompileRequest):
     scores = _scores(request, b, ops)
     if isinstance(scores, str):
         return scores
-    if pv.inputs[0].id != scores.prob_id:
+    if pv.inputs[prob_port].id != scores.prob_id:
         return "pv_matmul does not take the probabilities"
     out_lt = lts[pv.outputs[0].id]
-    if out_lt.dtype not in _FLOATS or out_lt.shape != geo.lead + (geo.Sq, geo.D):
+    o_shape = geo.lead + ((geo.D, geo.Sq) if _jax(b) else (geo.Sq, geo.D))
+    if out_lt.dtype not in _FLOATS or out_lt.shape != o_shape:
         return f"attention output {out_lt!r}"
     reason = _precision(request, out_lt.dtype, scores.types)
     if reason:
@@ -534,12 +600,15 @@ def build(request: CompileRequest):
     chain = _output_chain(request, b, ops)
     if isinstance(chain, str):
         return chain
+    stats_id = _stats_output(request, b, ops, chain[1], scores)
+    if isinstance(stats_id, str):
+        return stats_id
     reshaped = _reshapes(b, ops)
     reason = _inside(request, reshaped, [q_lt.id, k, v, scores])
     if reason:
         return reason
     core = SdpaCore(request, geo, q_lt.id, q_transposed, k, v, scores, rnd, out_lt.dtype,
-                    chain[0], chain[1], reshaped)
+                    chain[0], chain[1], reshaped, stats_id)
     return HybridPlan(request, "numba_sdpa", _with_fallback(request, core), {op.id for op in request.ops})
 
 

@@ -374,7 +374,6 @@ def test_a_finite_select_fill_runs_the_reference_at_execute(monkeypatch):
 
 # ---------------------------------------------------------------- refusals
 @pytest.mark.parametrize("knob,reason", [
-    (dict(stats=True), "leave the partition"),
     (dict(softcap=True), "soft-capping"),
     (dict(dropout=True, softmax_dt=dt.f32, dtype=dt.bf16), "Dropout"),
     (dict(softmax_dt=dt.bf16), "coarser than the f32 output"),
@@ -387,7 +386,7 @@ def test_refused_partitions_run_unfused(knob, reason):
 
 def test_refusals_still_match_the_unfused_ops():
     b = Builder()
-    attention(b, Sq=2, S=16, stats=True)
+    attention(b, Sq=2, S=16, softcap=True)
     run(b, expect="per_op_fast")
 
 
