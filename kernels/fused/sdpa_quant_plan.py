@@ -178,7 +178,9 @@ class QuantCore:
         y = dtypes.to_f32(dtypes.convert(y, cast))
         return np.swapaxes(y, -1, -2) if swapped else y
 
-    def __call__(self, inputs, arrays):
+    def __call__(self, inputs, arrays, outputs=None):
+        """``outputs`` (given to every SDPA core) is not written here: the quantize
+        tail makes a new array, which the plan copies into the output tensor."""
         from graph_api.kernels import sdpa as SD
         from graph_api.kernels.reference.quant import quantize
 
