@@ -62,7 +62,9 @@ ones (f32 Q with int K/V under bf16 without apply_to_int) or a double
 rounding (bf16 values under f16).  The reference also rounds f32
 probabilities by the mode before the PV MatMul, which an online softmax
 cannot reproduce: f32 probabilities under a rounding mode are refused, so
-under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.
+under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.  fpmath
+bf16 with ``apply_to_int`` lets the int4/int8 decode compute both products with
+bf16 inputs (``bf16_dot``: graph_api.kernels.sdpa_bf16, AVX512_BF16).
 
 Refused (reference path): soft-capping, Dropout, any tensor but the final
 output leaving the partition (SoftMax stats of a training forward),
@@ -404,7 +406,8 @@ class SdpaCore:
         v = make_kv(self.v, inputs, self.fetch, shape4, allow_bhds=False)
         out = SD.sdpa(np.reshape(q, (g.B, g.Hq, g.Sq, g.D)), k, v, scale=scale,
                       scale_mode=sc.scale_mode, mask=None if mask is None else g.kernel_mask(mask),
-                      causal=causal, out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd)
+                      causal=causal, out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd,
+                      bf16_dot=self.request.fpmath.rounding == "bf16" and self.request.fpmath.apply_to_int)
         out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
         if sc.inf_as_zero and np.isnan(out).any():
             if mask is not None or causal is not None:

@@ -1,0 +1,850 @@
+"""Compressed SDPA decode under fpmath bf16: Q.K and P.V on AVX512_BF16 ``vdpbf16ps``.
+
+The strict f32 decode kernel (``sdpa._dec_items``) spends one FMA lane per K/V
+element and query row of its head group: at 4 query heads per KV head that is
+0.25 cycles per element, about twice the time the int4 cache takes to read.
+``vdpbf16ps`` does 32 bf16 multiply-adds per instruction (twice the lanes of an
+f32 FMA) with exact products and f32 accumulation, so under fpmath bf16 this
+kernel computes::
+
+    score[r, s] = sum_g sk[g, s] * (sum_{d in g} bf16(q[r, d]) * u[d, s]  -  z'[g, s] * Q_g[r])
+    out[r, d]  += sum_s bf16(p[r, s] * sv[s, g]) * u[s, d]  -  sum_s bf16(p sv) * z'[s, g]
+
+``u`` are the stored integers made bf16 (exact: |u| <= 256), ``z' = zp + off``
+their zero point plus the encoding offset below, ``Q_g[r]`` the sum of the
+bf16 query over group ``g``.  Per group the scale comes out of the partial sum
+along the head dimension (Q.K), and for P.V it is folded into the
+probability (a zmm of V holds 16 head dims of one group), which is rounded to
+bf16 once.
+
+What bf16 fpmath permits and what this computes.  The mode lets f32 inputs of
+the MatMuls be rounded to bf16 (docs/fpmath.md), with ``apply_to_int`` the
+dequantized K/V too; the caller asks for this kernel only then (``bf16_dot``).
+It rounds Q and ``p * sv`` (the probability times the V scale) to bf16,
+round-to-nearest-even, nothing else: the K/V integers are exact in bf16 and
+the K scales are applied in f32, so it is at least as accurate as rounding the
+dequantized K/V.  Error bound per output element against exact attention on
+the bf16 query (u = 2^-24; tests/kernels/test_sdpa_bf16.py computes it)::
+
+    2^-8 * sum_s P[s] |v[s, d]|                 p * sv rounded to bf16 once (unit roundoff 2^-8)
+    + 2 max|v| * ds                             score error ds <= scale sum_g sk_g 70 u (off + 15 + z) sum_g |q|
+    + 130 u (tiles * max|v| + (ovl + 15 + z) max sv)   f32 P.V sums of each tile, offsets included
+    + 1e-6 max|v|                               the f32 merge of the splits
+
+i.e. at most one bf16 rounding of max|V|, usually far less.  Both instructions
+treat bf16/f32 denormals as zero (DAZ/FTZ), far below that bound.
+
+int4 to bf16 in two or three vector operations.  A bf16 with exponent 2^4 and
+the nibble in mantissa bits 3-6 is ``16 + n`` exactly (bits ``0x4180 | n << 3``);
+with exponent 2^7 and the nibble in bits 0-3 it is ``128 + n`` (``0x4300 | n``:
+no shift for a low nibble).  s4 flips the nibble's top bit first (``n ^ 8 = n +
+8``).  A byte shuffle (``vpermt2b``) puts byte j of row A and of row B in lane
+j, a shift moves the wanted nibble, one ``vpternlogd`` masks it and sets the
+exponent (:data:`ENCODINGS`).  So the stored value carries an offset ``off``
+(16/24 for K, 128/136 or 16/24 for V's low/high nibbles), taken out through
+``z'`` above: for Q.K with ``Q_g``, for P.V with the sums of the rounded weights
+(``vdpbf16ps`` against pairs of ones and of zero points: exact products), tile
+by tile so the f32 sums stay within ``(off + 15) * sum_tile p sv``.  8-bit values
+go through ``vcvtdq2ps`` (the top half of an f32 holding an 8-bit integer is its
+bf16); they need no offset.  Zero points must be integers (DynamicDequantize's
+integer zero-point types), exact in bf16.
+
+Pairs.  ``vdpbf16ps`` multiplies bf16 pairs lane by lane and adds both
+products to the f32 lane: the pair must run along the reduction.  K is stored
+``[D, S]``: lane = position, pair = rows d, d+1, low and high nibbles = even and
+odd positions (scores in that even/odd order per 32 positions).  V is
+``[S, D]``: lane = head dim, pair = rows s, s+1, the same helper.  Q is broadcast
+as a pair (q[d], q[d+1]), the weights as (w[s, g], w[s+1, g]) (``vpermt2ps`` of
+the probabilities against the ``[S, D/G]`` V scales, ``vcvtne2ps2bf16``, ``vpermw``).
+
+Layouts and limits as the f32 decode kernel (K transposed, V ``[S, D]``, D a
+multiple of 64, int4 V groups a multiple of 32, 8-bit ones of 16), plus even
+K groups.  ``HAVE_BF16`` guards the CPU feature; without it the caller keeps
+the f32 path (inputs rounded, f32 FMAs).
+"""
+from __future__ import annotations
+
+from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
+
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from graph_api.kernels.bits import (_V16, exp32, f32x16, prefetch, vadd, vfma, vload, vload_even,
+                                    vload_odd, vmax, vmul, vsplat, vstore, vsub)
+
+DT = 128  #: KV positions per tile (one 64-byte line per int4 K row)
+NEG_INF = np.float32(-np.inf)
+
+
+def _target_features() -> str:
+    """The CPU features Numba compiles for (as ``igemm.HAVE_VNNI`` reads them)."""
+    name = os.environ.get("NUMBA_CPU_NAME", "")
+    feats = os.environ.get("NUMBA_CPU_FEATURES")
+    if feats is not None and name and name != "host":
+        return feats
+    import llvmlite.binding as llvm
+
+    return llvm.get_host_cpu_features().flatten() if name in ("", "host") else ""
+
+
+#: whether the compiled code may use vdpbf16ps (tests switch it off to run the f32 path)
+HAVE_BF16 = "+avx512bf16" in _target_features().split(",")
+
+
+# ------------------------------------------------------------------ intrinsics
+class _BFloat(ir.types.Type):
+    """LLVM's ``bfloat``: llvmlite.ir has no spelling for it, but its IR is text,
+    so a type that prints ``bfloat`` is all the intrinsic declarations need."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_I32V = ir.VectorType(_I32, 16)
+_BF32 = ir.VectorType(_BFloat(), 32)
+
+
+def _splat_i32(builder, x):
+    v = builder.insert_element(ir.Constant(_I32V, ir.Undefined), x, _I32(0))
+    return builder.shuffle_vector(v, v, ir.Constant(_I32V, [0] * 16))
+
+
+@intrinsic
+def vdpbf(typingctx, acc, a, b):
+    """``acc[i] + a[2i] b[2i] + a[2i+1] b[2i+1]``: ``a``, ``b`` hold 32 bf16 (pairs per
+    f32 lane, as bit patterns); ``llvm.x86.avx512bf16.dpbf16ps.512`` (products exact,
+    f32 sums)."""
+    sig = f32x16(f32x16, f32x16, f32x16)
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16, _BF32, _BF32]),
+                                            "llvm.x86.avx512bf16.dpbf16ps.512")
+        return builder.call(fn, [args[0], builder.bitcast(args[1], _BF32), builder.bitcast(args[2], _BF32)])
+
+    return sig, codegen
+
+
+def _vec_bits(context, builder, aryty, ary_val, idx_val, idx_ty, elem):
+    """16 x 32 bits (or 32 x 16 with ``elem`` 16) at ``arr.flat[idx]``."""
+    ary = context.make_array(aryty)(context, builder, ary_val)
+    p = builder.gep(ary.data, [context.cast(builder, idx_val, idx_ty, types.intp)])
+    vt = _I32V if elem == 32 else ir.VectorType(_I16, 32)
+    return builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
+
+
+@intrinsic
+def vperm2(typingctx, a, b, idx, io):
+    """Lane l = (a then b)[idx[io + l]] (32 lanes to choose from; ``idx`` int32;
+    ``vpermt2ps``)."""
+    if not (isinstance(idx, types.Array) and idx.dtype == types.int32):
+        return None
+    sig = f32x16(f32x16, f32x16, idx, io)
+
+    def codegen(context, builder, signature, args):
+        iv = _vec_bits(context, builder, signature.args[2], args[2], args[3], signature.args[3], 32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16, _I32V, _V16]),
+                                            "llvm.x86.avx512.vpermi2var.ps.512")
+        return builder.call(fn, [args[0], iv, args[1]])
+
+    return sig, codegen
+
+
+@intrinsic
+def vpack(typingctx, a, b, idx, io):
+    """bf16(a then b) (32 values, round to nearest even: ``vcvtne2ps2bf16``), word w of
+    the result taken from value ``idx[io + w]`` (``idx`` int16; ``vpermw``)."""
+    if not (isinstance(idx, types.Array) and idx.dtype == types.int16):
+        return None
+    sig = f32x16(f32x16, f32x16, idx, io)
+
+    def codegen(context, builder, signature, args):
+        w16 = ir.VectorType(_I16, 32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_BF32, [_V16, _V16]),
+                                            "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+        w = builder.bitcast(builder.call(fn, [args[1], args[0]]), w16)  # words 0-15: a
+        iv = _vec_bits(context, builder, signature.args[2], args[2], args[3], signature.args[3], 16)
+        pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(w16, [w16, w16]),
+                                            "llvm.x86.avx512.permvar.hi.512")
+        return builder.bitcast(builder.call(pf, [w, iv]), _V16)
+
+    return sig, codegen
+
+
+@intrinsic
+def vbits(typingctx, x):
+    """16 copies of the 32-bit pattern ``x`` (an integer) as f32x16."""
+    sig = f32x16(x)
+
+    def codegen(context, builder, signature, args):
+        c = args[0]
+        c = builder.trunc(c, _I32) if c.type.width > 32 else c
+        return builder.bitcast(_splat_i32(builder, c), _V16)
+
+    return sig, codegen
+
+
+def _byte_ptr(context, builder, aryty, ary_val, off_val, off_ty):
+    ary = context.make_array(aryty)(context, builder, ary_val)
+    base = builder.bitcast(ary.data, _I8.as_pointer())
+    return builder.gep(base, [context.cast(builder, off_val, off_ty, types.intp)])
+
+
+def _load16(builder, p):
+    return builder.load(builder.bitcast(p, ir.VectorType(_I8, 16).as_pointer()), align=1)
+
+
+#: int4 nibble -> bf16 encodings: (bit shift (+ left, - right), mask, bf16 bits of the
+#: zero nibble in both halves, value of nibble 0).  The nibble lands in mantissa bits 3-6
+#: at exponent 2^4 (16 + n) or bits 0-3 at 2^7 (128 + n, no shift for the low nibble).
+ENCODINGS = {"lo16": (3, 0x00780078, 0x41804180, 16.0),
+             "hi16": (-1, 0x00780078, 0x41804180, 16.0),
+             "lo128": (0, 0x000F000F, 0x43004300, 128.0)}
+#: s4: the nibble's top bit flipped (n ^ 8 = n + 8 for two's complement n): the xor bits
+S4_FLIP = {"lo16": 0x00400040, "hi16": 0x00400040, "lo128": 0x00080008}
+
+
+def encoding(name: str, signed: bool):
+    """(xor constant, offset) of an int4 encoding: u = offset + n exactly in bf16."""
+    shift, mask, base, zero = ENCODINGS[name]
+    return (base ^ S4_FLIP[name]) if signed else base, zero + (8.0 if signed else 0.0)
+
+
+def _vpair4(name: str):
+    shift, mask = ENCODINGS[name][:2]
+
+    @intrinsic
+    def f(typingctx, arr, a, b, cst):
+        """Lane j = (u(A[j]), u(B[j])) for the low (even) or high (odd) nibbles of the 16
+        bytes A at byte offset ``a`` and B at ``b`` of ``arr``'s buffer, as bf16 pairs
+        in the encoding ``name`` (``cst`` from :func:`encoding`).  One byte shuffle puts
+        A[j] in bytes 0-1 and B[j] in bytes 2-3 of lane j (the mask keeps the
+        nibble wanted), a shift, then one ``vpternlogd`` (and, xor)."""
+        if not isinstance(arr, types.Array):
+            return None
+        sig = f32x16(arr, a, b, cst)
+
+        def codegen(context, builder, signature, args):
+            aty, ity, jty, _ = signature.args
+            va = _load16(builder, _byte_ptr(context, builder, aty, args[0], args[1], ity))
+            vb = _load16(builder, _byte_ptr(context, builder, aty, args[0], args[2], jty))
+            idx = [x for j in range(16) for x in (j, j, 16 + j, 16 + j)]
+            d = builder.bitcast(builder.shuffle_vector(va, vb, ir.Constant(ir.VectorType(_I32, 64), idx)), _I32V)
+            if shift > 0:
+                d = builder.shl(d, ir.Constant(_I32V, [shift] * 16))
+            elif shift < 0:
+                d = builder.lshr(d, ir.Constant(_I32V, [-shift] * 16))
+            d = builder.and_(d, ir.Constant(_I32V, [mask] * 16))
+            c = args[3]
+            c = builder.trunc(c, _I32) if c.type.width > 32 else c
+            return builder.bitcast(builder.xor(d, _splat_i32(builder, c)), _V16)
+
+        return sig, codegen
+
+    return f
+
+
+vpair4_lo = _vpair4("lo16")
+vpair4_hi = _vpair4("hi16")
+vpair4_lo128 = _vpair4("lo128")
+
+
+@intrinsic
+def vpair8(typingctx, arr, a, b):
+    """Lane j = (A[j], B[j]) as a bf16 pair for the 16 int8/uint8 elements A at element
+    offset ``a`` and B at ``b`` (sign per dtype; exact: 8-bit integers have <= 8
+    significant bits, so the low half of their f32 is zero).  (A uint16 view, int4 data,
+    types as unsigned bytes: :func:`_vecs` never takes this branch for it.)"""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.int8, types.uint8, types.uint16)):
+        return None
+    signed = arr.dtype == types.int8
+    sig = f32x16(arr, a, b)
+
+    def codegen(context, builder, signature, args):
+        aty, ity, jty = signature.args
+        ext = builder.sext if signed else builder.zext
+        fa = builder.sitofp(ext(_load16(builder, _byte_ptr(context, builder, aty, args[0], args[1], ity)), _I32V), _V16)
+        fb = builder.sitofp(ext(_load16(builder, _byte_ptr(context, builder, aty, args[0], args[2], jty)), _I32V), _V16)
+        lo = builder.lshr(builder.bitcast(fa, _I32V), ir.Constant(_I32V, [16] * 16))
+        return builder.bitcast(builder.or_(lo, builder.bitcast(fb, _I32V)), _V16)
+
+    return sig, codegen
+
+
+@intrinsic
+def _isz(typingctx, arr):
+    """``arr.itemsize`` as a compile-time constant (int4 data arrive as a uint16 view)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(types.intp, arr.dtype.bitwidth // 8)
+
+    return types.intp(arr), codegen
+
+
+@intrinsic
+def _vbc(typingctx, arr, idx):
+    """16 copies of the 32 bits at float32 ``arr.flat[idx]`` (no wraparound; folds into
+    ``vdpbf16ps``'s ``{1to16}`` broadcast operand)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        x = builder.load(builder.gep(ary.data, [i]), align=4)
+        v = builder.insert_element(ir.Constant(_V16, ir.Undefined), x, _I32(0))
+        return builder.shuffle_vector(v, v, ir.Constant(_I32V, [0] * 16))
+
+    return f32x16(arr, idx), codegen
+
+
+#: bits.exp32's constants: clamp, log2(e), ln2 in two parts, the degree-6 polynomial
+_EXP_LO, _EXP_HI = -87.33654, 88.72283
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)
+
+
+@intrinsic
+def vexp(typingctx, x):
+    """:func:`graph_api.kernels.bits.exp32` on 16 lanes, the same operations in the same
+    order (so the same values): Cody-Waite reduction, degree-6 polynomial, 2**n in two
+    exponent steps; below -87.34 gives 0, above 88.72 inf, NaN stays NaN.  (LLVM
+    vectorised the scalar loop too, but at ~3 cycles per value.)"""
+    sig = f32x16(f32x16)
+
+    def codegen(context, builder, signature, args):
+        f = lambda c: ir.Constant(_V16, [float(np.float32(c))] * 16)  # noqa: E731
+        floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16]), "llvm.floor.v16f32")
+        xv = args[0]
+        lo, hi = f(_EXP_LO), f(_EXP_HI)
+        xc = builder.select(builder.fcmp_ordered(">", xv, lo), xv, lo)
+        xc = builder.select(builder.fcmp_ordered("<", xc, hi), xc, hi)
+        n = builder.call(floor, [builder.fadd(builder.fmul(xc, f(1.4426950408889634)), f(0.5))])
+        r = builder.fsub(xc, builder.fmul(n, f(0.693359375)))
+        r = builder.fsub(r, builder.fmul(n, f(-2.12194440e-4)))
+        p = f(_EXP_POLY[0])
+        for c in _EXP_POLY[1:]:
+            p = builder.fadd(builder.fmul(p, r), f(c))
+        p = builder.fadd(builder.fadd(builder.fmul(builder.fmul(p, r), r), r), f(1.0))
+        h = builder.call(floor, [builder.fmul(n, f(0.5))])
+
+        def pow2i(e):
+            i = builder.add(builder.fptosi(e, _I32V), ir.Constant(_I32V, [127] * 16))
+            return builder.bitcast(builder.shl(i, ir.Constant(_I32V, [23] * 16)), _V16)
+
+        y = builder.fmul(builder.fmul(p, pow2i(h)), pow2i(builder.fsub(n, h)))
+        y = builder.select(builder.fcmp_ordered("<", xv, lo), f(0.0), y)
+        y = builder.select(builder.fcmp_ordered(">", xv, hi), f(np.inf), y)
+        return builder.select(builder.fcmp_ordered("==", xv, xv), y, xv)
+
+    return sig, codegen
+
+
+# ------------------------------------------------------------------ building blocks
+@njit(inline="always", cache=True)
+def _vecs(buf, a, b, cl, ch):
+    """4 pair vectors of 64 values along the lanes from rows at bytes ``a`` and ``b``:
+    int4 (``buf`` a uint16 view): low / high nibbles of bytes 0-15, then of 16-31
+    (encodings lo16 / hi16, constants ``cl`` / ``ch``); 8-bit: elements 0-15, 16-31,
+    32-47, 48-63."""
+    if _isz(buf) == 2:
+        return (vpair4_lo(buf, a, b, cl), vpair4_hi(buf, a, b, ch),
+                vpair4_lo(buf, a + 16, b + 16, cl), vpair4_hi(buf, a + 16, b + 16, ch))
+    return (vpair8(buf, a, b), vpair8(buf, a + 16, b + 16),
+            vpair8(buf, a + 32, b + 32), vpair8(buf, a + 48, b + 48))
+
+
+@njit(inline="always", cache=True)
+def _vecs_v(buf, a, b, cl, ch):
+    """:func:`_vecs` with the low nibbles in the lo128 encoding (one operation fewer;
+    the P.V sums are corrected per tile, so the larger offset costs little)."""
+    if _isz(buf) == 2:
+        return (vpair4_lo128(buf, a, b, cl), vpair4_hi(buf, a, b, ch),
+                vpair4_lo128(buf, a + 16, b + 16, cl), vpair4_hi(buf, a + 16, b + 16, ch))
+    return (vpair8(buf, a, b), vpair8(buf, a + 16, b + 16),
+            vpair8(buf, a + 32, b + 32), vpair8(buf, a + 48, b + 48))
+
+
+@njit(inline="always", cache=True)
+def _kparam4(arr, i, four):
+    """K scales / zero points of a 64-position sub-block from flat index i, in the lane
+    order of :func:`_vecs` (int4: even positions then odd ones)."""
+    if four:
+        return (vload_even(arr, i), vload_odd(arr, i), vload_even(arr, i + 32), vload_odd(arr, i + 32))
+    return (vload(arr, i), vload(arr, i + 16), vload(arr, i + 32), vload(arr, i + 48))
+
+
+@njit(inline="always", cache=True)
+def _zparam4(arr, i, four, zs, ol, oh):
+    """z' = zero point + encoding offset of the 4 vectors (offsets ``ol`` for the low
+    nibbles, ``oh`` for the high ones; ``zs`` = 0: no zero points)."""
+    el = vsplat(ol)
+    eh = vsplat(oh)
+    if zs:
+        z0, z1, z2, z3 = _kparam4(arr, i, four)
+        return vadd(z0, el), vadd(z1, eh), vadd(z2, el), vadd(z3, eh)
+    return el, eh, el, eh
+
+
+@njit(inline="always", cache=True)
+def _sacc(sc, o, s0, s1, s2, s3, z0, z1, z2, z3, nq, a0, a1, a2, a3):
+    """sc[o + 16v ..] += s_v * (a_v - z'_v * Q_g) for the 4 vectors of one row (nq = -Q_g)."""
+    n = vsplat(nq)
+    vstore(sc, o, vfma(s0, vfma(z0, n, a0), vload(sc, o)))
+    vstore(sc, o + 16, vfma(s1, vfma(z1, n, a1), vload(sc, o + 16)))
+    vstore(sc, o + 32, vfma(s2, vfma(z2, n, a2), vload(sc, o + 32)))
+    vstore(sc, o + 48, vfma(s3, vfma(z3, n, a3), vload(sc, o + 48)))
+
+
+@njit(cache=True)
+def _score4(buf, k0, rs, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum, r0, sc, c):
+    """sc[r0..r0+3, 64c..64c+63] = scores of 4 rows against one 64-position K sub-block.
+
+    ``k0``: byte offset of row d=0 of the tile, ``rs`` the row stride in bytes;
+    ``cl``/``ch``/``ol``/``oh``: the int4 encodings' constants and offsets;
+    ``s0i``: scale index of group 0 at the tile's first position, ``srs`` the group
+    stride; zero points at ``s0i`` too when ``zs`` = 1.  ``qp``: bf16 pairs of Q
+    (row r, pair p at r * D/2 + p); ``qsum``: Q summed per group.
+    """
+    four = _isz(buf) == 2
+    ng = D // G
+    hp = D // 2
+    z = vsplat(np.float32(0.0))
+    sub = (32 if four else 64) * c
+    o0 = r0 * DT + 64 * c
+    for g in range(ng):
+        a00 = z
+        a01 = z
+        a02 = z
+        a03 = z
+        a10 = z
+        a11 = z
+        a12 = z
+        a13 = z
+        a20 = z
+        a21 = z
+        a22 = z
+        a23 = z
+        a30 = z
+        a31 = z
+        a32 = z
+        a33 = z
+        for p in range(g * (G // 2), (g + 1) * (G // 2)):
+            ra = k0 + 2 * p * rs + sub
+            x0, x1, x2, x3 = _vecs(buf, ra, ra + rs, cl, ch)
+            q = _vbc(qp, r0 * hp + p)
+            a00 = vdpbf(a00, x0, q)
+            a01 = vdpbf(a01, x1, q)
+            a02 = vdpbf(a02, x2, q)
+            a03 = vdpbf(a03, x3, q)
+            q = _vbc(qp, (r0 + 1) * hp + p)
+            a10 = vdpbf(a10, x0, q)
+            a11 = vdpbf(a11, x1, q)
+            a12 = vdpbf(a12, x2, q)
+            a13 = vdpbf(a13, x3, q)
+            q = _vbc(qp, (r0 + 2) * hp + p)
+            a20 = vdpbf(a20, x0, q)
+            a21 = vdpbf(a21, x1, q)
+            a22 = vdpbf(a22, x2, q)
+            a23 = vdpbf(a23, x3, q)
+            q = _vbc(qp, (r0 + 3) * hp + p)
+            a30 = vdpbf(a30, x0, q)
+            a31 = vdpbf(a31, x1, q)
+            a32 = vdpbf(a32, x2, q)
+            a33 = vdpbf(a33, x3, q)
+        si = s0i + g * srs + 64 * c
+        s0, s1, s2, s3 = _kparam4(scb, si, four)
+        z0, z1, z2, z3 = _zparam4(zpb, si, four, zs, ol, oh)
+        _sacc(sc, o0, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a00, a01, a02, a03)
+        _sacc(sc, o0 + DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 1) * ng + g], a10, a11, a12, a13)
+        _sacc(sc, o0 + 2 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 2) * ng + g], a20, a21, a22, a23)
+        _sacc(sc, o0 + 3 * DT, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[(r0 + 3) * ng + g], a30, a31, a32, a33)
+
+
+@njit(cache=True)
+def _score1(buf, k0, rs, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum, r0, sc, c):
+    """One-row form of :func:`_score4`."""
+    four = _isz(buf) == 2
+    ng = D // G
+    hp = D // 2
+    z = vsplat(np.float32(0.0))
+    sub = (32 if four else 64) * c
+    for g in range(ng):
+        a0 = z
+        a1 = z
+        a2 = z
+        a3 = z
+        for p in range(g * (G // 2), (g + 1) * (G // 2)):
+            ra = k0 + 2 * p * rs + sub
+            x0, x1, x2, x3 = _vecs(buf, ra, ra + rs, cl, ch)
+            q = _vbc(qp, r0 * hp + p)
+            a0 = vdpbf(a0, x0, q)
+            a1 = vdpbf(a1, x1, q)
+            a2 = vdpbf(a2, x2, q)
+            a3 = vdpbf(a3, x3, q)
+        si = s0i + g * srs + 64 * c
+        s0, s1, s2, s3 = _kparam4(scb, si, four)
+        z0, z1, z2, z3 = _zparam4(zpb, si, four, zs, ol, oh)
+        _sacc(sc, r0 * DT + 64 * c, s0, s1, s2, s3, z0, z1, z2, z3, -qsum[r0 * ng + g], a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _vgroups(four, G, d0):
+    """Groups of the 4 vectors of V head dims d0..d0+63 (int4: even/odd d of a 32-d chunk)."""
+    if four:
+        return d0 // G, d0 // G, (d0 + 32) // G, (d0 + 32) // G
+    return d0 // G, (d0 + 16) // G, (d0 + 32) // G, (d0 + 48) // G
+
+
+@njit(inline="always", cache=True)
+def _acc_in(acc, o, al, zc, zo, g0, g1, g2, g3):
+    """acc row vectors scaled by alpha, minus this tile's z' terms (the pairs add them
+    back): ``zc[zo + 2g]`` for the low-nibble (or 8-bit) vectors, ``+ 1`` for the high."""
+    l = vsplat(al)
+    return (vfma(vload(acc, o), l, vsplat(-zc[zo + 2 * g0])),
+            vfma(vload(acc, o + 16), l, vsplat(-zc[zo + 2 * g1 + 1])),
+            vfma(vload(acc, o + 32), l, vsplat(-zc[zo + 2 * g2])),
+            vfma(vload(acc, o + 48), l, vsplat(-zc[zo + 2 * g3 + 1])))
+
+
+@njit(inline="always", cache=True)
+def _vst4(arr, o, a0, a1, a2, a3):
+    vstore(arr, o, a0)
+    vstore(arr, o + 16, a1)
+    vstore(arr, o + 32, a2)
+    vstore(arr, o + 48, a3)
+
+
+@njit(inline="always", cache=True)
+def _wdot(W, wo, g0, g1, g2, g3, x0, x1, x2, x3, a0, a1, a2, a3):
+    """a_v += the pair W[wo + g_v] times x_v for one row."""
+    return (vdpbf(a0, x0, _vbc(W, wo + g0)), vdpbf(a1, x1, _vbc(W, wo + g1)),
+            vdpbf(a2, x2, _vbc(W, wo + g2)), vdpbf(a3, x3, _vbc(W, wo + g3)))
+
+
+@njit(cache=True)
+def _pv4(vb, v0, cl, ch, G, D, W, zc, acc, alpha, r0):
+    """acc[r0..r0+3, :] = acc * alpha + sum_s w[r, s, g] u[s, :] - zc[r, g] over one tile.
+
+    ``v0``: byte offset of the tile's row 0 (DT full rows readable); ``W``: the pair
+    (w[2i], w[2i+1]) of row r, group g at ``(r * DT/2 + i) * ng + g``.  acc is in the
+    int4 chunk order (32 d per chunk: even d then odd d) for int4.
+    """
+    four = _isz(vb) == 2
+    ng = D // G
+    rowb = D // 2 if four else D
+    R = ng * (DT // 2)
+    for h in range(D // 64):
+        g0, g1, g2, g3 = _vgroups(four, G, 64 * h)
+        oa = r0 * D + 64 * h
+        a00, a01, a02, a03 = _acc_in(acc, oa, alpha[r0], zc, 2 * r0 * ng, g0, g1, g2, g3)
+        a10, a11, a12, a13 = _acc_in(acc, oa + D, alpha[r0 + 1], zc, 2 * (r0 + 1) * ng, g0, g1, g2, g3)
+        a20, a21, a22, a23 = _acc_in(acc, oa + 2 * D, alpha[r0 + 2], zc, 2 * (r0 + 2) * ng, g0, g1, g2, g3)
+        a30, a31, a32, a33 = _acc_in(acc, oa + 3 * D, alpha[r0 + 3], zc, 2 * (r0 + 3) * ng, g0, g1, g2, g3)
+        hb = (32 if four else 64) * h
+        for i in range(DT // 2):
+            ra = v0 + 2 * i * rowb + hb
+            x0, x1, x2, x3 = _vecs_v(vb, ra, ra + rowb, cl, ch)
+            wo = r0 * R + i * ng
+            a00, a01, a02, a03 = _wdot(W, wo, g0, g1, g2, g3, x0, x1, x2, x3, a00, a01, a02, a03)
+            a10, a11, a12, a13 = _wdot(W, wo + R, g0, g1, g2, g3, x0, x1, x2, x3, a10, a11, a12, a13)
+            a20, a21, a22, a23 = _wdot(W, wo + 2 * R, g0, g1, g2, g3, x0, x1, x2, x3, a20, a21, a22, a23)
+            a30, a31, a32, a33 = _wdot(W, wo + 3 * R, g0, g1, g2, g3, x0, x1, x2, x3, a30, a31, a32, a33)
+        _vst4(acc, oa, a00, a01, a02, a03)
+        _vst4(acc, oa + D, a10, a11, a12, a13)
+        _vst4(acc, oa + 2 * D, a20, a21, a22, a23)
+        _vst4(acc, oa + 3 * D, a30, a31, a32, a33)
+
+
+@njit(cache=True)
+def _pv1(vb, v0, cl, ch, G, D, W, zc, acc, alpha, r0):
+    """One-row form of :func:`_pv4`."""
+    four = _isz(vb) == 2
+    ng = D // G
+    rowb = D // 2 if four else D
+    for h in range(D // 64):
+        g0, g1, g2, g3 = _vgroups(four, G, 64 * h)
+        oa = r0 * D + 64 * h
+        a0, a1, a2, a3 = _acc_in(acc, oa, alpha[r0], zc, 2 * r0 * ng, g0, g1, g2, g3)
+        hb = (32 if four else 64) * h
+        for i in range(DT // 2):
+            ra = v0 + 2 * i * rowb + hb
+            x0, x1, x2, x3 = _vecs_v(vb, ra, ra + rowb, cl, ch)
+            a0, a1, a2, a3 = _wdot(W, (r0 * (DT // 2) + i) * ng, g0, g1, g2, g3, x0, x1, x2, x3,
+                                   a0, a1, a2, a3)
+        _vst4(acc, oa, a0, a1, a2, a3)
+
+
+@njit(inline="always", cache=True)
+def _eo_pos(t):
+    """Position (in the tile) of slot ``t`` of the even/odd order: per 32 positions, the
+    16 even ones then the 16 odd ones (the int4 K score order)."""
+    return 32 * (t // 32) + 2 * (t % 16) + ((t // 16) & 1)
+
+
+@njit(cache=True)
+def _weight_tables(ng, four, pidx, widx):
+    """Index tables of :func:`_weights` for ``ng`` V groups (16 % ng == 0).
+
+    ``pidx[16b + l]``: the score slot (within its 32-position block) of the position of
+    lane l of product vector b (lanes = (position, group) in the V scales' order);
+    ``widx[w]``: the product (of a vector pair) that word w of the packed pairs takes,
+    so that dword ``i * ng + g`` is (w[2i, g], w[2i + 1, g]).
+    """
+    for f in range(DT * ng):
+        s = (f // ng) % 32
+        pidx[f] = 16 * (s % 2) + s // 2 if four else s
+    for w in range(32):
+        i = (w // 2) // ng
+        g = (w // 2) % ng
+        widx[w] = (2 * i + w % 2) * ng + g
+
+
+@njit(cache=True)
+def _weights(vsc, vzp, zs, vs0, ng, ol, oh, sc, nrow, pidx, widx, W, part, zc):
+    """W[(r * DT/2 + i) * ng + g] = (bf16(p[r, 2i] sv[2i, g]), bf16(p[r, 2i+1] sv[2i+1, g]))
+    and zc[2 (r ng + g) + e] = sum_s bf16(p sv)[s, g] * (z[s, g] + off_e): the z' the
+    pairs add, from the rounded weights (``vdpbf16ps`` with pairs of ones / zero
+    points: exact products), so the two cancel up to f32 sums.
+
+    ``sc``: p in the K tile's order; the V scales (and zero points) of the tile are
+    ``[DT, ng]`` contiguous from ``vs0`` and already 0 past its end (staged).
+    """
+    nb = 2 * ng  # 16-lane product vectors per 32 positions
+    one = vbits(np.uint32(0x3F803F80))  # the pair (1, 1)
+    H = DT // 2
+    for r in range(nrow):
+        wsum = vsplat(np.float32(0.0))
+        wz = vsplat(np.float32(0.0))
+        for k in range(DT // 32):
+            pa = vload(sc, r * DT + 32 * k)
+            pb = vload(sc, r * DT + 32 * k + 16)
+            for j in range(0, nb, 2):
+                b = k * nb + j
+                e = vs0 + 16 * b
+                w = vpack(vmul(vperm2(pa, pb, pidx, 16 * b), vload(vsc, e)),
+                          vmul(vperm2(pa, pb, pidx, 16 * b + 16), vload(vsc, e + 16)), widx, 0)
+                vstore(W, r * H * ng + 8 * b, w)
+                wsum = vdpbf(wsum, w, one)
+                if zs:
+                    wz = vdpbf(wz, w, vpack(vload(vzp, e), vload(vzp, e + 16), widx, 0))
+        vstore(part, 0, wsum)
+        vstore(part, 16, wz)
+        for g in range(ng):
+            ws = np.float32(0.0)
+            zz = np.float32(0.0)
+            for l in range(g, 16, ng):
+                ws += part[l]
+                zz += part[16 + l]
+            zc[2 * (r * ng + g)] = ol * ws + zz
+            zc[2 * (r * ng + g) + 1] = oh * ws + zz
+
+
+@njit(inline="always", cache=True)
+def _online_softmax_row(sc, o, n, rr, m, alpha, lv, part):
+    """One row's tile of ``n`` scores at ``sc[o:]`` joins the running softmax (as
+    ``sdpa._online_softmax_row``): new max ``m[rr]``, rescale factor ``alpha[rr]``,
+    scores -> ``exp(score - max)``, added to the running sums ``lv[rr*16:]``."""
+    mv = vsplat(m[rr])
+    for t in range(0, n, 16):
+        mv = vmax(mv, vload(sc, o + t))
+    vstore(part, 0, mv)
+    mt = m[rr]
+    for j in range(16):
+        mt = max(mt, part[j])
+    if mt == NEG_INF:
+        alpha[rr] = np.float32(1.0)
+        for t in range(n):
+            sc[o + t] = np.float32(0.0)
+        return
+    al = exp32(m[rr] - mt)
+    alpha[rr] = al
+    m[rr] = mt
+    mtv = vsplat(mt)
+    lsum = vmul(vload(lv, rr * 16), vsplat(al))
+    for t in range(0, n, 16):
+        e = vexp(vsub(vload(sc, o + t), mtv))
+        vstore(sc, o + t, e)
+        lsum = vadd(lsum, e)
+    vstore(lv, rr * 16, lsum)
+
+
+# ------------------------------------------------------------------ the work items
+@njit(nogil=True, cache=True)
+def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
+              smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc):
+    """Work items ``ids`` (batch, KV head, KV split) -> partial (m, l, acc) per row, as
+    ``sdpa._dec_items`` (same arguments; ``qf`` already rounded to bf16).  ``kb``/``vb``:
+    int4 bytes as a uint16 view, or int8/uint8; ``sgn``: s4/s8."""
+    B, Hq, Sq, D = qf.shape
+    four = _isz(kb) == 2
+    rep = Hq // Hkv
+    nrow = rep * Sq
+    Rp = (nrow + 3) // 4 * 4
+    n4 = nrow // 4 * 4
+    coff = S - Sq if causal == 2 else 0
+    s_end = S if causal == 0 else min(S, Sq + coff)
+    per = (((S + nsplit - 1) // nsplit + DT - 1) // DT) * DT
+    ngk = D // kG
+    ngv = D // vG
+    hp = D // 2
+    bpe = 2 if four else 1  # elements per byte
+    isz = _isz(kb)
+    # int4 encodings (see ENCODINGS): K lo16/hi16, V lo128/hi16; 8-bit: no offset
+    cl = np.uint32(0x41C041C0 if sgn else 0x41804180)
+    ch = cl
+    cvl = np.uint32(0x43084308 if sgn else 0x43004300)
+    ol = np.float32((24.0 if sgn else 16.0) if four else 0.0)
+    ovl = np.float32((136.0 if sgn else 128.0) if four else 0.0)
+    kst_rs = DT // bpe  # staged K row: DT positions, in bytes
+    kst = np.zeros(D * kst_rs // isz, kb.dtype)
+    vrow = D // bpe  # bytes per V row
+    vst = np.zeros(DT * vrow // isz, vb.dtype)
+    kb8 = kb.view(np.uint8)
+    vb8 = vb.view(np.uint8)
+    kst8 = kst.view(np.uint8)
+    vst8 = vst.view(np.uint8)
+    sst = np.zeros(ngk * DT, np.float32)
+    zst = np.zeros(ngk * DT, np.float32)
+    perm = np.empty(DT, np.int64)
+    for t in range(DT):
+        perm[t] = _eo_pos(t) if four else t
+    qb = np.zeros(Rp * D, np.float32)
+    qp = np.zeros(Rp * hp, np.float32)  # bf16 pairs of q as f32 bit patterns
+    qpu = qp.view(np.uint32)
+    qbu = qb.view(np.uint32)
+    qsum = np.zeros(Rp * ngk, np.float32)
+    sc = np.empty(Rp * DT, np.float32)
+    acc = np.zeros(Rp * D, np.float32)
+    m = np.empty(Rp, np.float32)
+    lv = np.zeros(Rp * 16, np.float32)
+    alpha = np.ones(Rp, np.float32)
+    part = np.empty(16, np.float32)
+    zc = np.zeros(2 * Rp * ngv, np.float32)
+    vsst = np.zeros(DT * ngv, np.float32)  # V scales / zero points of a tail tile, 0 past its end
+    vzst = np.zeros(DT * ngv, np.float32)
+    pidx = np.empty(DT * ngv, np.int32)
+    widx = np.empty(32, np.int16)
+    _weight_tables(ngv, four, pidx, widx)
+    wpart = np.zeros(32, np.float32)
+    W = np.zeros(Rp * ngv * (DT // 2), np.float32)
+    scv = vsplat(scale)
+    for it in ids:
+        sp = it % nsplit
+        hk = (it // nsplit) % Hkv
+        b = it // (nsplit * Hkv)
+        sa = sp * per
+        sb = min(s_end, sa + per)
+        kbase = (b * Hkv + hk) * D * S
+        ksbase = (b * Hkv + hk) * ngk * S
+        vbase = (b * Hkv + hk) * S * D
+        vsbase = (b * Hkv + hk) * S * ngv
+        qsum[:] = 0.0
+        for rr in range(nrow):
+            qrow = qf[b, hk * rep + rr // Sq, rr % Sq]
+            for d in range(D):
+                qb[rr * D + d] = qrow[d]
+                qsum[rr * ngk + d // kG] += qrow[d]
+            for p in range(hp):  # q is bf16-exact: its top halves are the bf16 bits
+                qpu[rr * hp + p] = (qbu[rr * D + 2 * p] >> 16) | (qbu[rr * D + 2 * p + 1] & np.uint32(0xFFFF0000))
+        acc[:] = 0.0
+        lv[:] = 0.0
+        m[:] = NEG_INF
+        for s0 in range(sa, sb, DT):
+            nt = min(DT, sb - s0)
+            if nt == DT:
+                kbuf, k0, rs = kb, (kbase + s0) // bpe, S // bpe
+                scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
+                vbuf, v0 = vb, (vbase + s0 * D) // bpe
+                vsb, vzb, vs0 = vsc, vzp, vsbase + s0 * ngv
+                if s0 + DT < sb:  # the next tile's K lines and V rows
+                    for d in range(D):
+                        prefetch(kb, (k0 + d * rs + kst_rs) // isz)
+                        if not four:
+                            prefetch(kb, k0 + d * rs + kst_rs + 64)
+                    nxt = (vbase + (s0 + DT) * D) // bpe
+                    for e in range(nxt, nxt + DT * vrow, 64):
+                        prefetch(vb, e // isz)
+            else:  # tail tile, staged zero-padded so that the vector loads stay in bounds
+                kbuf, k0, rs = kst, 0, kst_rs
+                scb, zpb, s0i, srs, zs = sst, zst, 0, DT, 1
+                nbk = (nt + bpe - 1) // bpe  # bytes holding nt positions of a K row
+                src0 = (kbase + s0) // bpe
+                for d in range(D):
+                    for j in range(kst_rs):
+                        kst8[d * kst_rs + j] = kb8[src0 + d * (S // bpe) + j] if j < nbk else 0
+                for g in range(ngk):
+                    for t in range(DT):
+                        sst[g * DT + t] = ksc[ksbase + g * S + s0 + t] if t < nt else np.float32(0.0)
+                        zst[g * DT + t] = kzp[(ksbase + g * S + s0 + t) * kzs] if t < nt \
+                            else np.float32(0.0)
+                vsrc = (vbase + s0 * D) // bpe
+                for j in range(DT * vrow):
+                    vst8[j] = vb8[vsrc + j] if j < nt * vrow else 0
+                for j in range(DT * ngv):
+                    vsst[j] = vsc[vsbase + s0 * ngv + j] if j < nt * ngv else np.float32(0.0)
+                    vzst[j] = vzp[(vsbase + s0 * ngv + j) * vzs] if j < nt * ngv else np.float32(0.0)
+                vbuf, v0 = vst, 0
+                vsb, vzb, vs0 = vsst, vzst, 0
+            sc[:] = 0.0
+            for c in range(DT // 64):
+                for r0 in range(0, n4, 4):
+                    _score4(kbuf, k0, rs, cl, ch, ol, ol, scb, s0i, srs, zpb, zs, kG, D, qp, qsum, r0, sc, c)
+                for r0 in range(n4, nrow):
+                    _score1(kbuf, k0, rs, cl, ch, ol, ol, scb, s0i, srs, zpb, zs, kG, D, qp, qsum, r0, sc, c)
+            for rr in range(nrow):
+                o = rr * DT
+                if smul:
+                    for t in range(0, DT, 16):
+                        vstore(sc, o + t, vmul(vload(sc, o + t), scv))
+                else:
+                    for t in range(DT):
+                        sc[o + t] = sc[o + t] / scale
+                i = rr % Sq
+                if nt < DT or has_mask or (causal != 0 and s0 + nt - 1 > i + coff):
+                    hq = hk * rep + rr // Sq
+                    for t in range(DT):
+                        s = perm[t]
+                        if s >= nt or (causal != 0 and s0 + s > i + coff):
+                            sc[o + t] = NEG_INF
+                        elif has_mask:
+                            sc[o + t] += mflat[b * mstr[0] + hq * mstr[1] + i * mstr[2]
+                                               + (s0 + s) * mstr[3]]
+                _online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
+            _weights(vsb, vzb, vzs, vs0, ngv, ovl, ol, sc, nrow, pidx, widx, W, wpart, zc)
+            for r0 in range(0, n4, 4):
+                _pv4(vbuf, v0, cvl, ch, vG, D, W, zc, acc, alpha, r0)
+            for r0 in range(n4, nrow):
+                _pv1(vbuf, v0, cvl, ch, vG, D, W, zc, acc, alpha, r0)
+        for rr in range(nrow):
+            pm[it, rr] = m[rr]
+            ls = np.float32(0.0)
+            for j in range(16):
+                ls += lv[rr * 16 + j]
+            pl[it, rr] = ls
+            for d in range(D):
+                pacc[it, rr, d] = acc[rr * D + d]
+
+
+def usable(kk, vk, ktr, kG, vG, D, S, Sq) -> bool:
+    """Whether this kernel takes these operands (the caller checked fpmath bf16)."""
+    if not HAVE_BF16 or kk != vk or kk < 3 or not ktr or D % 64 or Sq > 8 or kG % 2:
+        return False
+    if kk >= 5:  # int4: whole bytes per K row (S even); a V zmm of 32 d in one group
+        return S % 2 == 0 and vG % 32 == 0
+    return vG % 16 == 0
