@@ -936,6 +936,14 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         _run_items(dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
                    Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
                    CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
+        if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
+            res = np.empty((B, Hq, Sq, D), np.float32)
+            sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
+            if out is None:
+                out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
+            out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
+                                               else res.astype(np.float16).view(np.uint16))
+            return out
         if four:  # int4 chunk order (32 d: even d then odd d) -> d order
             pacc = np.ascontiguousarray(
                 pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))

@@ -841,10 +841,42 @@ def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S
                 pacc[it, rr, d] = acc[rr * D + d]
 
 
+@njit(cache=True, error_model="numpy")
+def merge(pm, pl, pacc, Hkv, nsplit, four, res):
+    """res [B, Hq, Sq, D] f32 = the split partials combined (log-sum-exp in split order,
+    as ``sdpa._merge_np``, compiled: the numpy one cost ~50 us a call), int4 rows back
+    from the chunk order to d order.  A row no split saw a finite score of is 0/0."""
+    B, Hq, Sq, D = res.shape
+    rep = Hq // Hkv
+    rows = pm.shape[1]
+    o = np.empty(D, np.float32)
+    for bh in range(B * Hkv):
+        b = bh // Hkv
+        hk = bh % Hkv
+        for r in range(rows):
+            mx = NEG_INF
+            for sp in range(nsplit):
+                mx = max(mx, pm[bh * nsplit + sp, r])
+            den = np.float32(0.0)
+            o[:] = 0.0
+            for sp in range(nsplit):
+                it = bh * nsplit + sp
+                if pm[it, r] == NEG_INF:
+                    continue
+                w = exp32(pm[it, r] - mx)
+                den += pl[it, r] * w
+                for d in range(D):
+                    o[d] += pacc[it, r, d] * w
+            hq = hk * rep + r // Sq
+            i = r % Sq
+            for d in range(D):
+                res[b, hq, i, _eo_pos(d) if four else d] = o[d] / den
+
+
 def usable(kk, vk, ktr, kG, vG, D, S, Sq) -> bool:
     """Whether this kernel takes these operands (the caller checked fpmath bf16)."""
     if not HAVE_BF16 or kk != vk or kk < 3 or not ktr or D % 64 or Sq > 8 or kG % 2:
         return False
     if kk >= 5:  # int4: whole bytes per K row (S even); a V zmm of 32 d in one group
-        return S % 2 == 0 and vG % 32 == 0
-    return vG % 16 == 0
+        return S % 2 == 0 and vG % 32 == 0 and 16 % (D // vG) == 0
+    return vG % 16 == 0 and 16 % (D // vG) == 0

@@ -128,6 +128,12 @@ def test_scale_division_and_bf16_output():
     assert np.all(np.abs(o - r) <= bound(bf16(q), kd, vd, ks, kz, vs, vz, 32, P, 1 / 8.0, "u4"))
     ob = SD.sdpa(q, K, V, scale=8.0, scale_mode="div", rnd=RND_BF16, bf16_dot=True, out_dtype="bf16")
     assert np.array_equal(ob, o.astype(ml_dtypes.bfloat16).view(np.uint16))
+    mask = np.zeros((1, 8, 1, 256), np.float32)
+    mask[0, 3] = -np.inf  # a row masked everywhere is 0/0 = NaN, as in the f32 kernels
+    om = SD.sdpa(q, K, V, scale=8.0, scale_mode="div", mask=mask, rnd=RND_BF16, bf16_dot=True, kv_splits=2)
+    assert np.isnan(om[0, 3]).all() and not np.isnan(np.delete(om, 3, axis=1)).any()
+    assert np.array_equal(np.delete(om, 3, axis=1), np.delete(SD.sdpa(
+        q, K, V, scale=8.0, scale_mode="div", rnd=RND_BF16, bf16_dot=True, kv_splits=2), 3, axis=1))
 
 
 @pytest.mark.parametrize("kind", ["s4", "u8"])
