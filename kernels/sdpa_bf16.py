@@ -412,10 +412,11 @@ def _sacc(sc, o, s0, s1, s2, s3, z0, z1, z2, z3, nq, a0, a1, a2, a3):
 
 
 @njit(cache=True)
-def _score4(buf, k0, rs, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum, r0, sc, c):
+def _score4(buf, k0, rs, pf, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum, r0, sc, c):
     """sc[r0..r0+3, 64c..64c+63] = scores of 4 rows against one 64-position K sub-block.
 
-    ``k0``: byte offset of row d=0 of the tile, ``rs`` the row stride in bytes;
+    ``k0``: byte offset of row d=0 of the tile, ``rs`` the row stride in bytes, ``pf``
+    the byte distance to the next tile (prefetched);
     ``cl``/``ch``/``ol``/``oh``: the int4 encodings' constants and offsets;
     ``s0i``: scale index of group 0 at the tile's first position, ``srs`` the group
     stride; zero points at ``s0i`` too when ``zs`` = 1.  ``qp``: bf16 pairs of Q
@@ -446,6 +447,8 @@ def _score4(buf, k0, rs, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum,
         a33 = z
         for p in range(g * (G // 2), (g + 1) * (G // 2)):
             ra = k0 + 2 * p * rs + sub
+            prefetch(buf, (ra + pf) // _isz(buf))  # the next tile's lines of these rows,
+            prefetch(buf, (ra + rs + pf) // _isz(buf))  # spread over the work
             x0, x1, x2, x3 = _vecs(buf, ra, ra + rs, cl, ch)
             q = _vbc(qp, r0 * hp + p)
             a00 = vdpbf(a00, x0, q)
@@ -477,7 +480,7 @@ def _score4(buf, k0, rs, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum,
 
 
 @njit(cache=True)
-def _score1(buf, k0, rs, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum, r0, sc, c):
+def _score1(buf, k0, rs, pf, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum, r0, sc, c):
     """One-row form of :func:`_score4`."""
     four = _isz(buf) == 2
     ng = D // G
@@ -491,6 +494,8 @@ def _score1(buf, k0, rs, cl, ch, ol, oh, scb, s0i, srs, zpb, zs, G, D, qp, qsum,
         a3 = z
         for p in range(g * (G // 2), (g + 1) * (G // 2)):
             ra = k0 + 2 * p * rs + sub
+            prefetch(buf, (ra + pf) // _isz(buf))  # the next tile's lines of these rows,
+            prefetch(buf, (ra + rs + pf) // _isz(buf))  # spread over the work
             x0, x1, x2, x3 = _vecs(buf, ra, ra + rs, cl, ch)
             q = _vbc(qp, r0 * hp + p)
             a0 = vdpbf(a0, x0, q)
@@ -538,10 +543,11 @@ def _wdot(W, wo, g0, g1, g2, g3, x0, x1, x2, x3, a0, a1, a2, a3):
 
 
 @njit(cache=True)
-def _pv4(vb, v0, cl, ch, G, D, W, zc, acc, alpha, r0):
+def _pv4(vb, v0, pf, cl, ch, G, D, W, zc, acc, alpha, r0):
     """acc[r0..r0+3, :] = acc * alpha + sum_s w[r, s, g] u[s, :] - zc[r, g] over one tile.
 
-    ``v0``: byte offset of the tile's row 0 (DT full rows readable); ``W``: the pair
+    ``v0``: byte offset of the tile's row 0 (DT full rows readable), ``pf`` the byte
+    distance to the next tile (prefetched); ``W``: the pair
     (w[2i], w[2i+1]) of row r, group g at ``(r * DT/2 + i) * ng + g``.  acc is in the
     int4 chunk order (32 d per chunk: even d then odd d) for int4.
     """
@@ -559,6 +565,8 @@ def _pv4(vb, v0, cl, ch, G, D, W, zc, acc, alpha, r0):
         hb = (32 if four else 64) * h
         for i in range(DT // 2):
             ra = v0 + 2 * i * rowb + hb
+            prefetch(vb, (ra + pf) // _isz(vb))
+            prefetch(vb, (ra + rowb + pf) // _isz(vb))
             x0, x1, x2, x3 = _vecs_v(vb, ra, ra + rowb, cl, ch)
             wo = r0 * R + i * ng
             a00, a01, a02, a03 = _wdot(W, wo, g0, g1, g2, g3, x0, x1, x2, x3, a00, a01, a02, a03)
@@ -572,7 +580,7 @@ def _pv4(vb, v0, cl, ch, G, D, W, zc, acc, alpha, r0):
 
 
 @njit(cache=True)
-def _pv1(vb, v0, cl, ch, G, D, W, zc, acc, alpha, r0):
+def _pv1(vb, v0, pf, cl, ch, G, D, W, zc, acc, alpha, r0):
     """One-row form of :func:`_pv4`."""
     four = _isz(vb) == 2
     ng = D // G
@@ -584,6 +592,8 @@ def _pv1(vb, v0, cl, ch, G, D, W, zc, acc, alpha, r0):
         hb = (32 if four else 64) * h
         for i in range(DT // 2):
             ra = v0 + 2 * i * rowb + hb
+            prefetch(vb, (ra + pf) // _isz(vb))
+            prefetch(vb, (ra + rowb + pf) // _isz(vb))
             x0, x1, x2, x3 = _vecs_v(vb, ra, ra + rowb, cl, ch)
             a0, a1, a2, a3 = _wdot(W, (r0 * (DT // 2) + i) * ng, g0, g1, g2, g3, x0, x1, x2, x3,
                                    a0, a1, a2, a3)
@@ -772,14 +782,7 @@ def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S
                 scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
                 vbuf, v0 = vb, (vbase + s0 * D) // bpe
                 vsb, vzb, vs0 = vsc, vzp, vsbase + s0 * ngv
-                if s0 + DT < sb:  # the next tile's K lines and V rows
-                    for d in range(D):
-                        prefetch(kb, (k0 + d * rs + kst_rs) // isz)
-                        if not four:
-                            prefetch(kb, k0 + d * rs + kst_rs + 64)
-                    nxt = (vbase + (s0 + DT) * D) // bpe
-                    for e in range(nxt, nxt + DT * vrow, 64):
-                        prefetch(vb, e // isz)
+                kpf, vpf = kst_rs, DT * vrow  # prefetch distances: one tile on
             else:  # tail tile, staged zero-padded so that the vector loads stay in bounds
                 kbuf, k0, rs = kst, 0, kst_rs
                 scb, zpb, s0i, srs, zs = sst, zst, 0, DT, 1
@@ -801,12 +804,13 @@ def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S
                     vzst[j] = vzp[(vsbase + s0 * ngv + j) * vzs] if j < nt * ngv else np.float32(0.0)
                 vbuf, v0 = vst, 0
                 vsb, vzb, vs0 = vsst, vzst, 0
+                kpf, vpf = 0, 0
             sc[:] = 0.0
             for c in range(DT // 64):
                 for r0 in range(0, n4, 4):
-                    _score4(kbuf, k0, rs, cl, ch, ol, ol, scb, s0i, srs, zpb, zs, kG, D, qp, qsum, r0, sc, c)
+                    _score4(kbuf, k0, rs, kpf, cl, ch, ol, ol, scb, s0i, srs, zpb, zs, kG, D, qp, qsum, r0, sc, c)
                 for r0 in range(n4, nrow):
-                    _score1(kbuf, k0, rs, cl, ch, ol, ol, scb, s0i, srs, zpb, zs, kG, D, qp, qsum, r0, sc, c)
+                    _score1(kbuf, k0, rs, kpf, cl, ch, ol, ol, scb, s0i, srs, zpb, zs, kG, D, qp, qsum, r0, sc, c)
             for rr in range(nrow):
                 o = rr * DT
                 if smul:
@@ -828,9 +832,9 @@ def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S
                 _online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
             _weights(vsb, vzb, vzs, vs0, ngv, ovl, ol, sc, nrow, pidx, widx, W, wpart, zc)
             for r0 in range(0, n4, 4):
-                _pv4(vbuf, v0, cvl, ch, vG, D, W, zc, acc, alpha, r0)
+                _pv4(vbuf, v0, vpf, cvl, ch, vG, D, W, zc, acc, alpha, r0)
             for r0 in range(n4, nrow):
-                _pv1(vbuf, v0, cvl, ch, vG, D, W, zc, acc, alpha, r0)
+                _pv1(vbuf, v0, vpf, cvl, ch, vG, D, W, zc, acc, alpha, r0)
         for rr in range(nrow):
             pm[it, rr] = m[rr]
             ls = np.float32(0.0)
