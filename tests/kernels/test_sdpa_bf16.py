@@ -183,3 +183,23 @@ def test_int4_encodings_are_exact(signed):
         off = enc[name][1]
         assert np.array_equal(got_a, off + val(nib(buf[:256], hi)).astype(np.float32)), name
         assert np.array_equal(got_b, off + val(nib(buf[256:], hi)).astype(np.float32)), name
+
+
+@needs_bf16
+@pytest.mark.parametrize("k_int", ["s4", "u8"])
+def test_graph_under_fpmath_bf16_takes_the_bf16_kernel(k_int, monkeypatch):
+    """A GQA decode graph (bf16 Q, int K/V with zero points, K stored [D, S], additive
+    mask) under fpmath bf16 + apply_to_int runs this kernel from the SDPA plan and agrees with the debug
+    (reference) run under graph_api.check's bf16 rule."""
+    from graph_api.dtypes import DataType as dt
+
+    from .test_fused_sdpa import Builder, attention, run
+
+    calls = []
+    real = SB.dec_items
+    monkeypatch.setattr(SB, "dec_items", lambda *a: (calls.append(1), real(*a)))
+    b = Builder("bf16", True)
+    attention(b, dtype=dt.bf16, five_d=True, Hq=8, Hkv=2, Sq=1, S=256, D=64, k_int=dt[k_int],
+              v_int=dt[k_int], zps=True, k_store="ds", mask="add")
+    run(b)
+    assert calls, "the plan did not run the bf16 decode kernel"
