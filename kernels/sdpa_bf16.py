@@ -57,6 +57,20 @@ odd positions (scores in that even/odd order per 32 positions).  V is
 as a pair (q[d], q[d+1]), the weights as (w[s, g], w[s+1, g]) (``vpermt2ps`` of
 the probabilities against the ``[S, D/G]`` V scales, ``vcvtne2ps2bf16``, ``vpermw``).
 
+How far from the limit (Zen 4 EPYC, 2 cores, `inspect_asm` and one-core CPU time,
+L2-resident data).  ``vdpbf16ps`` zmm runs 1 per cycle per core (measured 3.63 G/s,
+the same rate as a zmm FMA): at 4 query heads per KV head the floor is 0.125 cycles
+per K/V element, Hq=32 Hkv=8 L=4096 0.144 ms on 2 cores, against 0.12 ms to read
+the int4 cache cold at 43 GB/s -- so "60% of read bandwidth" needs the unpack,
+softmax and weights to hide almost entirely behind the dot products.  The Q.K loop
+issues per K row pair and 64 positions 16 ``vdpbf16ps``, 2 ``vpermt2b``, 4 shifts,
+4 ``vpternlogd``, 4 loads, 4 broadcasts and 2 prefetches (the f32 kernel: 65
+instructions for the same 512 multiply-adds); P.V about the same.  Measured per
+K/V element and 4 rows: Q.K 0.195, P.V 0.18, weights 0.043, softmax 0.08 cycles
+(per K+V element 0.25, the f32 kernel 0.35-0.37): ~0.29 ms at Hkv=8 L=4096, about
+40% of the cold read bandwidth.  With one query head per KV head (Hkv = Hq) it is
+0.11 cycles per element, about the time the int4 cache takes to read.
+
 Layouts and limits as the f32 decode kernel (K transposed, V ``[S, D]``, D a
 multiple of 64, int4 V groups a multiple of 32, 8-bit ones of 16), plus even
 K groups.  ``HAVE_BF16`` guards the CPU feature; without it the caller keeps
