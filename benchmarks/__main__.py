@@ -25,7 +25,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="subset, < 2 minutes")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.md"))
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--only", default="", help="comma list: int4,prefill,sdpa,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized")
+    ap.add_argument("--only", default="", help="comma list: int4,prefill,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     want = lambda k: not only or k in only
@@ -71,6 +71,13 @@ def main(argv=None):
         for h, L, kd in cases:
             n0 = len(rows)
             suite.bench_sdpa_decode(rows, bw, h, L, kd, args.quick, rng, peers_on)
+            _print(rows[n0:])
+    if want("sdpa_bf16"):  # the same rows under fpmath bf16 (apply_to_int)
+        cases = [(8, 4096, "s4")] if args.quick else \
+            [(h, L, kd) for h in (8, 32) for L in (1024, 4096, 16384) for kd in ("s4", "s8")]
+        for h, L, kd in cases:
+            n0 = len(rows)
+            suite.bench_sdpa_decode(rows, bw, h, L, kd, args.quick, rng, peers_on, fpmath="bf16")
             _print(rows[n0:])
     if want("prefill_sdpa") and not args.quick:
         n0 = len(rows)

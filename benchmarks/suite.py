@@ -213,19 +213,23 @@ def numpy_sdpa(q, k, v, causal=False):
     return (s / s.sum(-1, keepdims=True)) @ v
 
 
-def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=("cold", "hot")):
+def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=("cold", "hot"),
+                      fpmath="strict"):
+    """``fpmath="bf16"``: the partition's mode is bf16 with apply_to_int (Q.K and P.V on
+    vdpbf16ps where the CPU has AVX512_BF16)."""
     Hq, D, G = 32, 128, 32
+    kw = dict(rnd=1, bf16_dot=True) if fpmath == "bf16" else {}
     bits = 4 if kind in ("s4", "u4") else 8
     kvbytes = 2 * Hkv * S * D * bits // 8 + 2 * Hkv * S * (D // G) * 4
     ncold = max(2, int((COLD_BYTES if not quick else 400 << 20) // kvbytes))
     copies = _kv_copies(Hkv, S, D, G, kind, ncold, rng)
     q = rng.standard_normal((1, Hq, 1, D)).astype(np.float32)
     out = np.empty((1, Hq, 1, D), np.float32)
-    label = f"SDPA decode Hq=32 Hkv={Hkv} D=128 L={S} {kind} K/V g32"
+    label = f"SDPA decode Hq=32 Hkv={Hkv} D=128 L={S} {kind} K/V g32" + (" fpmath bf16" if kw else "")
     for mode in modes:
         nc = ncold if mode == "cold" else 1
         res = {"project (decode kernel: GQA, split-KV)": timeit(
-            lambda i: SD.sdpa(q, copies[i][0], copies[i][1], out=out), nc, 30)}
+            lambda i: SD.sdpa(q, copies[i][0], copies[i][1], out=out, **kw), nc, 30)}
         if peers_on:
             nd = min(nc, max(2, int((COLD_BYTES if not quick else 400 << 20) // (2 * Hkv * S * D * 2))))
             dense = [(_kv_dense(k), _kv_dense(v)) for k, v in copies[:nd]]

@@ -28,6 +28,8 @@ compile time again on an empty cache.
 Arithmetic is f32 with explicit FMAs in a fixed order (no fastmath flags); the
 exponential is :func:`graph_api.kernels.bits.exp32` (<= 2 ulp, vectorised).  fpmath
 rounding (``rnd``) applies to f32 Q and to f32/dequantized K and V when asked.
+Under fpmath bf16 with ``apply_to_int`` (``bf16_dot``) the int4/int8 decode runs
+:mod:`graph_api.kernels.sdpa_bf16` instead: Q.K and P.V on ``vdpbf16ps``.
 
 Layouts: Q ``[B, Hq, Sq, D]``; K ``[B, Hkv, S, D]`` ("bhsd", scales
 ``[B, Hkv, S, D/G]``) or transposed ``[B, Hkv, D, S]`` ("bhds", scales
@@ -50,8 +52,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from graph_api.kernels import sdpa_prefill
-from graph_api.kernels.bits import (act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
+from graph_api.kernels import sdpa_bf16, sdpa_prefill
+from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
@@ -851,7 +853,7 @@ def _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
 
 def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=None,
          out=None, out_dtype="f32", q_dtype=None, rnd: int = 0, kv_splits: int | None = None,
-         stats=None, prob_quant=None, score_rnd: int = 0):
+         stats=None, prob_quant=None, score_rnd: int = 0, bf16_dot: bool = False):
     """Attention ``softmax(q k^T * scale + mask) v`` -> [B, Hq, Sq, D].
 
     Args:
@@ -874,6 +876,10 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         scale and the mask (half-precision score ops of the quantized form).  Only the
         exact two-pass kernel has them: f32 Q/K/V, K not transposed, no rounding,
         f32 output, D a multiple of 16, S <= sdpa_prefill.MAX_S (any Sq).
+      bf16_dot: the partition's fpmath mode is bf16 with ``apply_to_int``: the products
+        may take bf16 inputs (Q, the probabilities, K/V values).  With ``rnd`` bf16,
+        int4/int8 decode then runs :mod:`graph_api.kernels.sdpa_bf16` (``vdpbf16ps``)
+        where the CPU has AVX512_BF16, else the path that rounds the inputs.
     """
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
@@ -933,8 +939,13 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     fastk = kk >= 5 and ktr == 1 and S % 2 == 0 and rnd >= 0
     vperm = vk >= 5 and D % 2 == 0 and (vG % 2 == 0)
     kperm = kk >= 5 and ktr == 0 and D % 2 == 0 and (kG % 2 == 0)
-    if stats is None and os.environ.get("SDPA_OLD") != "1" and \
-            _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
+    dec = None
+    if stats is None and os.environ.get("SDPA_OLD") != "1":  # stats: the tiled kernels' partials
+        if bf16_dot and rnd == RND_BF16 and sdpa_bf16.usable(kk, vk, ktr, kG, vG, D, S, Sq):
+            dec = sdpa_bf16.dec_items  # fpmath bf16: vdpbf16ps (Q and p * sv rounded to bf16)
+        elif _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
+            dec = _dec_items
+    if dec is not None:
         four = kk >= 5
         if not khs:
             ksc = np.ones(B * Hkv * S * (D // kG), np.float32)
@@ -946,9 +957,17 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         if four:  # int4 bytes as uint16: the kernel tells int4 from 8-bit by the itemsize
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
         mflat, mstr = _flat_mask(m if has_mask else None)
-        _run_items(_dec_items, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
+        _run_items(dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
                    Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
                    CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
+        if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
+            res = np.empty((B, Hq, Sq, D), np.float32)
+            sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
+            if out is None:
+                out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
+            out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
+                                               else res.astype(np.float16).view(np.uint16))
+            return out
         if four:  # int4 chunk order (32 d: even d then odd d) -> d order
             pacc = np.ascontiguousarray(
                 pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))

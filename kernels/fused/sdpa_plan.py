@@ -74,7 +74,9 @@ ones (f32 Q with int K/V under bf16 without apply_to_int) or a double
 rounding (bf16 values under f16).  The reference also rounds f32
 probabilities by the mode before the PV MatMul, which an online softmax
 cannot reproduce: f32 probabilities under a rounding mode are refused, so
-under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.
+under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.  fpmath
+bf16 with ``apply_to_int`` lets the int4/int8 decode compute both products with
+bf16 inputs (``bf16_dot``: graph_api.kernels.sdpa_bf16, AVX512_BF16).
 
 Training forward: SoftMax's stats output (``max + ln(sum exp(s - max))`` per
 row, f32) may leave the partition; the kernel records each row's max and sum
@@ -481,7 +483,8 @@ class SdpaCore:
         out = SD.sdpa(np.reshape(q, (g.B, g.Hq, g.Sq, g.D)), k, v, scale=scale,
                       scale_mode=sc.scale_mode, mask=None if mask is None else g.kernel_mask(mask),
                       causal=causal, out=self._out_view(inputs, outputs),
-                      out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd, stats=stats)
+                      out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd, stats=stats,
+                      bf16_dot=self.request.fpmath.rounding == "bf16" and self.request.fpmath.apply_to_int)
         out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
         if sc.inf_as_zero and np.isnan(out).any():
             if mask is not None or causal is not None:
