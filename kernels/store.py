@@ -44,7 +44,7 @@ def _put(out, i, v, okind):
 
 
 @njit(cache=True)
-def ep_row(v, r, ops, fpar, ipar, buf, orow, c0=0):
+def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
     """The epilogue program applied in place to ``v``, row ``r`` and columns ``c0 ..
     c0 + len(v)`` of the ``[R, N]`` result.
 
@@ -53,7 +53,9 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0=0):
     GELU's erf, which is :func:`bits.erf32` (<= 2 ulp, vectorised) instead of
     the scalar libm call.  Steps without a loop of their own here run
     ``_ep_one`` element by element.  ``orow`` is scratch of length N (a
-    scalar operand broadcast along the row).
+    scalar operand broadcast along the row).  Callers pass ``c0`` as an int64
+    variable: a literal ``0`` would make Numba compile a second signature
+    (``Literal[int](0)``) of this function and of its caller.
     """
     N = v.shape[0]
     for i in range(ops.shape[0]):
@@ -147,7 +149,7 @@ def _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1)
         row = acc[r]
         for n in range(N):
             v[n] = row[n]
-        ep_row(v, r, ops, fpar, ipar, buf, orow)
+        ep_row(v, r, ops, fpar, ipar, buf, orow, np.int64(0))
         _put_row(v, out, roff[r], coff, run, okind)
 
 
@@ -157,11 +159,6 @@ def _store_par(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks):
     step = (R + blocks - 1) // blocks
     for b in prange(blocks):
         _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, b * step, min(R, b * step + step))
-
-
-@njit(cache=True)
-def _store_ser(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf):
-    _store_block(acc, out, roff, coff, run, okind, ops, fpar, ipar, buf, 0, acc.shape[0])
 
 
 @njit(cache=True)
@@ -213,7 +210,7 @@ def store(acc2d, out_flat, roff, coff, okind, ep) -> None:
     R, N = acc2d.shape
     run = contiguous_run(coff)
     if acc2d.size < SERIAL_BELOW:
-        _store_ser(acc2d, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
+        _store_block(acc2d, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, 0, R)
     else:
         blocks = min(R, 4 * numba.get_num_threads())
         _store_par(acc2d, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, blocks)

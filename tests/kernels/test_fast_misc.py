@@ -223,7 +223,7 @@ def test_kernel_cache_location_is_the_hash_folder():
     from graph_api.kernels import numba_setup, store
 
     assert os.path.basename(numba_setup.KERNEL_CACHE_DIR) == f"numba-{numba_setup._source_hash()}"
-    cache = store._store_ser._cache
+    cache = store._store_block._cache
     assert cache.cache_path == numba_setup.KERNEL_CACHE_DIR
     assert _apply._cache.cache_path != numba_setup.KERNEL_CACHE_DIR  # a test file: Numba's own locator
 
