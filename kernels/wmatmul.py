@@ -172,13 +172,6 @@ def _fdiv(a, b):
 
 @njit(inline="always", cache=True)
 def _ep_one(v, m, n, ops, fpar, ipar, buf):
-    """The epilogue program on one f32 value ``v`` at row ``m``, column ``n``.
-
-    Inlined into every kernel: the cheap steps (binary, ReLU, clip, linear,
-    abs, square, leaky ReLU) stay here; the steps with a libm call run in
-    :func:`_ep_unary`, one compiled function every kernel calls (inlined into
-    each of them they cost ~1.2 s of compile time per kernel on an empty cache;
-    the call costs a few ns next to the libm call's tens)."""
     for i in range(ops.shape[0]):
         op = ops[i]
         if op < 10:
@@ -201,43 +194,38 @@ def _ep_one(v, m, n, ops, fpar, ipar, buf):
                 v = _fdiv(o, v)
         elif op == 10:  # oneDNN's relu: x * 0 below 0 (NaN at -inf, as the reference)
             v = v if v > 0 else v * np.float32(0.0)
+        elif op == 11:
+            v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * np.float32(0.7071067811865476))))
+        elif op == 12:
+            v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(
+                np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))))
+        elif op == 13:  # oneDNN's logistic: 0 once exp(-x) overflows, and for NaN
+            v = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-v))) \
+                if -v < np.float32(88.72283172607421875) else np.float32(0.0)
+        elif op == 14:
+            v = v / (np.float32(1.0) + np.float32(math.exp(-fpar[i, 0] * v)))
+        elif op == 15:
+            v = np.float32(math.tanh(v))
         elif op == 16:  # oneDNN's clip: NaN becomes the min
             v = v if v > fpar[i, 0] else fpar[i, 0]
             v = v if v < fpar[i, 1] else fpar[i, 1]
         elif op == 17:
             v = fpar[i, 0] * v + fpar[i, 1]
+        elif op == 18:
+            if v < 0:
+                v = fpar[i, 0] * (np.float32(math.exp(v)) - np.float32(1.0))
         elif op == 19:
             v = abs(v)
+        elif op == 20:
+            v = np.float32(math.exp(v))
         elif op == 21:
             v = v * v
         elif op == 22:
             if v < 0:
                 v = v * fpar[i, 0]
-        else:  # one signature whatever the caller's types
-            v = _ep_unary(np.float32(v), np.int64(op), np.float32(fpar[i, 0]), np.float32(fpar[i, 1]))
+        else:
+            v = _ep_more(v, op, fpar[i, 0], fpar[i, 1])
     return v
-
-
-@njit(cache=True)
-def _ep_unary(v, op, a, b):
-    """Unary codes 11..15, 18, 20 and 23.. of graph_api.postops (those with a libm call)."""
-    if op == 11:
-        return np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * np.float32(0.7071067811865476))))
-    if op == 12:
-        return np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(
-            np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))))
-    if op == 13:  # oneDNN's logistic: 0 once exp(-x) overflows, and for NaN
-        return np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-v))) \
-            if -v < np.float32(88.72283172607421875) else np.float32(0.0)
-    if op == 14:
-        return v / (np.float32(1.0) + np.float32(math.exp(-a * v)))
-    if op == 15:
-        return np.float32(math.tanh(v))
-    if op == 18:
-        return a * (np.float32(math.exp(v)) - np.float32(1.0)) if v < 0 else v
-    if op == 20:
-        return np.float32(math.exp(v))
-    return _ep_more(v, op, a, b)
 
 
 @njit(inline="always", cache=True)
