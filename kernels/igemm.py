@@ -450,6 +450,7 @@ class PackedB:
         self.a_dtype = np.dtype(a_dtype)
         if b.ndim != 2 or b.dtype not in _OTHER or self.a_dtype not in _OTHER:
             raise TypeError(f"PackedB wants a 2-D s8/u8 B and an s8/u8 A dtype, got {b.dtype} {b.shape}, {a_dtype}")
+        b = np.ascontiguousarray(b)  # packed once: a copy of a strided B keeps one kernel signature per dtype
         self.K, self.N = (int(d) for d in b.shape)
         self.dtype = _OTHER[self.a_dtype]
         offb = 0 if b.dtype == self.dtype else (128 if b.dtype == np.uint8 else -128)
