@@ -29,8 +29,8 @@ the user has not set them, then imports numba:
     kernels cache in a folder named by a hash of the sources compiled code
     depends on (:func:`compiled_sources`: the kernel modules and the project
     modules they import, not runtime-only ones such as ``batch.py``) and of the
-    Numba version: ``<base>/numba-<hash>``, where the base is
-    ``$GRAPH_API_NUMBA_CACHE_DIR``, else a ``NUMBA_CACHE_DIR`` the user set, else
+    Numba version: ``<base>/numba-<hash>``, where the base is a
+    ``NUMBA_CACHE_DIR`` the user set, else ``$GRAPH_API_NUMBA_CACHE_DIR``, else
     the user-wide ``~/.cache/graph_api`` (``$XDG_CACHE_HOME``), else (not
     writable) ``kernels/__pycache__``.  The kernel modules' functions are cached
     in that folder itself, not in a subfolder named by their path
@@ -175,13 +175,14 @@ def _writable(folder: str) -> bool:
 
 
 def _cache_base() -> str:
-    """Where the ``numba-<hash>`` folders live: ``$GRAPH_API_NUMBA_CACHE_DIR``, a
-    NUMBA_CACHE_DIR set by the user, or the user-wide cache (``$XDG_CACHE_HOME`` or
-    ``~/.cache``, then ``graph_api``: shared by every checkout and virtual
-    environment), or ``kernels/__pycache__`` when that is not writable."""
+    """Where the ``numba-<hash>`` folders live: a NUMBA_CACHE_DIR set by the user (or
+    a parent process), ``$GRAPH_API_NUMBA_CACHE_DIR``, or the user-wide cache
+    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``graph_api``: shared by every
+    checkout and virtual environment), or ``kernels/__pycache__`` when that is not
+    writable."""
     from pathlib import Path
 
-    given = os.environ.get("GRAPH_API_NUMBA_CACHE_DIR") or _GIVEN_NUMBA_CACHE_DIR
+    given = _GIVEN_NUMBA_CACHE_DIR or os.environ.get("GRAPH_API_NUMBA_CACHE_DIR")
     if given:
         return given
     user = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graph_api")
