@@ -76,7 +76,7 @@ def _row(row, r, op, gamma, has_g, beta, has_b, eps, ops, fpar, ipar, buf, orow)
         if has_b:
             for c in range(C):
                 row[c] = row[c] + beta[c]
-    ep_row(row, r, ops, fpar, ipar, buf, orow)
+    ep_row(row, r, ops, fpar, ipar, buf, orow, np.int64(0))
 
 
 @njit(parallel=True, cache=True)

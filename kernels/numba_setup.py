@@ -31,10 +31,16 @@ the user has not set them, then imports numba:
     not when a function it calls from another module (the shared epilogue in
     ``wmatmul.py``, the post-op codes in ``graph_api/postops.py``) changes: a
     stale cache then runs old machine code and returns wrong numbers.  So the
-    cache lives in a folder named by a hash of every kernel and graph_api
-    source file and of the Numba version: ``kernels/__pycache__/numba-<hash>``,
-    or ``$GRAPH_API_NUMBA_CACHE_DIR/numba-<hash>`` (for read-only installs).
-    A ``NUMBA_CACHE_DIR`` the user sets is used as it is.
+    kernels cache in a folder named by a hash of the sources compiled code
+    depends on (:func:`compiled_sources`: the kernel modules and the project
+    modules they import, not runtime-only ones such as ``batch.py``) and of the
+    Numba version: ``<base>/numba-<hash>``, where the base is a
+    ``NUMBA_CACHE_DIR`` the user set, else ``$GRAPH_API_NUMBA_CACHE_DIR``, else
+    the user-wide ``~/.cache/graph_api`` (``$XDG_CACHE_HOME``), else (not
+    writable) ``kernels/__pycache__``.  The kernel modules' functions are cached
+    in that folder itself, not in a subfolder named by their path
+    (:class:`_KernelCacheLocator`): every checkout, install and virtual
+    environment with the same kernel sources shares one cache.
 
 LLVM option ``-runtime-memory-check-threshold=64`` (set once per process,
 affects only code compiled here): see the comment below.
@@ -59,32 +65,142 @@ def _host_cpu() -> tuple[str, str]:
     return name, features
 
 
-def _source_hash() -> str:
-    """A hash of the sources compiled kernels depend on, and of the Numba version."""
-    import hashlib
-    from importlib.metadata import PackageNotFoundError, version
+def _layout() -> tuple["Path", "Path"]:
+    """(the kernels folder, the graph_api folder): a source tree has graph_api/ beside
+    kernels/, an install has kernels/ inside graph_api/."""
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
+    core = here.parent / "graph_api" if (here.parent / "graph_api").is_dir() else here.parent
+    return here, core
+
+
+def _module_file(name: str, here, core):
+    """The file of project module ``name`` (``graph_api.kernels.x``, ``graph_api.x``), or None."""
+    parts = name.split(".")
+    if parts[0] != "graph_api":
+        return None
+    root, rest = (here, parts[2:]) if parts[1:2] == ["kernels"] else (core, parts[1:])
+    base = root.joinpath(*rest) if rest else root
+    for path in (base.with_suffix(".py") if rest else None, base / "__init__.py"):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
+_FROM_IMPORT = r"^[ \t]*from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)"
+_IMPORT = r"^[ \t]*import[ \t]+([^\n]*)"
+
+
+def _imported_modules(path, package: str) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code (a function-level
+    import too), as absolute names; ``from a import b`` gives both ``a`` and
+    ``a.b``.  A regular expression, not ``ast`` (6x faster; this runs at every
+    import): a match inside a string only adds a file to the hash."""
+    import re
+
+    text = path.read_bytes().decode()
+    names = set()
+    for line in re.findall(_IMPORT, text, re.M):
+        names.update(part.split()[0] for part in line.split("#")[0].split(",") if part.strip())
+    for base, listed in re.findall(_FROM_IMPORT, text, re.M):
+        if base.startswith("."):  # relative to the module's package
+            level = len(base) - len(base.lstrip("."))
+            anchor = package.split(".")[:len(package.split(".")) - level + 1]
+            base = ".".join(anchor + ([base.lstrip(".")] if base.lstrip(".") else []))
+        names.add(base)
+        listed = "\n".join(line.split("#")[0] for line in listed.strip("()").splitlines())
+        names.update(f"{base}.{part.split()[0]}" for part in listed.split(",") if part.strip())
+    return names
+
+
+def compiled_sources() -> list:
+    """The source files Numba-compiled code can depend on: every kernel module
+    that imports ``numba_setup`` (so defines njit functions) and every project
+    module those import, transitively.  Runtime-only modules (batch, cli, the
+    fused plans, patterns) are not among them, so editing those keeps the cache."""
+    here, core = _layout()
+    todo = [path for path in sorted(here.glob("*.py")) if b"numba_setup" in path.read_bytes()]
+    seen = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        _, package = _label(path, here, core)
+        for name in _imported_modules(path, package):
+            found = _module_file(name, here, core)
+            if found is not None and found.name != "__init__.py":
+                todo.append(found)
+    return sorted(seen)
+
+
+def _source_hash() -> str:
+    """A hash of the sources compiled kernels depend on (:func:`compiled_sources`),
+    by content and name (not by location: every checkout, install and virtual
+    environment with the same kernel sources shares one cache folder), and of the
+    Numba version."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    here, core = _layout()
     digest = hashlib.sha1()
     try:
         digest.update(version("numba").encode())
     except PackageNotFoundError:  # pragma: no cover
         pass
-    # a source tree has graph_api/ beside kernels/; an install has kernels/ inside graph_api/
-    core = here.parent / "graph_api" if (here.parent / "graph_api").is_dir() else here.parent
-    for root in (here, core):
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
+    for path in compiled_sources():
+        digest.update(_label(path, here, core)[0].encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def _cache_dir() -> str:
+def _label(path, here, core) -> tuple[str, str]:
+    """(a location-free name of the source file, the package its module is in)."""
+    if path.is_relative_to(here):
+        rel, package = path.relative_to(here), "graph_api.kernels"
+    else:
+        rel, package = path.relative_to(core), "graph_api"
+    return f"{package}/{rel.as_posix()}", ".".join([package, *rel.parent.parts])
+
+
+#: NUMBA_CACHE_DIR as the user (or a parent process) set it, before configure()
+_GIVEN_NUMBA_CACHE_DIR = os.environ.get("NUMBA_CACHE_DIR", "")
+
+
+def _writable(folder: str) -> bool:
+    import tempfile
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+        return True
+    except OSError:
+        return False
+
+
+def _cache_base() -> str:
+    """Where the ``numba-<hash>`` folders live: a NUMBA_CACHE_DIR set by the user (or
+    a parent process), ``$GRAPH_API_NUMBA_CACHE_DIR``, or the user-wide cache
+    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``graph_api``: shared by every
+    checkout and virtual environment), or ``kernels/__pycache__`` when that is not
+    writable."""
     from pathlib import Path
 
-    base = os.environ.get("GRAPH_API_NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parent / "__pycache__")
-    return os.path.join(base, f"numba-{_source_hash()}")
+    given = _GIVEN_NUMBA_CACHE_DIR or os.environ.get("GRAPH_API_NUMBA_CACHE_DIR")
+    if given:
+        return given
+    user = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graph_api")
+    return user if _writable(user) else str(Path(__file__).resolve().parent / "__pycache__")
+
+
+def _cache_dir() -> str:
+    """The folder Numba caches the kernels in: ``<base>/numba-<source hash>``
+    (a NUMBA_CACHE_DIR that already is that folder, e.g. inherited from the
+    parent process, is used as it is)."""
+    name = f"numba-{_source_hash()}"
+    base = _cache_base()
+    return base if os.path.basename(os.path.normpath(base)) == name else os.path.join(base, name)
 
 
 def configure() -> dict[str, str]:
@@ -96,7 +212,7 @@ def configure() -> dict[str, str]:
     # PASSIVE: see the module docstring; measured on the decoder-layer sample
     # (numpy/OpenBLAS reference ops between Numba kernels): 74 ms -> 10 ms a step.
     wanted = {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "PASSIVE"}
-    wanted["NUMBA_CACHE_DIR"] = _cache_dir()
+    wanted["NUMBA_CACHE_DIR"] = KERNEL_CACHE_DIR
     if "NUMBA_CPU_NAME" not in os.environ and "NUMBA_CPU_FEATURES" not in os.environ:
         try:
             name, features = _host_cpu()
@@ -113,10 +229,41 @@ def configure() -> dict[str, str]:
     return applied
 
 
+#: the folder Numba caches this project's kernels in (see _KernelCacheLocator)
+KERNEL_CACHE_DIR = _cache_dir()
 APPLIED = configure()
 
 import numba  # noqa: E402  (must come after configure)
+from numba.core import caching as _caching  # noqa: E402
 from numba.core import event as _numba_event  # noqa: E402
+
+
+class _KernelCacheLocator(_caching._SourceFileBackedLocatorMixin, _caching._CacheLocator):
+    """Numba's cache location for the functions of the kernel modules:
+    ``KERNEL_CACHE_DIR``, one flat folder named by the content hash of the
+    sources.  Numba's own locators add a hash of the source file's absolute path,
+    so a second checkout, a ``pip install`` or a new virtual environment with the
+    same kernel sources compiled everything again; with this one they share the
+    cache.  Numba still checks each file's content stamp and, per entry, the
+    function's bytecode, the signature and the target CPU."""
+
+    _kernels = os.path.dirname(os.path.abspath(__file__))
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+
+    def get_cache_path(self):
+        return KERNEL_CACHE_DIR
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if os.path.dirname(os.path.abspath(py_file)) != cls._kernels:
+            return None  # not ours: Numba's usual locators decide
+        return super().from_function(py_func, py_file)
+
+
+_caching.CacheImpl._locator_classes.insert(0, _KernelCacheLocator)
 
 if numba.config.THREADING_LAYER == "default" and os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
     # numba was imported before us (so the env var came too late); the layer is

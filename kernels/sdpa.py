@@ -297,7 +297,7 @@ def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, 
 
 @njit(nogil=True, cache=True)
 def _attn(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
-          Hkv, S, scale, smul, mask, has_mask, causal, qt, nsplit, fastk, vperm,
+          Hkv, S, scale, smul, mflat, mstr, has_mask, causal, qt, nsplit, fastk, vperm,
           pm, pl, pacc):
     """Work item (b, kv head, query tile, kv split) -> partial (m, l, acc) per row.
 
@@ -358,9 +358,9 @@ def _attn(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp
                     for t in range(nt):
                         srow[t] = srow[t] / scale
                 if has_mask:
-                    mrow = mask[b, hq, i]
+                    m0 = b * mstr[0] + hq * mstr[1] + i * mstr[2]
                     for t in range(nt):
-                        srow[t] += mrow[pos[t]]
+                        srow[t] += mflat[m0 + pos[t] * mstr[3]]
                 if causal != 0 and s0 + nt - 1 > i + coff:
                     for t in range(nt):
                         if pos[t] > i + coff:
@@ -697,7 +697,7 @@ def _pv(s, vf, acc, alpha, Rp, D, nt):
 
 @njit(nogil=True, cache=True)
 def _attn_v(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp, vhz, rnd,
-            Hkv, S, scale, smul, mask, has_mask, causal, qt, nsplit, fastk, kperm, vperm,
+            Hkv, S, scale, smul, mflat, mstr, has_mask, causal, qt, nsplit, fastk, kperm, vperm,
             kvec, vvec, pm, pl, pacc):
     """Register-blocked variant of :func:`_attn` (D a multiple of 16); same outputs.
 
@@ -792,8 +792,9 @@ def _attn_v(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, v
                 for t in range(nt, ntc):
                     sc[o + t] = NEG_INF
                 if has_mask:
+                    m0 = b * mstr[0] + hq * mstr[1] + i * mstr[2]
                     for t in range(nt):
-                        sc[o + t] += mask[b, hq, i, pos[t]]
+                        sc[o + t] += mflat[m0 + pos[t] * mstr[3]]
                 if causal != 0 and s0 + nt - 1 > i + coff:
                     for t in range(nt):
                         if pos[t] > i + coff:
@@ -895,12 +896,19 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     if mask is not None:
         m = np.asarray(mask).astype(np.float32)
         m = m.reshape((1,) * (4 - m.ndim) + m.shape)
-        mask4 = np.broadcast_to(m, (B, Hq, Sq, S))
         has_mask = True
     else:
-        mask4 = np.zeros((1, 1, 1, 1), np.float32)
         has_mask = False
+    # every kernel reads the mask as a flat buffer + strides (0 on broadcast axes):
+    # one compiled signature with or without a mask, whatever its shape and layout
+    mflat, mstr = _flat_mask(m if has_mask else None)
     okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
+    if ktr and Sq >= sdpa_prefill.QB and sdpa_prefill.usable(qkind, kk, vk, 0, D, S, Sq, rnd, okind):
+        # f32 K stored [D, S]: one [S, D] copy (S * D moves next to >= 64 * S * D flops of
+        # scores) runs it on the prefill kernel, and the tiled kernel, ~13 s of compile on
+        # an empty cache (~2.7 s for the prefill kernel), is not compiled for f32 prefill
+        kb = np.ascontiguousarray(kb.reshape(B, Hkv, D, S).swapaxes(2, 3)).reshape(-1)
+        ktr = 0
     if prob_quant is not None:
         assert sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, 9, rnd, okind), "prob_quant operands"
     assert score_rnd == 0 or prob_quant is not None, "score rounding: the quantized form only"
@@ -909,7 +917,6 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             out = np.empty((B, Hq, Sq, D), np.float32)
         direct = out.dtype == np.float32 and out.strides[-1] == 4 and min(out.strides) >= 0
         dest = out if direct else np.empty((B, Hq, Sq, D), np.float32)
-        mflat, mstr = _flat_mask(m if mask is not None else None)
         rows = B * Hq * Sq if stats is not None else 1
         rmax, rsum = np.empty(rows, np.float32), np.empty(rows, np.float32)
         _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
@@ -956,7 +963,6 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             kzp = np.zeros(DT, np.float32)
         if four:  # int4 bytes as uint16: the kernel tells int4 from 8-bit by the itemsize
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
-        mflat, mstr = _flat_mask(m if has_mask else None)
         _run_items(dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
                    Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
                    CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
@@ -975,13 +981,13 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     elif D % 16 == 0:
         _run_items(_attn_v, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
                 vzp, vhz, rnd,
-                Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
+                Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
                 CAUSAL[causal], qt, nsplit, fastk, kperm, vperm,
                 _vec_ok(kk, kG, D, ktr, S), _vec_ok(vk, vG, D, 0, S), pm, pl, pacc, work=work)
     else:
         _run_items(_attn, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
                    vzp, vhz, rnd,
-              Hkv, S, np.float32(scale), scale_mode == "mul", mask4, has_mask,
+              Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
               CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc, work=work)
     if out is None:
         out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)

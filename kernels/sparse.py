@@ -33,8 +33,11 @@ from graph_api.kernels.wmatmul import _ep_one
 ROWS = 16
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _epilogue_row(orow, r, ops, fpar, ipar, buf):
+    """The epilogue over one output row: a compiled function of its own, called per
+    row by every kernel here (inlined, the epilogue program cost ~1.5 s of compile
+    in each of them on an empty cache); callers pass ``r`` as int64 (one signature)."""
     for n in range(orow.shape[0]):
         orow[n] = _ep_one(orow[n], r, n, ops, fpar, ipar, buf)
 
@@ -65,7 +68,7 @@ def spmm_csr(indptr, indices, values, D, out, ops, fpar, ipar, buf, use_ep):
                 for p in range(indptr[r], indptr[r + 1]):
                     _axpy(orow, values[p], D[indices[p]])
             if use_ep:
-                _epilogue_row(orow, r, ops, fpar, ipar, buf)
+                _epilogue_row(orow, np.int64(r), ops, fpar, ipar, buf)
 
 
 @njit(parallel=True, cache=True)
@@ -93,7 +96,7 @@ def spmm_bcsr(bptr, bidx, blocks, D, out, ops, fpar, ipar, buf, use_ep):
                     for jj in range(bc):
                         _axpy(orow, blocks[p, ii, jj], D[c0 + jj])
             if use_ep:
-                _epilogue_row(orow, r, ops, fpar, ipar, buf)
+                _epilogue_row(orow, np.int64(r), ops, fpar, ipar, buf)
 
 
 #: rows interleaved per 2:4 block: the SpMV keeps RB independent sums (one per row, each
@@ -146,7 +149,7 @@ def spmm_2of4(vt, pt, D, out, ops, fpar, ipar, buf, use_ep):
                 _axpy(orow, vt[blk, 4 * q + 2, rr], D[base + 4 + ((byte >> 4) & 3)])
                 _axpy(orow, vt[blk, 4 * q + 3, rr], D[base + 4 + (byte >> 6)])
             if use_ep:
-                _epilogue_row(orow, r, ops, fpar, ipar, buf)
+                _epilogue_row(orow, np.int64(r), ops, fpar, ipar, buf)
 
 
 def interleave_2of4(values: np.ndarray, coordinates: np.ndarray, rows: int):

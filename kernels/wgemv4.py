@@ -201,11 +201,11 @@ def _pair(xf, xs, w, r, tab, sc, zf, o, zmode, G, g, m0, acc, last):
         q6 = vfma(x1, u6, q6)
         q7 = vfma(x1, u7, q7)
         r += ROW_BYTES
-    _scale4(acc, m0, 0, p0, p1, p2, p3, sc, zf, o, zmode, xs, g)
-    _scale4(acc, m0, 64, p4, p5, p6, p7, sc, zf, o, zmode, xs, g)
+    _scale4(acc, m0, np.int64(0), p0, p1, p2, p3, sc, zf, o, zmode, xs, g)
+    _scale4(acc, m0, np.int64(64), p4, p5, p6, p7, sc, zf, o, zmode, xs, g)
     if m0 + 1 < M:
-        _scale4(acc, m0 + 1, 0, q0, q1, q2, q3, sc, zf, o, zmode, xs, g)
-        _scale4(acc, m0 + 1, 64, q4, q5, q6, q7, sc, zf, o, zmode, xs, g)
+        _scale4(acc, m0 + 1, np.int64(0), q0, q1, q2, q3, sc, zf, o, zmode, xs, g)
+        _scale4(acc, m0 + 1, np.int64(64), q4, q5, q6, q7, sc, zf, o, zmode, xs, g)
 
 
 @njit(cache=True)

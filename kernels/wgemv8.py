@@ -125,11 +125,11 @@ def _blk_rows(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                 p7 = vfma(x0, u, p7)
                 q7 = vfma(x1, u, q7)
                 r += COLS
-            _scale4(acc, m0, 0, p0, p1, p2, p3, sc, zf, o, zmode, xs, g)
-            _scale4(acc, m0, 64, p4, p5, p6, p7, sc, zf, o, zmode, xs, g)
+            _scale4(acc, m0, np.int64(0), p0, p1, p2, p3, sc, zf, o, zmode, xs, g)
+            _scale4(acc, m0, np.int64(64), p4, p5, p6, p7, sc, zf, o, zmode, xs, g)
             if m0 + 1 < M:
-                _scale4(acc, m0 + 1, 0, q0, q1, q2, q3, sc, zf, o, zmode, xs, g)
-                _scale4(acc, m0 + 1, 64, q4, q5, q6, q7, sc, zf, o, zmode, xs, g)
+                _scale4(acc, m0 + 1, np.int64(0), q0, q1, q2, q3, sc, zf, o, zmode, xs, g)
+                _scale4(acc, m0 + 1, np.int64(64), q4, q5, q6, q7, sc, zf, o, zmode, xs, g)
     for m in range(M):
         for j in range(COLS):
             part[s, m, blk * COLS + j] = acc[m * COLS + j]

@@ -182,9 +182,11 @@ class QuantMatmulPlan(ChainPlan):
             out_info = dtypes.info(lts[quant.outputs[0].id].dtype)
             qs, qz = _params(quant)
             self.okind = qmatmul.OUT_QUANT
-            self.qs = np.ascontiguousarray(np.broadcast_to(qs.reshape(-1), (N,)), np.float32)
+            # astype copies: a writeable array (a read-only one, as a broadcast view of
+            # length N is, would be one more compiled signature of the store kernel)
+            self.qs = np.broadcast_to(qs.reshape(-1), (N,)).astype(np.float32)
             self.qz = np.zeros(N, np.float32) if qz is None else \
-                np.ascontiguousarray(np.broadcast_to(qz.reshape(-1), (N,)), np.float32)
+                np.broadcast_to(qz.reshape(-1), (N,)).astype(np.float32)
             self.qrange = (out_info.lowest, out_info.highest)
         else:
             self.qs = self.qz = np.ones(1, np.float32)
@@ -340,7 +342,7 @@ def build(request: CompileRequest):
     if isinstance(colscale, str):
         return colscale
     N = int(lts[mm.outputs[0].id].shape[-1])
-    colscale = np.ascontiguousarray(np.broadcast_to(colscale, (N,)))
+    colscale = np.broadcast_to(colscale, (N,)).copy()  # writeable: one kernel signature (see qs)
     walk = Walk(request, mm).run()
     quant = _quant_tail(request, walk)
     plan = QuantMatmulPlan(request, walk,

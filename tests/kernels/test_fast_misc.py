@@ -1,5 +1,7 @@
 """bits helpers, exp32, grouped (de)quantization, norms/softmax, the epilogue program."""
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -152,7 +154,9 @@ def test_numba_cache_folder_follows_every_kernel_source(monkeypatch):
     """Numba re-checks only a kernel's own file, so a change in a module it calls
     (the shared epilogue) once left stale machine code that skipped a post-op
     (SoftMax -> Log returned the SoftMax).  The cache folder is named by a hash
-    of all kernel and graph_api sources: any change gives a fresh folder."""
+    of every source the compiled kernels depend on: a change there gives a fresh
+    folder; a change in a runtime-only module (batch, cli, a fused plan, a
+    pattern) keeps the folder, so the kernels are not compiled again."""
     import os
     from pathlib import Path
 
@@ -163,13 +167,102 @@ def test_numba_cache_folder_follows_every_kernel_source(monkeypatch):
     assert os.environ["NUMBA_CACHE_DIR"] == numba_setup._cache_dir()
     before = numba_setup._source_hash()
     real = Path.read_bytes
+    edited_names = set()
 
     def edited(path):
         data = real(path)
-        return data + b"\n# edited" if path.name in ("wmatmul.py", "postops.py") else data
+        return data + b"\n# edited" if path.name in edited_names else data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
-    assert numba_setup._source_hash() != before
+    for runtime_only in ("batch.py", "cli.py", "wmatmul_plan.py", "matcher.py", "registry.py"):
+        edited_names.add(runtime_only)
+        assert numba_setup._source_hash() == before, runtime_only
+    for compiled in ("wmatmul.py", "postops.py", "bits.py", "enums.py"):
+        edited_names.add(compiled)
+        changed = numba_setup._source_hash()
+        assert changed != before, compiled
+        before = changed
+
+
+def test_compiled_sources_hold_every_project_import():
+    """The hashed file list is closed under imports: every project module a
+    hashed file imports (read here with ``ast``, independently of the regular
+    expression numba_setup uses), at any depth of its code, is hashed too."""
+    import ast
+
+    from graph_api.kernels import numba_setup
+
+    here, core = numba_setup._layout()
+    hashed = set(numba_setup.compiled_sources())
+    assert here / "wmatmul.py" in hashed and here / "sdpa_prefill.py" in hashed
+    assert core / "postops.py" in hashed and core / "batch.py" not in hashed
+    for path in here.glob("*.py"):  # every module that compiles with Numba
+        if b"from graph_api.kernels.numba_setup import" in path.read_bytes():
+            assert path in hashed, path.name
+    for path in hashed:
+        package = numba_setup._label(path, here, core)[1]
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                found = numba_setup._module_file(name, here, core)
+                if found is not None and found.name != "__init__.py":
+                    assert found in hashed, (path.name, name)
+
+
+def test_kernel_cache_location_is_the_hash_folder():
+    """Kernel functions cache in KERNEL_CACHE_DIR itself (no per-path subfolder),
+    so every checkout and virtual environment with the same sources shares it."""
+    from graph_api.kernels import numba_setup, store
+
+    assert os.path.basename(numba_setup.KERNEL_CACHE_DIR) == f"numba-{numba_setup._source_hash()}"
+    cache = store._store_block._cache
+    assert cache.cache_path == numba_setup.KERNEL_CACHE_DIR
+    assert _apply._cache.cache_path != numba_setup.KERNEL_CACHE_DIR  # a test file: Numba's own locator
+
+
+_CACHE_CHILD = """
+import numpy as np
+from graph_api.kernels import bits, numba_setup
+out = np.empty(8, np.float32)
+bits.load_row_f32(np.arange(8, dtype=np.float32), 0, 0, out)
+assert out.tolist() == list(range(8)), out
+stats = bits.load_row_f32.stats
+print(numba_setup.KERNEL_CACHE_DIR, stats.cache_hits.total(), stats.cache_misses.total())
+"""
+
+
+def test_kernel_cache_shared_by_two_source_copies(tmp_path):
+    """Two copies of the sources in different folders (two checkouts, or one
+    ``pip install`` per virtual environment) with one cache base: the second
+    copy loads the first one's compiled kernel instead of compiling it."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "GRAPH_API_NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("NUMBA_CACHE_DIR", None)
+    lines = []
+    for copy in ("a", "b"):
+        for folder in ("graph_api", "kernels", "patterns"):
+            shutil.copytree(root / folder, tmp_path / copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        p = subprocess.run([sys.executable, "-c", _CACHE_CHILD], cwd=tmp_path / copy, capture_output=True, text=True,
+                           env={**env, "PYTHONPATH": str(tmp_path / copy)}, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        lines.append(p.stdout.split())
+    (dir_a, hits_a, misses_a), (dir_b, hits_b, misses_b) = lines
+    assert dir_a == dir_b and dir_a.startswith(str(tmp_path / "cache"))
+    assert (int(hits_a), int(misses_a)) == (0, 1)  # compiled in copy a
+    assert (int(hits_b), int(misses_b)) == (1, 0)  # loaded from the cache in copy b
 
 
 @njit(cache=True)
