@@ -71,7 +71,6 @@ The kernel is used only where the compile target has ``+avx512bf16``
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
@@ -83,6 +82,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from graph_api.kernels.bits import f32x16, prefetch, vfma, vload, vmul, vsplat, vstore, vsub
+from graph_api.kernels import bf16dot
+from graph_api.kernels.bf16dot import _BFloat
 from graph_api.kernels.wgemv4 import _scale4
 
 BLOCK_COLS = 128  #: columns per block
@@ -90,30 +91,8 @@ PAIR_BYTES = 128  #: bytes per pair row of a block (two k rows of 128 nibbles)
 _PF = 2048  #: software prefetch distance in bytes of the block stream (16 pair rows)
 
 
-def _target_features() -> list[str]:
-    """The CPU features Numba compiles for (``numba_setup`` passes the host's)."""
-    feats = os.environ.get("NUMBA_CPU_FEATURES")
-    if feats is None:
-        import llvmlite.binding as llvm
-        feats = llvm.get_host_cpu_features().flatten()
-    return feats.split(",")
-
-
 #: whether the compiled code may use vdpbf16ps and vpermw (wmatmul takes this path only then)
-HAVE_BF16 = {"+avx512bf16", "+avx512bw"} <= set(_target_features())
-
-
-class _BFloat(ir.types.Type):
-    """LLVM's ``bfloat`` (llvmlite's ``ir`` has no such type; the IR is text)."""
-
-    def _to_string(self):
-        return "bfloat"
-
-    def __eq__(self, other):
-        return isinstance(other, _BFloat)
-
-    def __hash__(self):
-        return hash("bfloat")
+HAVE_BF16 = bf16dot.HAVE_BF16 and "+avx512bw" in bf16dot._target_features().split(",")
 
 
 _V16 = ir.VectorType(ir.FloatType(), 16)
