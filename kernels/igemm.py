@@ -289,57 +289,16 @@ def _pack_a(a: np.ndarray, k4: int, rowsum, want_rowsum: bool) -> np.ndarray:
 KC = 256
 
 
-def _make_task(vnni: bool):
-    """One (panel, row block) task of the GEMM on one micro-kernel kind: a compiled
-    function of its own (not inlined), so the serial and the parallel driver
-    call the same machine code and the micro-kernels compile once, not once per
-    driver (a separate function per kind: the VNNI one must never be compiled
-    for a CPU without it)."""
-
-    @njit(cache=True)
-    def task_body(task, mblocks, ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c, ct):
-        """Task ``task`` (panel-major): its [MB, NR] tile summed into ``ct``, then
-        written to C once, with the corrections."""
-        N = c.shape[1]
-        kc4 = KC // 4
-        p = task // mblocks
-        m0 = (task % mblocks) * MB
-        m1 = min(m0 + MB, M)
-        n0 = p * NR
-        for q0 in range(0, k4, kc4):
-            q1 = min(q0 + kc4, k4)
-            b_off = (p * k4 + q0) * NR * 4
-            first = 1 if q0 == 0 else 0
-            for r in range(m0, m1, MR):
-                mr = min(MR, m1 - r)
-                a_off = (r // MR * k4 + q0) * MR * 4
-                if vnni:
-                    _tile_vnni(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr, a_unsigned)
-                else:
-                    _tile_portable(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr)
-        nn = min(NR, N - n0)
-        col = colterm[n0:n0 + nn]
-        cbn = cb[n0:n0 + nn]
-        for m in range(m0, m1):
-            corr = rowsum[m]
-            # row slices: LLVM vectorises this loop; indexing c[m, n0 + j] it
-            # did not (~1.8 ns per output element, more than the products at small K)
-            src = ct[(m - m0) * NR:(m - m0) * NR + nn]
-            dst = c[m, n0:n0 + nn]
-            for j in range(nn):
-                dst[j] = np.int32(src[j] + col[j] - cbn[j] * corr)
-
-    return task_body
-
-
-#: the task of each micro-kernel kind (defining them compiles nothing)
-_TASK_VNNI, _TASK_PORTABLE = _make_task(True), _make_task(False)
-
-
 def _make_gemm(vnni: bool, parallel: bool):
-    """The driver over (panel, row block) tasks: parallel, or serial (small GEMMs:
-    a parallel launch costs more).  ``vnni`` is a constant of the closure, so
-    Numba prunes the other branch and compiles only the task it calls."""
+    """The parallel driver over (panel, row block) tasks, on one micro-kernel kind.
+
+    Separate functions per micro-kernel (the VNNI one must never be compiled for
+    a CPU without it) and per threading (small GEMMs run serially: a parallel
+    launch costs more).  The task body stays inline in each driver, so the
+    micro-kernels compile once per driver: as a compiled function of its own,
+    called by both, it made the GEMM 1.5-1.7x slower (512x384x1536 1.33 ->
+    2.27 ms, quiet; with its tile buffer allocated inside, still 1.96 ms).
+    """
 
     @njit(parallel=parallel, cache=True)
     def gemm(ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c):
@@ -353,13 +312,35 @@ def _make_gemm(vnni: bool, parallel: bool):
         N = c.shape[1]
         panels = (N + NR - 1) // NR
         mblocks = (M + MB - 1) // MB
+        kc4 = KC // 4
         for task in prange(panels * mblocks):
+            p = task // mblocks
+            m0 = (task % mblocks) * MB
+            m1 = min(m0 + MB, M)
+            n0 = p * NR
             ct = np.empty(MB * NR, np.int32)
-            t = np.int64(task)  # the prange index is typed uint64 or int64: one signature of the task
-            if vnni:
-                _TASK_VNNI(t, mblocks, ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c, ct)
-            else:
-                _TASK_PORTABLE(t, mblocks, ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c, ct)
+            for q0 in range(0, k4, kc4):
+                q1 = min(q0 + kc4, k4)
+                b_off = (p * k4 + q0) * NR * 4
+                first = 1 if q0 == 0 else 0
+                for r in range(m0, m1, MR):
+                    mr = min(MR, m1 - r)
+                    a_off = (r // MR * k4 + q0) * MR * 4
+                    if vnni:
+                        _tile_vnni(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr, a_unsigned)
+                    else:
+                        _tile_portable(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, mr)
+            nn = min(NR, N - n0)
+            col = colterm[n0:n0 + nn]
+            cbn = cb[n0:n0 + nn]
+            for m in range(m0, m1):
+                corr = rowsum[m]
+                # row slices: LLVM vectorises this loop; indexing c[m, n0 + j] it
+                # did not (~1.8 ns per output element, more than the products at small K)
+                src = ct[(m - m0) * NR:(m - m0) * NR + nn]
+                dst = c[m, n0:n0 + nn]
+                for j in range(nn):
+                    dst[j] = np.int32(src[j] + col[j] - cbn[j] * corr)
 
     return gemm
 

@@ -42,30 +42,23 @@ def _requant(v, qs, qz, lo, hi):
     return min(max(y, lo), hi)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def _row(acc, r, colscale, out, base, coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi):
-    """Row ``r``: the epilogue into a row buffer, then one store loop per output kind
-    (the okind test outside the column loops keeps each loop branch-free).  A
-    compiled function of its own, called per row by the serial and the parallel
-    driver: the epilogue program (every post-op code) is compiled once, not once
-    per driver and output kind (~1.5 s each on an empty cache)."""
-    N = acc.shape[1]
-    v = np.empty(N, np.float32)
-    for n in range(N):
-        v[n] = _ep_one(np.float32(acc[r, n] * colscale[n]), r, n, ops, fpar, ipar, buf)
+    # the okind test outside the column loop keeps each loop branch-free
     if okind == OUT_QUANT:
-        for n in range(N):
-            out[base + coff[n]] = _requant(v[n], qs[n], qz[n], lo, hi)
+        for n in range(acc.shape[1]):
+            v = _ep_one(np.float32(acc[r, n] * colscale[n]), r, n, ops, fpar, ipar, buf)
+            out[base + coff[n]] = _requant(v, qs[n], qz[n], lo, hi)
     else:
-        for n in range(N):
-            _put(out, base + coff[n], v[n], okind)
+        for n in range(acc.shape[1]):
+            v = _ep_one(np.float32(acc[r, n] * colscale[n]), r, n, ops, fpar, ipar, buf)
+            _put(out, base + coff[n], v, okind)
 
 
 @njit(parallel=True, cache=True)
 def _store_par(acc, colscale, out, roff, coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi):
     for r in prange(acc.shape[0]):
-        row = np.int64(r)  # the prange index may be typed uint64: one signature of _row
-        _row(acc, row, colscale, out, roff[row], coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi)
+        _row(acc, r, colscale, out, roff[r], coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi)
 
 
 @njit(cache=True)
