@@ -309,6 +309,12 @@ def _make_gemm(vnni: bool, parallel: bool):
         cache while it walks the row blocks; each task sums into its own
         contiguous [MB, NR] tile and writes it to C once, with the corrections.
         """
+        # ``parallel`` read here makes it a closure cell: Numba's on-disk cache keys a
+        # closure on its bytecode and cell values, not on its decorator, so without
+        # it the serial and the parallel driver shared one cache entry and a process
+        # could load the serial code as the parallel driver (the int8 ResNet block
+        # ran 1.6-2.3x slower from a cache the test suite had filled)
+        threads_wanted = parallel  # noqa: F841
         N = c.shape[1]
         panels = (N + NR - 1) // NR
         mblocks = (M + MB - 1) // MB

@@ -98,3 +98,13 @@ def test_conv_contract_int_gemm(kernel):
     assert got.dtype == np.float64 and np.array_equal(got, want)
     with pytest.raises(ValueError):
         igemm.int_gemm(cols * 2, w2)  # the columns span more than 8 bits
+
+
+def test_the_serial_and_the_parallel_driver_have_distinct_cache_keys():
+    """Numba's on-disk cache keys a closure on its bytecode and closure-cell values, not
+    on its decorator: the serial and the parallel driver must differ in their cells, or
+    a process loads whichever of the two was saved last as both (it loaded the serial
+    code as the parallel driver after a test run)."""
+    cells = lambda f: tuple(c.cell_contents for c in f.py_func.__closure__)
+    for vnni in (False, True):
+        assert cells(igemm._make_gemm(vnni, False)) != cells(igemm._make_gemm(vnni, True))
