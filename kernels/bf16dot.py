@@ -23,9 +23,9 @@ as ``igemm.HAVE_VNNI``); kernels using them must not be compiled otherwise.
 """
 from __future__ import annotations
 
+from graph_api.kernels import numba_setup
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
-import os
 
 import numpy as np
 from llvmlite import ir
@@ -36,19 +36,8 @@ from numba.extending import intrinsic
 from graph_api.kernels.bits import _V16, f32x16
 
 
-def _target_features() -> str:
-    """The CPU features Numba compiles for (as ``igemm.HAVE_VNNI`` reads them)."""
-    name = os.environ.get("NUMBA_CPU_NAME", "")
-    feats = os.environ.get("NUMBA_CPU_FEATURES")
-    if feats is not None and name and name != "host":
-        return feats
-    import llvmlite.binding as llvm
-
-    return llvm.get_host_cpu_features().flatten() if name in ("", "host") else ""
-
-
 #: whether the compiled code may use vdpbf16ps (AVX512_BF16)
-HAVE_BF16 = "+avx512bf16" in _target_features().split(",")
+HAVE_BF16 = "+avx512bf16" in numba_setup.target_features().split(",")
 
 
 # ------------------------------------------------------------------ intrinsics

@@ -39,9 +39,9 @@ blocks of KC bytes so a block of the panel stays in L1.
 """
 from __future__ import annotations
 
+from graph_api.kernels import numba_setup
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
-import os
 
 import numpy as np
 from llvmlite import ir
@@ -59,19 +59,8 @@ MR = 6
 MB = 96
 
 
-def _target_features() -> str:
-    """The CPU features Numba compiles for (``numba_setup`` passes the host's)."""
-    name = os.environ.get("NUMBA_CPU_NAME", "")
-    feats = os.environ.get("NUMBA_CPU_FEATURES")
-    if feats is not None and name and name != "host":
-        return feats
-    import llvmlite.binding as llvm
-
-    return llvm.get_host_cpu_features().flatten() if name in ("", "host") else ""
-
-
 #: whether the compiled code may use vpdpbusd (tests switch it off to run the portable kernel)
-HAVE_VNNI = "+avx512vnni" in _target_features().split(",")
+HAVE_VNNI = "+avx512vnni" in numba_setup.target_features().split(",")
 
 
 # ------------------------------------------------------------------ the micro-kernel

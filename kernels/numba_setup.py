@@ -230,6 +230,19 @@ def configure() -> dict[str, str]:
 
 
 #: the folder Numba caches this project's kernels in (see _KernelCacheLocator)
+def target_features() -> str:
+    """The CPU features Numba compiles for, comma-separated (``configure`` passes the
+    host's; a user's NUMBA_CPU_NAME/NUMBA_CPU_FEATURES win): kernels that call an
+    instruction through an LLVM intrinsic check for it here."""
+    name = os.environ.get("NUMBA_CPU_NAME", "")
+    feats = os.environ.get("NUMBA_CPU_FEATURES")
+    if feats is not None and name and name != "host":
+        return feats
+    import llvmlite.binding as llvm
+
+    return llvm.get_host_cpu_features().flatten() if name in ("", "host") else ""
+
+
 KERNEL_CACHE_DIR = _cache_dir()
 APPLIED = configure()
 
