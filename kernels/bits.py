@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
+import math
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -167,7 +169,10 @@ def round_bf16(x):
     u = bits_from_f32(x)
     r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    return x if nan else f32_from_bits(r)
+    # a NaN comes back quiet (u | quiet bit), not as ``x`` itself: a select that keeps x
+    # lets LLVM turn ``v[n] = round_bf16(v[n])`` into a masked store, microcoded on AMD's
+    # AVX2 cores
+    return f32_from_bits((u | np.uint32(0x00400000)) if nan else r)
 
 
 @njit(inline="always", cache=True)
@@ -424,6 +429,36 @@ def erf32(x):
     big = -big if x < 0 else big
     r = small if t < np.float32(1.0) else big
     return r if x == x else x
+
+
+#: tanh on |x| < 0.55: x P(x**2), P the Taylor series to x**16 (the next term is below
+#: 2**-27 of the sum there: the coefficients shrink by ~4/pi**2 per order and x**2 <= 0.31)
+_TANH_SMALL = (6404582 / 10854718875, -929569 / 638512875, 21844 / 6081075, -1382 / 155925, 62 / 2835,
+               -17 / 315, 2 / 15, -1 / 3)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def tanh32(x):
+    """tanh(x) in f32, branch-free (vectorises; tests/kernels/test_fast_misc.py bounds it).
+
+    |x| < 0.55: x + x s P(s), s = x**2 (single-rounding FMAs); otherwise
+    sign(x) (1 - 2 / (exp32(2|x|) + 1)), which has no cancellation there (the
+    result is at least 0.5) and gives 1 once exp32 overflows.  NaN stays NaN.
+    """
+    t = abs(x)
+    s = x * x
+    c = _TANH_SMALL
+    p = fma32(np.float32(c[0]), s, np.float32(c[1]))
+    p = fma32(p, s, np.float32(c[2]))
+    p = fma32(p, s, np.float32(c[3]))
+    p = fma32(p, s, np.float32(c[4]))
+    p = fma32(p, s, np.float32(c[5]))
+    p = fma32(p, s, np.float32(c[6]))
+    p = fma32(p, s, np.float32(c[7]))
+    small = math.copysign(fma32(x * s, p, x), x)  # tanh(-0) = -0 (|x s P| < |x| elsewhere)
+    big = np.float32(1.0) - np.float32(2.0) / (exp32(t + t) + np.float32(1.0))
+    big = -big if x < 0 else big
+    return small if t < np.float32(0.55) else big
 
 
 # ------------------------------------------------------- explicit f32 vectors

@@ -34,8 +34,10 @@ def _apply(x, which):
             out[i] = bits.f16_bits_to_f32(bits.f32_to_f16_bits(x[i]))
         elif which == 5:
             out[i] = bits.exp32(x[i])
-        else:
+        elif which == 6:
             out[i] = bits.erf32(x[i])
+        else:
+            out[i] = bits.tanh32(x[i])
     return out
 
 
@@ -89,6 +91,26 @@ def test_erf32_ulp():
     special = _apply(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.92, 50.0], np.float32), 6)
     assert _same(special[:2], np.array([0.0, -0.0], np.float32))
     assert list(special[2:4]) == [1.0, -1.0] and np.isnan(special[4]) and list(special[5:]) == [1.0, 1.0]
+
+
+def test_tanh32_ulp():
+    rng = np.random.default_rng(4)
+    x = np.concatenate([np.linspace(0, 10, 400001, dtype=np.float32),
+                        np.float32(2.0) ** -np.arange(1, 126, dtype=np.float32),
+                        np.nextafter(np.float32(0.55), np.float32([0, 1])),  # both sides of the switch
+                        rng.integers(0, 2**31, 100000, dtype=np.int64).astype(np.uint32).view(np.float32)])
+    x = x[np.isfinite(x)]
+    x = np.concatenate([x, -x])
+    y = _apply(x, 7)
+    r = np.tanh(x.astype(np.float64))
+    fin = np.abs(r) > 1.2e-38  # f32 normals
+    ulp = np.abs(y[fin] - r[fin]) / np.spacing(np.abs(r[fin]).astype(np.float32)).astype(np.float64)
+    # measured 1.39 (at 0.58: 1 - 2/(e + 1) loses up to one bit near the switch); the
+    # series' truncation is below 2**-27 relative
+    assert ulp.max() <= 2.0
+    special = _apply(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 9.1, 50.0, -50.0], np.float32), 7)
+    assert _same(special[:2], np.array([0.0, -0.0], np.float32))
+    assert list(special[2:4]) == [1.0, -1.0] and np.isnan(special[4]) and list(special[5:]) == [1.0, 1.0, -1.0]
 
 
 @pytest.mark.parametrize("dtype", ["s8", "u8", "s4", "u4"])
