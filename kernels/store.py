@@ -26,6 +26,7 @@ from numba import njit, prange
 
 from graph_api.kernels.bits import (erf32, exp32, f32_to_bf16, f32_to_f16_bits, round_bf16, round_f16, tanh32, vadd,
                                     vload, vmax, vmul, vsplat, vstore, vsub)
+from graph_api.kernels.openblas import sgemm
 from graph_api.kernels.wmatmul import _ep_one
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
                                SIGMOID, SILU, SUB, TANH)
@@ -309,6 +310,103 @@ def store(acc2d, out_flat, roff, coff, okind, ep, run: int | None = None, head=N
     else:
         blocks = min(R, 4 * numba.get_num_threads())
         _store_par(acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, blocks)
+
+
+@njit(cache=True)
+def _finite(x, i0, i1):
+    """No inf or NaN in the flat f32 ``x[i0:i1]`` (16-lane sums of x * 0, as _abs_max_flat)."""
+    z = vsplat(np.float32(0.0))
+    bad = z
+    i = i0
+    while i + 16 <= i1:
+        bad = vadd(bad, vmul(vload(x, i), z))
+        i += 16
+    lanes = np.empty(16, np.float32)
+    vstore(lanes, 0, bad)
+    s = np.float32(0.0)
+    for j in range(16):
+        s += lanes[j]
+    for j in range(i, i1):
+        s += x[j] * np.float32(0.0)
+    return s == 0
+
+
+@njit(parallel=True, cache=True)
+def _gemm_store_par(fn, a, b, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, acc, rows, bad, dout):
+    """Row tiles of ``a @ b`` (single-threaded sgemm at address ``fn`` per tile, one
+    tile after another on each thread) each stored by _store_block while it is in
+    cache; a non-empty ``dout`` (the dense f32 output, with no epilogue): the sgemm writes
+    its rows itself.
+    A tile holding an inf or a NaN is not stored: ``bad[t] = 1`` (its f32 sums may
+    have overflowed; the caller redoes it)."""
+    R, K = a.shape
+    N = b.shape[1]
+    direct = dout.shape[0] > 0
+    acc2 = acc[:0].reshape(0, N) if direct else acc[:R * N].reshape(R, N)
+    for t in prange(bad.shape[0]):
+        r0 = t * rows
+        r1 = min(R, r0 + rows)
+        bad[t] = 0
+        if r0 >= r1:
+            continue
+        if direct:
+            sgemm(fn, r1 - r0, N, K, a, r0 * K, K, b, 0, N, np.float32(0.0), dout, r0 * N, N)
+            if not _finite(dout, r0 * N, r1 * N):
+                bad[t] = 1
+            continue
+        sgemm(fn, r1 - r0, N, K, a, r0 * K, K, b, 0, N, np.float32(0.0), acc, r0 * N, N)
+        if _finite(acc, r0 * N, r1 * N):
+            _store_block(acc2, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1)
+        else:
+            bad[t] = 1
+
+
+#: bytes of one row tile's f32 products in :func:`gemm_store`: each thread's rows in
+#: one tile up to this (every tile re-packs B in its sgemm, so few, large tiles; the
+#: epilogue then reads its tile from L2/L3, not from DRAM)
+GEMM_TILE_BYTES = 4 << 20
+
+
+def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=False, acc=None) -> None:
+    """``store(a @ b, ...)`` fused: ``a`` [R, K] and ``b`` [K, N] C-contiguous f32, the
+    product in f32 by numpy's OpenBLAS sgemm, single-threaded per row tile on Numba's
+    threads (OpenBLAS's own threads never run: after a GEMM they spin for ~0.1 s and took
+    half of the other core from the Numba kernels that followed; measured on Zen 3:
+    the BERT encoder's SDPA 22 -> 12 ms with them held off), each tile's epilogue
+    store run while the tile is in cache.  Tiles with an inf or a NaN (an f32 sum may
+    have overflowed where the reference's float64 sum did not) are redone with float64
+    sums rounded once, as the reference MatMul; only those tiles are written again.
+    ``acc``: f32 scratch of at least R * N elements the caller keeps (else one is
+    allocated).  Requires ``openblas.available()``."""
+    from graph_api.kernels import openblas, scratch
+
+    R, K = a.shape
+    N = b.shape[1]
+    threads = numba.get_num_threads()
+    per_thread = -(-R // threads)
+    tiles = threads * max(1, -(-per_thread * N * 4 // GEMM_TILE_BYTES))
+    rows = -(-R // tiles)
+    tiles = -(-R // rows)
+    if direct:
+        acc = NO_HEAD
+    elif acc is None or acc.size < R * N:
+        acc = scratch.empty(R * N, np.float32)
+    bad = np.zeros(tiles, np.uint8)
+    with openblas.single_threaded():
+        _gemm_store_par(openblas.sgemm_address(), a, b, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar,
+                        ep.ipar, ep.buf, acc, rows, bad, out_flat if direct else NO_HEAD)
+    if not bad.any():
+        return
+    fix = np.empty((R, N), np.float32)
+    b64 = b.astype(np.float64)
+    for t in np.flatnonzero(bad):
+        r0, r1 = t * rows, min(R, t * rows + rows)
+        with np.errstate(all="ignore"):
+            fix[r0:r1] = a[r0:r1].astype(np.float64) @ b64
+        if direct:
+            out_flat[r0 * N:r1 * N] = fix[r0:r1].reshape(-1)
+        else:
+            _store_block(fix, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, r0, r1)
 
 
 def element_offsets(shape, strides) -> np.ndarray:

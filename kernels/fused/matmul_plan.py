@@ -87,9 +87,38 @@ class MatmulPlan(ChainPlan):
             x = np.swapaxes(x, -1, -2)
         return x, xmax
 
+    def _gemm_store(self, a, b, arrays, outputs) -> bool:
+        """A linear layer (``a`` [R, K], ``b`` [K, N], no broadcast) as one fused
+        :func:`graph_api.kernels.store.gemm_store` call, or False (not that shape, or
+        numpy's OpenBLAS cannot be called from the kernels)."""
+        from graph_api.kernels import openblas, store
+
+        if not (a.ndim == 2 and b.ndim == 2 and a.shape[0] * b.shape[1] >= store.SERIAL_BELOW
+                and (a.shape[0], b.shape[1]) == (self.R, self.N) and a.dtype == np.float32 and b.dtype == np.float32
+                and a.flags.c_contiguous and b.flags.c_contiguous and a.shape[1] > 0 and openblas.available()):
+            return False
+        buf = self._dest_buffer(outputs)
+        head = self._store.NO_HEAD if self.head_add is None else \
+            np.ascontiguousarray(arrays[self.head_add], dtype=np.float32).reshape(-1)
+        acc = None
+        if not self.direct:
+            acc = self.__dict__.get("_acc")
+            if acc is None or acc.size < self.R * self.N:
+                acc = self._acc = np.empty(self.R * self.N, np.float32)
+        store.gemm_store(a, b, buf.view(np.uint16) if self.okind else buf, self.offsets[0], self.offsets[1],
+                         self.okind, self.epilogue(arrays), self.run_length, head, self.direct, acc)
+        self.finish(buf, arrays, outputs)
+        return True
+
     def run(self, arrays, outputs) -> None:
         from graph_api.kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
 
+        a = self.round[0](arrays[self.a_id])
+        if a.ndim >= 2 and a.flags.c_contiguous and not self.ta:
+            a2 = a.reshape(-1, a.shape[-1])
+            b = self._operand(arrays, 1)[0]
+            if self._gemm_store(a2, b, arrays, outputs):  # overflow checked per tile there
+                return
         (a, amax), (b, bmax) = self._operand(arrays, 0), self._operand(arrays, 1)
         if not amax * bmax * max(a.shape[-1], 1) < _SAFE:  # NaN compares False
             # inf/NaN or f32 partial sums that may overflow: float64 sums rounded

@@ -297,13 +297,16 @@ def _exp_pair(x):
     return a, b
 
 
-def test_erf32_lean_exp_is_exp32_on_its_range():
-    """erf32's large branch calls exp on -q with q in [1.8, 18.1]; the lean exp must be
-    bit-identical to exp32 there (a sample of every 7th f32 in [-18.5, -1.5])."""
+def test_erf32_lean_exp_within_2_ulp_on_its_range():
+    """erf32's large branch calls exp on -q with q in [1.8, 18.1]; the lean exp (FMA
+    Horner steps) must be within 2 ulp of exp there, as exp32 (a sample of every 7th f32
+    in [-18.5, -1.5]; erf32's own <= 2 ulp is test_erf32_ulp)."""
     lo, hi = np.float32(-1.5).view(np.uint32), np.float32(-18.5).view(np.uint32)
     x = np.arange(lo, hi, 7, dtype=np.uint32).view(np.float32)
     a, b = _exp_pair(x)
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    r = np.exp(x.astype(np.float64))
+    ulp = np.spacing(r.astype(np.float32)).astype(np.float64)
+    assert (np.abs(a - r) / ulp).max() <= 2.0 and (np.abs(b - r) / ulp).max() <= 2.0
 
 
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 33, 1000])
