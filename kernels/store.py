@@ -409,6 +409,51 @@ def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=
             _store_block(fix, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, r0, r1)
 
 
+@njit(parallel=True, cache=True)
+def _matmul_cols_par(fn, a, b, out, cols, bad):
+    """``out[:, c0:c1] = a @ b[:, c0:c1]`` per column block (single-threaded sgemm at
+    ``fn``; ``out`` flat, rows N apart); ``bad[t] = 1`` where the block holds an inf or a NaN."""
+    R, K = a.shape
+    N = b.shape[1]
+    for t in prange(bad.shape[0]):
+        c0 = t * cols
+        w = min(N, c0 + cols) - c0
+        bad[t] = 0
+        if w <= 0:
+            continue
+        sgemm(fn, R, w, K, a, 0, K, b, c0, N, np.float32(0.0), out, c0, N)
+        for r in range(R):
+            if not _finite(out, r * N + c0, r * N + c0 + w):
+                bad[t] = 1
+                break
+
+
+def matmul_into(a, b, out) -> None:
+    """``out[...] = a @ b`` for C-contiguous f32 ``a`` [R, K], ``b`` [K, N], ``out`` [R, N]:
+    blocks of columns by single-threaded sgemm on Numba's threads (as :func:`gemm_store`,
+    so OpenBLAS's own threads never spin after it; columns, because a convolution's
+    product has few rows and long ones: each block re-packs only its part of ``b``).
+    Blocks with an inf or a NaN are redone with float64 sums rounded once, as the
+    reference.  numpy's matmul where that does not apply (small, other layouts)."""
+    from graph_api.kernels import openblas
+
+    R, K = a.shape
+    N = b.shape[1]
+    if not (R * N >= SERIAL_BELOW and K > 0 and a.dtype == b.dtype == out.dtype == np.float32 and a.flags.c_contiguous
+            and b.flags.c_contiguous and out.flags.c_contiguous and out.shape == (R, N) and openblas.available()):
+        np.matmul(a, b, out=out)
+        return
+    threads = numba.get_num_threads()
+    cols = -(-N // threads)
+    bad = np.zeros(-(-N // cols), np.uint8)
+    with openblas.single_threaded():
+        _matmul_cols_par(openblas.sgemm_address(), a, b, out.reshape(-1), cols, bad)
+    for t in np.flatnonzero(bad):
+        c0, c1 = t * cols, min(N, t * cols + cols)
+        with np.errstate(all="ignore"):
+            out[:, c0:c1] = a.astype(np.float64) @ b[:, c0:c1].astype(np.float64)
+
+
 def element_offsets(shape, strides) -> np.ndarray:
     """Element offset of every index of a strided tensor, as an array of ``shape``."""
     off = np.zeros(tuple(shape), np.int64)

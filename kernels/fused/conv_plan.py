@@ -59,7 +59,7 @@ from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.kernels import conv as cv
 from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm
+from graph_api.kernels import igemm, store
 from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
@@ -642,7 +642,8 @@ class ConvPlan:
                     elif st.int8 is not None:  # one f32 GEMM is exact: its integer sums as they are
                         y = np.matmul(w2[0], cols, out=self._buffer(("y", s), (OC, P)))
                     else:
-                        y = np.matmul(w2[0], cols, out=self._buffer(("y", s), (OC, P)))
+                        y = self._buffer(("y", s), (OC, P))
+                        store.matmul_into(np.ascontiguousarray(w2[0]), cols, y)
                 scale = _EMPTY if st.int8 is None else st.int8["scale_vec"]
                 dest = _view2d(out_ncx[n], OC, P) if s == last else self._buffer(("mid", s), (OC, P))
                 f = dummy_full if full is None else full[n].reshape(OC, P)

@@ -106,3 +106,27 @@ def test_plan_takes_the_fused_path(kwargs, check_mode, monkeypatch):
     run = ga.run_graph(graph, feeds, partitions=parts)
     assert [r.compiled.plan.name for r in run.partitions][0].startswith("blas_matmul_epilogue")
     assert calls
+
+
+@pytest.mark.parametrize("R,K,N", [(64, 576, 3136), (3, 7, 20000), (8, 8, 8)])
+def test_matmul_into_column_blocks(R, K, N):
+    """A convolution's GEMM shape (few rows, long ones), a thin one, and one small enough
+    for numpy's matmul; a NaN and an f32 overflow (float64 sum finite) in two columns."""
+    rng = np.random.default_rng(K)
+    a = rng.standard_normal((R, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    b[0, N - 1] = np.nan
+    a[0, :2], b[:2, 1] = 1e20, (1e19, -1e19)
+    out = np.full((R, N), -7.0, np.float32)
+    store.matmul_into(a, b, out)
+    A, B = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        exact = A @ B
+    assert np.isnan(out[:, N - 1]).all() and np.isnan(exact[:, N - 1]).all()
+    fin = np.ones(N, bool)
+    fin[N - 1] = False
+    fin[1] = R * N >= store.SERIAL_BELOW  # numpy's f32 product overflows there; ours is redone
+    bound = (K + 1) * U * (np.abs(A) @ np.abs(np.nan_to_num(B)))
+    assert np.all(np.abs(out[:, fin] - exact[:, fin]) <= bound[:, fin])
+    if R * N >= store.SERIAL_BELOW:
+        assert np.all(np.abs(out[:, 1] - exact[:, 1]) <= U * np.abs(exact[:, 1]) + bound[:, 1])
