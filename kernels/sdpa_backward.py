@@ -3,7 +3,8 @@
 Formula, per work item (batch ``b``, query head ``h``, KV head ``h // rep``), for a block
 of query rows ``i`` and every key position ``j`` (all f32)::
 
-    s[i, j]  = (q[i] . k[j]) * scale  (or / scale)  + mask[b, h, i, j]   (-inf where j > i + offset, causal)
+    s[i, j]  = (q[i] . k[j]) * scale  (or / scale)       (causal: fill where j > i + offset)
+    s[i, j] += mask[b, h, i, j]
     p[i, j]  = exp(s[i, j] - stats[i])                     (stats: the forward's max + ln(sum))
     dp[i, j] = do[i] . v[j]
     ds[i, j] = p[i, j] * (drop_dp(dp[i, j]) - corr[i])     (corr[i] = sum_d o[i, d] do[i, d], given)
@@ -97,14 +98,15 @@ def _mm(blas, ta, tb, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def backward_items(ids, q, k, v, do, stats, corr, Hq, rep, Sq, S, D, nsplit,
-                   scale, smul, gscale, gmul, mflat, mstr, has_mask, causal, offset,
+                   scale, smul, gscale, gmul, mflat, mstr, has_mask, causal, offset, cfill,
                    p_rnd, ds_rnd, p_drop, p_key, p_off, p_prob, dp_drop, dp_key, dp_off, dp_prob,
                    want_ds, ds_out, dq, dk, dv, blas):
     """The work items ``ids`` (item = (query head ``b * Hq + h``) * nsplit + split) of the
     module docstring's formula.  Arrays are flat f32: q, do, dq ``[B*Hq, Sq, D]``; k, v
     ``[B*Hkv, S, D]``; stats, corr ``[B*Hq*Sq]``; dk, dv ``[nsplit, B*Hq, S, D]``; ds_out
     ``[B*Hq, Sq, S]`` when ``want_ds``; the mask a flat buffer + element strides
-    ``[B, Hq, Sq, S]`` (0 on broadcast dims); ``causal``: hide ``j > i + offset``."""
+    ``[B, Hq, Sq, S]`` (0 on broadcast dims); ``causal``: scores ``j > i + offset`` are
+    ``cfill`` (before the mask is added)."""
     rows = min(QB, Sq)
     pb = np.empty(rows * S, np.float32)
     sb = np.empty(rows * S, np.float32)
@@ -138,10 +140,10 @@ def backward_items(ids, q, k, v, do, stats, corr, Hq, rep, Sq, S, D, nsplit,
                 base = np.uint64(row) * np.uint64(S)
                 for j in range(S):
                     s = pb[o + j] * scale if smul else pb[o + j] / scale
+                    if j >= jmax:  # the causal Select comes before the masks
+                        s = cfill
                     if has_mask:
                         s = s + mflat[m0 + j * mstr[3]]
-                    if j >= jmax:
-                        s = NEG_INF
                     p = exp32(s - st)
                     pd = p
                     if p_drop:
@@ -184,7 +186,7 @@ def _dropout_args(drop):
 
 
 def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scale=1.0,
-             grad_scale_mode="mul", mask=None, causal_offset=None, p_rnd=0, ds_rnd=0,
+             grad_scale_mode="mul", mask=None, causal_offset=None, causal_fill=-np.inf, p_rnd=0, ds_rnd=0,
              p_dropout=None, dp_dropout=None, want_ds=False, dq=None, splits=None, use_blas=True):
     """dQ, per-query-head dK and dV, and dS (or None) of the module docstring's formula.
 
@@ -193,7 +195,8 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
         stats, corr: f32 ``[B, Hq, Sq]``.
         scale, grad_scale: the score scale and the dS scale, each multiplied or divided by.
         mask: an additive f32 mask broadcastable to ``[B, Hq, Sq, S]``, or None.
-        causal_offset: hide key ``j > i + causal_offset`` (None: no causal mask).
+        causal_offset: scores of keys ``j > i + causal_offset`` are ``causal_fill``, before
+            the mask is added (None: no causal mask).
         p_rnd, ds_rnd: rounding codes of P (for dV) and of the scaled dS (for dK, dQ).
         p_dropout, dp_dropout: (seed, offset, prob) of a Dropout of P / of dP, or None.
         want_ds: also return dS (before the scale), f32 ``[B, Hq, Sq, S]``.
@@ -228,7 +231,7 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
     args = (flat(q), flat(k), flat(v), flat(do), flat(stats), flat(corr), Hq, Hq // Hkv, Sq, S, D,
             nsplit, np.float32(scale), scale_mode == "mul", np.float32(grad_scale),
             grad_scale_mode == "mul", mflat, mstr, mask is not None, causal_offset is not None,
-            int(causal_offset or 0), int(p_rnd), int(ds_rnd), *pd, *dd, bool(want_ds),
+            int(causal_offset or 0), np.float32(causal_fill), int(p_rnd), int(ds_rnd), *pd, *dd, bool(want_ds),
             ds.reshape(-1), dq.reshape(-1), dk.reshape(-1), dv.reshape(-1),
             openblas.sgemm_address() if blas else 0)
     work = 5 * heads * Sq * S * D

@@ -15,7 +15,8 @@ Shared with the forward plans (kernels/fused/sdpa_plan.py): the geometry
 (Q ``[*L, Sq, D]``, K/V ``[*Lk, S, D]`` broadcast over trailing head dims: MHA,
 MQA, 5-D GQA), the score chain (``score_chain``: scale, masks and the implicit
 causal mask folded into one additive mask and a causal offset, ``score_masks``
-at execute, with the composed reference for Select fills other than -inf), the
+at execute, with the composed reference for Select fills other than -inf; the
+implicit causal Select is the kernel's own, any fill value), the
 fpmath operand rules (``_float_operand``) and the reference fallback.
 
 Numerics (module docstring of the kernel): f32 throughout, each value the
@@ -40,7 +41,7 @@ P and dS too, which the kernel does not).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -88,7 +89,14 @@ class Backward:
 
         g, sc = self.geo, self.scores
         scale = 1.0 if sc.scale_id is None else self._scalar(inputs, sc.scale_id)
-        mask, causal, offset = score_masks(g, sc, self.fetch, inputs, scale)
+        # the causal Select as the kernel's (offset, fill): any fill value, not only -inf
+        mask, _, _ = score_masks(g, replace(sc, causal=None), self.fetch, inputs, scale)
+        offset = fill = None
+        if sc.causal is not None:
+            skv, sq, fill_id = sc.causal
+            offset = 0 if skv is None else int(self.fetch(inputs, skv).reshape(-1)[0]) - \
+                int(self.fetch(inputs, sq).reshape(-1)[0])
+            fill = self._scalar(inputs, fill_id)
         shape4 = lambda name, n: self._f32(inputs, name).reshape(g.B, n, -1, g.D)  # noqa: E731
         q, do = shape4("q", g.Hq), shape4("do", g.Hq)
         k, v = shape4("k", g.Hkv), shape4("v", g.Hkv)
@@ -105,7 +113,8 @@ class Backward:
             q, k, v, do, stats, corr, scale=scale, scale_mode=sc.scale_mode,
             grad_scale=self._scalar(inputs, gid), grad_scale_mode=gmode,
             mask=None if mask is None else g.kernel_mask(dtypes.to_f32(np.asarray(mask))),
-            causal_offset=None if causal is None else offset, p_rnd=self.p_rnd, ds_rnd=self.ds_rnd,
+            causal_offset=offset, causal_fill=-np.inf if fill is None else fill,
+            p_rnd=self.p_rnd, ds_rnd=self.ds_rnd,
             p_dropout=drop.get("p"), dp_dropout=drop.get("dp"), want_ds="ds" in self.outs,
             dq=dq_dest)
         self._store(arrays, "dq", dq, g.lead + (g.Sq, g.D))
