@@ -38,7 +38,7 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401
 import numpy as np
 from numba import njit
 
-from graph_api.kernels.bits import exp32, round_code
+from graph_api.kernels.bits import exp32, round_bf16, round_f16, round_tf32
 from graph_api.kernels.openblas import sgemm_t
 
 QB = 64  #: query rows per block: two 64 x 512 f32 blocks (256 KiB) stay in L2
@@ -96,6 +96,73 @@ def _mm(blas, ta, tb, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc
         gemm_loop(ta, tb, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc)
 
 
+@njit(inline="always", cache=True)
+def _round_row(a, o, n, rnd):
+    """a[o:o+n] rounded by code ``rnd`` (one loop per code: each vectorises)."""
+    if rnd == 1:
+        for j in range(n):
+            a[o + j] = round_bf16(a[o + j])
+    elif rnd == 2:
+        for j in range(n):
+            a[o + j] = round_f16(a[o + j])
+    elif rnd == 3:
+        for j in range(n):
+            a[o + j] = round_tf32(a[o + j])
+
+
+@njit(inline="always", cache=True)
+def _dropout_row(a, o, n, key, counter0, prob):
+    """The reference Dropout of a[o:o+n], element j at counter ``counter0 + j``."""
+    inv = np.float32(1.0) - prob
+    for j in range(n):
+        a[o + j] = a[o + j] / inv if dropout_keep(key, counter0 + np.uint64(j), prob) else np.float32(0.0)
+
+
+@njit(inline="always", cache=True)
+def _probs_row(pb, o, S, scale, smul, jmax, cfill, mflat, m0, ms, has_mask, st):
+    """pb[o:o+S]: scores -> P = exp(scale(s) [causal fill] [+ mask] - st), in the graph's order."""
+    if smul:
+        for j in range(S):
+            pb[o + j] = pb[o + j] * scale
+    else:
+        for j in range(S):
+            pb[o + j] = pb[o + j] / scale
+    for j in range(jmax, S):  # the causal Select comes before the masks
+        pb[o + j] = cfill
+    if has_mask:
+        if ms == 1:
+            for j in range(S):
+                pb[o + j] = pb[o + j] + mflat[m0 + j]
+        else:
+            for j in range(S):
+                pb[o + j] = pb[o + j] + mflat[m0 + j * ms]
+    for j in range(S):
+        pb[o + j] = exp32(pb[o + j] - st)
+
+
+@njit(inline="always", cache=True)
+def _grads_row(pb, sb, o, S, cr, counter0, gscale, gmul, p_rnd, ds_rnd, p_drop, p_key, p_off,
+               p_prob, dp_drop, dp_key, dp_off, dp_prob, want_ds, ds_out, ds_o):
+    """sb[o:o+S]: dP -> round(scale(P * (drop(dP) - cr))); then pb[o:o+S]: P -> round(drop(P))."""
+    if dp_drop:
+        _dropout_row(sb, o, S, dp_key, dp_off + counter0, dp_prob)
+    for j in range(S):
+        sb[o + j] = pb[o + j] * (sb[o + j] - cr)
+    if want_ds:
+        for j in range(S):
+            ds_out[ds_o + j] = sb[o + j]
+    if gmul:
+        for j in range(S):
+            sb[o + j] = sb[o + j] * gscale
+    else:
+        for j in range(S):
+            sb[o + j] = sb[o + j] / gscale
+    _round_row(sb, o, S, ds_rnd)
+    if p_drop:
+        _dropout_row(pb, o, S, p_key, p_off + counter0, p_prob)
+    _round_row(pb, o, S, p_rnd)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def backward_items(ids, q, k, v, do, stats, corr, Hq, rep, Sq, S, D, nsplit,
                    scale, smul, gscale, gmul, mflat, mstr, has_mask, causal, offset, cfill,
@@ -130,39 +197,15 @@ def backward_items(ids, q, k, v, do, stats, corr, Hq, rep, Sq, S, D, nsplit,
             for r in range(m):
                 i = i0 + r
                 row = head * Sq + i
-                st = stats[row]
-                cr = corr[row]
-                m0 = b * mstr[0] + h * mstr[1] + i * mstr[2]
                 jmax = S
                 if causal:
                     jmax = min(S, max(0, i + offset + 1))
-                o = r * S
-                base = np.uint64(row) * np.uint64(S)
-                for j in range(S):
-                    s = pb[o + j] * scale if smul else pb[o + j] / scale
-                    if j >= jmax:  # the causal Select comes before the masks
-                        s = cfill
-                    if has_mask:
-                        s = s + mflat[m0 + j * mstr[3]]
-                    p = exp32(s - st)
-                    pd = p
-                    if p_drop:
-                        if dropout_keep(p_key, p_off + base + np.uint64(j), p_prob):
-                            pd = p / (np.float32(1.0) - p_prob)
-                        else:
-                            pd = np.float32(0.0)
-                    dp = sb[o + j]
-                    if dp_drop:
-                        if dropout_keep(dp_key, dp_off + base + np.uint64(j), dp_prob):
-                            dp = dp / (np.float32(1.0) - dp_prob)
-                        else:
-                            dp = np.float32(0.0)
-                    ds = p * (dp - cr)
-                    if want_ds:
-                        ds_out[row * S + j] = ds
-                    ds = ds * gscale if gmul else ds / gscale
-                    pb[o + j] = round_code(pd, p_rnd)
-                    sb[o + j] = round_code(ds, ds_rnd)
+                m0 = b * mstr[0] + h * mstr[1] + i * mstr[2]
+                _probs_row(pb, r * S, S, scale, smul, jmax, cfill, mflat, m0, mstr[3], has_mask,
+                           stats[row])
+                _grads_row(pb, sb, r * S, S, corr[row], np.uint64(row) * np.uint64(S), gscale, gmul,
+                           p_rnd, ds_rnd, p_drop, p_key, p_off, p_prob, dp_drop, dp_key, dp_off,
+                           dp_prob, want_ds, ds_out, row * S)
             beta = np.float32(0.0) if first else np.float32(1.0)
             first = False
             _mm(blas, 1, 0, S, D, m, pb, 0, S, do, qo + i0 * D, D, beta, dv, po, D)
