@@ -206,7 +206,7 @@ def _cast_code(request, b, ops, role) -> int | str:
     if b.get(role) is None:
         return RND_NONE
     dt = request.lts[ops[b[role]].outputs[0].id].dtype
-    return _TYPE_RND.get(dt, f"{role} to {dt.name}")
+    return RND_NONE if dt == _F32 else _TYPE_RND.get(dt, f"{role} to {dt.name}")
 
 
 def _grad_scale(request, b, ops):
@@ -248,7 +248,7 @@ def _gradients(request, b, ops, geo):
             lead = len(geo.lead)
             kv_lead = (1,) * (lead - (len(kv_shape) - 2)) + tuple(kv_shape[:-2])
             summed = [i for i in range(lead) if kv_lead[i] == 1 and geo.lead[i] > 1]
-            if [a for a in axes if geo.lead[a] > 1] != summed or any(a >= lead for a in axes) or not summed:
+            if any(a >= lead for a in axes) or not summed or [a for a in axes if geo.lead[a] > 1] != summed:
                 return f"{name}_reduce sums axes {axes}, not the query-head axes K/V broadcast over"
             outs[name] = (op.outputs[0].id, lts[op.outputs[0].id].dtype)
             this = True
