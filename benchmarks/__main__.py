@@ -25,7 +25,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="subset, < 2 minutes")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.md"))
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--only", default="", help="comma list: int4,prefill,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized")
+    ap.add_argument("--only", default="", help="comma list: int4,prefill,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized,sdpa_backward")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     want = lambda k: not only or k in only
@@ -128,6 +128,12 @@ def main(argv=None):
 
         n0 = len(rows)
         sdpa_quantized.bench_sdpa_quantized(rows, peers_on)
+        _print(rows[n0:])
+    if want("sdpa_backward"):
+        from benchmarks import sdpa_backward
+
+        n0 = len(rows)
+        sdpa_backward.bench_sdpa_backward(rows, args.quick, peers_on)
         _print(rows[n0:])
     table = _markdown(rows)
     with open(args.out, "w") as f:

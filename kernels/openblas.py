@@ -107,18 +107,13 @@ def single_threaded():
                 put(_saved)
 
 
-_ROW_MAJOR, _NO_TRANS = 101, 111
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
-@intrinsic
-def sgemm(typingctx, fn, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc):
-    """``C = A @ B + beta * C`` by ``cblas_sgemm`` at address ``fn`` (row-major,
-    no transposes, alpha 1): ``A`` is ``m x k`` at ``a.flat[a_off]`` with row
-    stride ``lda`` (elements), ``B`` and ``C`` likewise; f32 arrays, unchecked."""
-    arrays = (a, b, c)
-    if not all(isinstance(t, types.Array) and t.dtype == types.float32 for t in arrays):
-        return None
-    sig = types.void(fn, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc)
+def _sgemm_codegen(trans: bool):
+    """Code calling ``cblas_sgemm``: arguments ``fn, [ta, tb,] m, n, k, a, a_off, lda,
+    b, b_off, ldb, beta, c, c_off, ldc`` (``ta``/``tb`` integers, non-zero: transposed)."""
+    first = 3 if trans else 1  # index of m
 
     def codegen(context, builder, signature, args):
         i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -132,13 +127,47 @@ def sgemm(typingctx, fn, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, 
             data = context.make_array(tys[i])(context, builder, args[i]).data
             return builder.gep(builder.bitcast(data, fptr), [integer(i + 1)])
 
+        def flag(i):
+            if not trans:
+                return ir.Constant(i32, _NO_TRANS)
+            on = builder.icmp_signed("!=", integer(i), ir.Constant(i64, 0))
+            return builder.select(on, ir.Constant(i32, _TRANS), ir.Constant(i32, _NO_TRANS))
+
+        m = first
         fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, fptr, i64, fptr, i64, f32,
                                                fptr, i64])
         target = builder.inttoptr(integer(0), fnty.as_pointer())
-        beta_v = context.cast(builder, args[10], tys[10], types.float32)
-        builder.call(target, [ir.Constant(i32, _ROW_MAJOR), ir.Constant(i32, _NO_TRANS), ir.Constant(i32, _NO_TRANS),
-                              integer(1), integer(2), integer(3), ir.Constant(f32, 1.0),
-                              pointer(4), integer(6), pointer(7), integer(9), beta_v, pointer(11), integer(13)])
+        beta_v = context.cast(builder, args[m + 9], tys[m + 9], types.float32)
+        builder.call(target, [ir.Constant(i32, _ROW_MAJOR), flag(1), flag(2),
+                              integer(m), integer(m + 1), integer(m + 2), ir.Constant(f32, 1.0),
+                              pointer(m + 3), integer(m + 5), pointer(m + 6), integer(m + 8), beta_v,
+                              pointer(m + 10), integer(m + 12)])
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+def _f32_arrays(*arrays) -> bool:
+    return all(isinstance(t, types.Array) and t.dtype == types.float32 for t in arrays)
+
+
+@intrinsic
+def sgemm(typingctx, fn, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc):
+    """``C = A @ B + beta * C`` by ``cblas_sgemm`` at address ``fn`` (row-major,
+    no transposes, alpha 1): ``A`` is ``m x k`` at ``a.flat[a_off]`` with row
+    stride ``lda`` (elements), ``B`` and ``C`` likewise; f32 arrays, unchecked."""
+    if not _f32_arrays(a, b, c):
+        return None
+    sig = types.void(fn, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc)
+    return sig, _sgemm_codegen(False)
+
+
+@intrinsic
+def sgemm_t(typingctx, fn, ta, tb, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc):
+    """:func:`sgemm` with transposes: ``C = op(A) @ op(B) + beta * C``, ``op(X)`` = X^T
+    when its flag (``ta``, ``tb``: integers) is non-zero; ``op(A)`` is ``m x k`` and
+    ``lda`` the row stride of A as stored (``k`` columns, or ``m`` when transposed)."""
+    if not _f32_arrays(a, b, c):
+        return None
+    sig = types.void(fn, ta, tb, m, n, k, a, a_off, lda, b, b_off, ldb, beta, c, c_off, ldc)
+    return sig, _sgemm_codegen(True)

@@ -143,6 +143,7 @@ KERNELS: dict[tuple, Builder] = {
     (P.SDPA_GQA, "*", "*"): _sdpa,
     (P.SDPA_JAX, "*", "*"): _sdpa,
     (P.SDPA_QUANTIZED, "*", "*"): _sdpa,
+    (P.SDPA_BACKWARD, "*", "*"): _sdpa,
     DOT_KEY: _dot_plan,
     (P.COMPOSITE, "*", "*"): _composite,  # extension: Composite ops with a fast kernel
     (P.CONV_POST_OPS, "*", "*"): _conv,

@@ -1,7 +1,7 @@
 """A fused partition without a fused kernel: each op on its own single-op fast plan.
 
-When every fused builder refuses (or the pattern has none: SDPA backward,
-static-quantized and JAX SDPA forms, SDPA with a stats output, ...), the
+When every fused builder refuses (or the pattern has none: ``mqa_jax``; or the shapes, types or fpmath do
+not suit the kernel: each builder says why), the
 partition still should not run the f64 reference: this plan compiles each op
 as if it were a single-op partition (BLAS MatMul, Numba element-wise and
 norm kernels, f32 numpy formulas) and runs them in topological order.

@@ -1,7 +1,8 @@
 """SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``, ``sdpa_jax``) on the Numba kernel of ``graph_api.kernels.sdpa``.
 
 ``sdpa_quantized`` partitions are handed to :mod:`.sdpa_quant_plan` (same
-score chain, exact quantize points).  ``mqa_jax`` has no plan: as written
+score chain, exact quantize points), ``sdpa_backward`` ones to
+:mod:`.sdpa_backward_plan` (same geometry and score chain).  ``mqa_jax`` has no plan: as written
 (graphs.jax_mqa, oneDNN's float_mqa_jax_fusion) SoftMax normalises over one
 axis and the second MatMul contracts over the other, which is not the
 kernel's ``softmax(s) v``.
@@ -207,7 +208,10 @@ def _scalar_operand(op, value, lts):
     return other if lts[other].nelems() == 1 else None
 
 
-def _scores(request, b, ops) -> Scores | str:
+def score_chain(request, b, ops):
+    """(Scores, masked-score tensor id, types it was rounded to) of the chain from
+    ``qk_matmul`` through ``select_mask`` (the part the training backward shares),
+    or a reason."""
     lts = request.lts
     sc = Scores()
     value = ops[b["qk_matmul"]].outputs[0].id
@@ -250,10 +254,23 @@ def _scores(request, b, ops) -> Scores | str:
         masks.append(entry)
         value = op.outputs[0].id
         kinds.append(lts[value].dtype)
+    if lts[value].shape != scores_shape:
+        return f"a mask widens the scores {list(scores_shape)}"
+    sc.masks = tuple(masks)
+    return sc, value, kinds
+
+
+def _scores(request, b, ops) -> Scores | str:
+    chain = score_chain(request, b, ops)
+    if isinstance(chain, str):
+        return chain
+    sc, value, kinds = chain
+    lts = request.lts
+    scores_shape = lts[ops[b["qk_matmul"]].outputs[0].id].shape
     softmax = ops[b["softmax"]]
     if softmax.inputs[0].id != value:
         return "SoftMax does not take the masked scores"
-    if any(lts[o.id].shape != scores_shape for o in softmax.outputs[:1]) or lts[value].shape != scores_shape:
+    if any(lts[o.id].shape != scores_shape for o in softmax.outputs[:1]):
         return f"a mask widens the scores {list(scores_shape)}"
     sc.inf_as_zero = softmax.attrs.get("mode", "none") == "inf_as_zero"
     sc.score_types = tuple(kinds)
@@ -271,7 +288,7 @@ def _scores(request, b, ops) -> Scores | str:
         if ro.inputs[0].id != tr.outputs[0].id or lts[ro.outputs[0].id].dtype != lts[prob].dtype:
             return f"prob_reorder (op {ro.id}) does not copy the transposed probabilities"
         prob = ro.outputs[0].id
-    sc.prob_id, sc.masks, sc.types = prob, tuple(masks), tuple(kinds)
+    sc.prob_id, sc.types = prob, tuple(kinds)
     return sc
 
 
@@ -360,6 +377,48 @@ def _stats_output(request, b, ops, final_id, scores: Scores):
     return stats
 
 
+def score_masks(g, sc, fetch, inputs, scale):
+    """(additive f32 mask or None, causal alignment or None, causal offset) for this call:
+    every mask of ``sc`` as one additive f32 mask (Selects as 0 / -inf), ``fetch(inputs, id)``
+    reading a tensor; raises :class:`_Fallback` for values the additive form cannot express."""
+    parts = []
+    for entry in sc.masks:
+        if entry[0] == "add":
+            parts.append(fetch(inputs, entry[1]))
+            continue
+        _, cond_id, fill_id, keep = entry
+        if not np.all(np.isneginf(_f32_value(fetch, inputs, fill_id))):
+            raise _Fallback("a Select mask fills with values other than -inf")
+        cond = np.asarray(fetch(inputs, cond_id), dtype=bool)
+        parts.append(np.where(cond, np.float32(0), _NEG_INF) if keep else
+                     np.where(cond, _NEG_INF, np.float32(0)))
+    if sc.pre_select and sc.scale_id is not None and not (0 < scale < np.inf):
+        raise _Fallback(f"scale {scale} before a pre_select mask is not positive")
+    causal, offset = None, 0
+    if sc.causal is not None:
+        skv, sq, fill = sc.causal
+        if not np.all(np.isneginf(_f32_value(fetch, inputs, fill))):
+            raise _Fallback("the causal Select fills with values other than -inf")
+        if skv is not None:
+            offset = int(np.asarray(fetch(inputs, skv)).reshape(-1)[0]) - \
+                int(np.asarray(fetch(inputs, sq)).reshape(-1)[0])
+        if offset == 0:
+            causal = "top_left"
+        elif offset == g.S - g.Sq:
+            causal = "bottom_right"
+        else:
+            i, j = np.arange(g.Sq)[:, None], np.arange(g.S)[None, :]
+            parts.append(np.where(j > i + offset, _NEG_INF, np.float32(0)))
+    if not parts:
+        return None, causal, offset
+    mask = parts[0] if len(parts) == 1 else reduce(np.add, (dtypes.to_f32(p) for p in parts))
+    return mask, causal, offset
+
+
+def _f32_value(fetch, inputs, tid) -> np.ndarray:
+    return dtypes.to_f32(np.asarray(fetch(inputs, tid)))
+
+
 # ====================================================================== the plan
 @dataclass
 class SdpaCore:
@@ -389,40 +448,7 @@ class SdpaCore:
         return dtypes.to_f32(np.asarray(self.fetch(inputs, tid)))
 
     def _masks(self, inputs, scale):
-        """(additive f32 mask or None, causal alignment or None, causal offset) for this call."""
-        g, sc = self.geo, self.scores
-        parts = []
-        for entry in sc.masks:
-            if entry[0] == "add":
-                parts.append(self.fetch(inputs, entry[1]))
-                continue
-            _, cond_id, fill_id, keep = entry
-            if not np.all(np.isneginf(self._value(inputs, fill_id))):
-                raise _Fallback("a Select mask fills with values other than -inf")
-            cond = np.asarray(self.fetch(inputs, cond_id), dtype=bool)
-            parts.append(np.where(cond, np.float32(0), _NEG_INF) if keep else
-                         np.where(cond, _NEG_INF, np.float32(0)))
-        if sc.pre_select and sc.scale_id is not None and not (0 < scale < np.inf):
-            raise _Fallback(f"scale {scale} before a pre_select mask is not positive")
-        causal, offset = None, 0
-        if sc.causal is not None:
-            skv, sq, fill = sc.causal
-            if not np.all(np.isneginf(self._value(inputs, fill))):
-                raise _Fallback("the causal Select fills with values other than -inf")
-            if skv is not None:
-                offset = int(np.asarray(self.fetch(inputs, skv)).reshape(-1)[0]) - \
-                    int(np.asarray(self.fetch(inputs, sq)).reshape(-1)[0])
-            if offset == 0:
-                causal = "top_left"
-            elif offset == g.S - g.Sq:
-                causal = "bottom_right"
-            else:
-                i, j = np.arange(g.Sq)[:, None], np.arange(g.S)[None, :]
-                parts.append(np.where(j > i + offset, _NEG_INF, np.float32(0)))
-        if not parts:
-            return None, causal, offset
-        mask = parts[0] if len(parts) == 1 else reduce(np.add, (dtypes.to_f32(p) for p in parts))
-        return mask, causal, offset
+        return score_masks(self.geo, self.scores, self.fetch, inputs, scale)
 
     def _zero_dead_rows(self, out, mask, causal, offset):
         """inf_as_zero: rows whose every position is masked are 0 (the kernel gave 0/0)."""
@@ -559,6 +585,10 @@ def build(request: CompileRequest):
         from . import sdpa_quant_plan
 
         return sdpa_quant_plan.build(request)
+    if b.get("sub_stats") is not None:  # sdpa_backward
+        from . import sdpa_backward_plan
+
+        return sdpa_backward_plan.build(request)
     ops = {op.id: op for op in request.ops}
     reason = _unknown_ops(request, b) or zero_size_reason(request)
     if reason:

@@ -87,7 +87,6 @@ CANONICAL = [
 #: (canonical graph id, partition kind) without a fused kernel, and why: they run
 #: each op on its single-op fast plan (kernels/fused/per_op.py)
 UNFUSED = {
-    ("sdpa_backward", "sdpa_backward"): "no fused kernel for SDPA backward yet",
     ("mqa_jax", "mqa_jax"): "SoftMax normalises over one axis and pv_matmul contracts over the "
                             "other (test_sdpa_family.py): not the attention kernel's softmax(s) v",
 }
