@@ -11,7 +11,8 @@ The table holds the exact integer values (s4: 0..7, -8..-1 for the stored
 two's complement nibbles; u4: 0..15), so the lookup is exact.
 
 Numba cannot express ``vpermps``; :func:`vlut4` emits the x86 intrinsic when
-the compile target has AVX-512F and, elsewhere, the same lookup lane by lane
+the compile target has AVX-512F, two 8-float AVX2 ``vpermps`` per 8 lanes and a
+blend where it has AVX2 only, and elsewhere the same lookup lane by lane
 (identical values, slower).
 """
 from __future__ import annotations
@@ -42,6 +43,22 @@ def _target_has_avx512() -> bool:
 
 
 HAS_VPERMPS = _target_has_avx512()
+
+
+def _target_has_avx2() -> bool:
+    feats = os.environ.get("NUMBA_CPU_FEATURES")
+    if feats is None:
+        import llvmlite.binding as llvm
+        feats = llvm.get_host_cpu_features().flatten()
+    return "+avx2" in feats.split(",")
+
+
+#: AVX2 without AVX-512: the lookup as two 8-float ``vpermps`` per 8 lanes (the table's
+#: halves) and a blend on the index's bit 3; the lane-by-lane form compiles to scalar
+#: extracts (the int4 decode ran at ~1 ns per weight, 2% of the read bandwidth, on Zen 3)
+HAS_VPERMPS8 = not HAS_VPERMPS and _target_has_avx2()
+_V8 = ir.VectorType(ir.FloatType(), 8)
+_I32V8 = ir.VectorType(_I32, 8)
 
 #: lookup tables: stored nibble -> exact integer weight
 TABLE_S4 = [float(i if i < 8 else i - 16) for i in range(16)]
@@ -74,6 +91,20 @@ def vlut4(typingctx, table, arr, idx, shift):
             fn = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_V16, [_V16, _I32V]), "llvm.x86.avx512.permvar.sf.512")
             return builder.call(fn, [tab, idxv])
+        if HAS_VPERMPS8:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V8, [_V8, _I32V8]), "llvm.x86.avx2.permps")
+            lo_tab = builder.shuffle_vector(tab, tab, ir.Constant(_I32V8, list(range(8))))
+            hi_tab = builder.shuffle_vector(tab, tab, ir.Constant(_I32V8, list(range(8, 16))))
+            high = builder.icmp_unsigned("!=", builder.and_(idxv, ir.Constant(_I32V, [8] * 16)),
+                                         ir.Constant(_I32V, [0] * 16))
+            halves = []
+            for h in range(2):
+                part = builder.shuffle_vector(idxv, idxv, ir.Constant(_I32V8, list(range(8 * h, 8 * h + 8))))
+                halves.append((builder.call(fn, [lo_tab, part]), builder.call(fn, [hi_tab, part])))
+            lo = builder.shuffle_vector(halves[0][0], halves[1][0], ir.Constant(_I32V, list(range(16))))
+            hi = builder.shuffle_vector(halves[0][1], halves[1][1], ir.Constant(_I32V, list(range(16))))
+            return builder.select(high, hi, lo)
         idxv = builder.and_(idxv, ir.Constant(_I32V, [15] * 16))
         out = ir.Constant(_V16, ir.Undefined)
         for lane in range(16):

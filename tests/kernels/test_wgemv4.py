@@ -107,13 +107,17 @@ def test_dequant_panel_exact(zp, rnd):
     assert np.array_equal(panel, want)
 
 
-@pytest.mark.parametrize("permute", [True, False])
-def test_lookup_both_code_paths(monkeypatch, permute):
-    """vlut4 emits vpermps on AVX-512 and a lane-by-lane lookup elsewhere: both
-    give table[(word >> shift) & 15] (a fresh function is compiled per path)."""
-    if permute and not lut4.HAS_VPERMPS:
+@pytest.mark.parametrize("path", ["vpermps16", "vpermps8", "lanes"])
+def test_lookup_every_code_path(monkeypatch, path):
+    """vlut4 emits a 16-float vpermps on AVX-512, two 8-float ones and a blend on AVX2,
+    and a lane-by-lane lookup elsewhere: each gives table[(word >> shift) & 15] (a fresh
+    function is compiled per path)."""
+    if path == "vpermps16" and not lut4.HAS_VPERMPS:
         pytest.skip("the compile target has no AVX-512")
-    monkeypatch.setattr(lut4, "HAS_VPERMPS", permute)
+    if path == "vpermps8" and not (lut4.HAS_VPERMPS or lut4.HAS_VPERMPS8):
+        pytest.skip("the compile target has no AVX2")
+    monkeypatch.setattr(lut4, "HAS_VPERMPS", path == "vpermps16")
+    monkeypatch.setattr(lut4, "HAS_VPERMPS8", path == "vpermps8")
     from graph_api.kernels.bits import vload, vstore
 
     def lookups(table, w, out):
