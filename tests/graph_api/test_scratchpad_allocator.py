@@ -3,7 +3,8 @@ a user allocator on the engine (``make_engine_with_allocator``).
 
 The partitions here materialise intermediates: a quantized MatMul keeps its f32
 chain value before the reference Quantize tail, gated MLP its up/gate
-products, the SDPA backward per-op plan every tensor between its ops.  Results
+products, the JAX MQA per-op plan every tensor between its ops (SDPA backward, the
+earlier per-op case, has a fused kernel now).  Results
 are compared with the unfused reference plan (GRAPH_API_REFERENCE) by
 graph_api.check's rule (the rule every fused kernel is held to: inputs are
 filled with small integers, so MatMul sums are exact in f32 and most outputs
@@ -21,7 +22,7 @@ from tests.patterns import graphs
 CASES = {
     "quantized_matmul": graphs.quantized_matmul,
     "gated_mlp": graphs.gated_mlp,
-    "sdpa_backward_per_op": graphs.backward,
+    "mqa_jax_per_op": graphs.jax_mqa,
 }
 
 
