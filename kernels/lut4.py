@@ -17,8 +17,7 @@ blend where it has AVX2 only, and elsewhere the same lookup lane by lane
 """
 from __future__ import annotations
 
-import os
-
+from graph_api.kernels import numba_setup
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 from llvmlite import ir
@@ -33,30 +32,14 @@ _I32 = ir.IntType(32)
 _I32V = ir.VectorType(_I32, 16)
 
 
-def _target_has_avx512() -> bool:
-    """Does the code Numba generates target AVX-512F (numba_setup passes the host features)?"""
-    feats = os.environ.get("NUMBA_CPU_FEATURES")
-    if feats is None:
-        import llvmlite.binding as llvm
-        feats = llvm.get_host_cpu_features().flatten()
-    return "+avx512f" in feats.split(",")
-
-
-HAS_VPERMPS = _target_has_avx512()
-
-
-def _target_has_avx2() -> bool:
-    feats = os.environ.get("NUMBA_CPU_FEATURES")
-    if feats is None:
-        import llvmlite.binding as llvm
-        feats = llvm.get_host_cpu_features().flatten()
-    return "+avx2" in feats.split(",")
-
+#: the compile target's CPU features (numba_setup.target_features: the one reader)
+_FEATURES = numba_setup.target_features().split(",")
+HAS_VPERMPS = "+avx512f" in _FEATURES
 
 #: AVX2 without AVX-512: the lookup as two 8-float ``vpermps`` per 8 lanes (the table's
 #: halves) and a blend on the index's bit 3; the lane-by-lane form compiles to scalar
 #: extracts (the int4 decode ran at ~1 ns per weight, 2% of the read bandwidth, on Zen 3)
-HAS_VPERMPS8 = not HAS_VPERMPS and _target_has_avx2()
+HAS_VPERMPS8 = not HAS_VPERMPS and "+avx2" in _FEATURES
 _V8 = ir.VectorType(ir.FloatType(), 8)
 _I32V8 = ir.VectorType(_I32, 8)
 

@@ -367,7 +367,7 @@ def _gemm_store_par(fn, a, b, head, out, roff, coff, run, okind, ops, fpar, ipar
 GEMM_TILE_BYTES = 4 << 20
 
 
-def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=False, acc=None) -> None:
+def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=False) -> None:
     """``store(a @ b, ...)`` fused: ``a`` [R, K] and ``b`` [K, N] C-contiguous f32, the
     product in f32 by numpy's OpenBLAS sgemm, single-threaded per row tile on Numba's
     threads (OpenBLAS's own threads never run: after a GEMM they spin for ~0.1 s and took
@@ -376,8 +376,8 @@ def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=
     store run while the tile is in cache.  Tiles with an inf or a NaN (an f32 sum may
     have overflowed where the reference's float64 sum did not) are redone with float64
     sums rounded once, as the reference MatMul; only those tiles are written again.
-    ``acc``: f32 scratch of at least R * N elements the caller keeps (else one is
-    allocated).  Requires ``openblas.available()``."""
+    The tile products go to the execution's scratchpad (:mod:`graph_api.kernels.scratch`).
+    Requires ``openblas.available()``."""
     from graph_api.kernels import openblas, scratch
 
     R, K = a.shape
@@ -387,10 +387,7 @@ def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=
     tiles = threads * max(1, -(-per_thread * N * 4 // GEMM_TILE_BYTES))
     rows = -(-R // tiles)
     tiles = -(-R // rows)
-    if direct:
-        acc = NO_HEAD
-    elif acc is None or acc.size < R * N:
-        acc = scratch.empty(R * N, np.float32)
+    acc = NO_HEAD if direct else scratch.empty(R * N, np.float32)
     bad = np.zeros(tiles, np.uint8)
     with openblas.single_threaded():
         _gemm_store_par(openblas.sgemm_address(), a, b, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar,

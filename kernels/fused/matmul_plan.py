@@ -64,7 +64,9 @@ class MatmulPlan(ChainPlan):
                        and self.dest_dense)
         self.take_head_add()  # every result below goes through self.store
 
-    def _operand(self, arrays, i: int):
+    def _operand(self, arrays, i: int, want_max: bool = True):
+        """(the rounded, maybe transposed operand ``i``, its max |x|; None for a variable
+        operand when not ``want_max``)."""
         tid = (self.a_id, self.b_id)[i]
         if i == 1 and self.b_const:  # oneDNN's rule: a constant tensor's data does not change
             src = arrays[tid]
@@ -82,7 +84,7 @@ class MatmulPlan(ChainPlan):
             x, xmax = hit
         else:
             x = self.round[i](arrays[tid])
-            xmax = _abs_max(x)
+            xmax = _abs_max(x) if want_max else None
         if (self.ta if i == 0 else self.tb) and x.ndim > 1:
             x = np.swapaxes(x, -1, -2)
         return x, xmax
@@ -100,26 +102,25 @@ class MatmulPlan(ChainPlan):
         buf = self._dest_buffer(outputs)
         head = self._store.NO_HEAD if self.head_add is None else \
             np.ascontiguousarray(arrays[self.head_add], dtype=np.float32).reshape(-1)
-        acc = None
-        if not self.direct:
-            acc = self.__dict__.get("_acc")
-            if acc is None or acc.size < self.R * self.N:
-                acc = self._acc = np.empty(self.R * self.N, np.float32)
+        # the tile products come from the execution's scratchpad (gemm_store): a buffer kept
+        # on the plan would be shared by concurrent executions of one compiled partition
         store.gemm_store(a, b, buf.view(np.uint16) if self.okind else buf, self.offsets[0], self.offsets[1],
-                         self.okind, self.epilogue(arrays), self.run_length, head, self.direct, acc)
+                         self.okind, self.epilogue(arrays), self.run_length, head, self.direct)
         self.finish(buf, arrays, outputs)
         return True
 
     def run(self, arrays, outputs) -> None:
         from graph_api.kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
 
-        a = self.round[0](arrays[self.a_id])
-        if a.ndim >= 2 and a.flags.c_contiguous and not self.ta:
-            a2 = a.reshape(-1, a.shape[-1])
-            b = self._operand(arrays, 1)[0]
-            if self._gemm_store(a2, b, arrays, outputs):  # overflow checked per tile there
-                return
-        (a, amax), (b, bmax) = self._operand(arrays, 0), self._operand(arrays, 1)
+        b, bmax = self._operand(arrays, 1, want_max=False)
+        if not self.ta:
+            a = self.round[0](arrays[self.a_id])
+            if a.ndim >= 2 and a.flags.c_contiguous and \
+                    self._gemm_store(a.reshape(-1, a.shape[-1]), b, arrays, outputs):
+                return  # overflow checked per tile there
+        a, amax = self._operand(arrays, 0)
+        if bmax is None:
+            bmax = _abs_max(b)
         if not amax * bmax * max(a.shape[-1], 1) < _SAFE:  # NaN compares False
             # inf/NaN or f32 partial sums that may overflow: float64 sums rounded
             # once, as the reference MatMul (sgemm gives inf - inf = NaN where the

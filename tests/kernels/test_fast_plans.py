@@ -92,14 +92,6 @@ UNFUSED = {
 }
 
 
-@pytest.fixture
-def check_mode():
-    old = settings.check
-    settings.check = True
-    yield
-    settings.check = old
-
-
 def _run(graph):
     feeds = fill_inputs(graph, 0)
     parts = [p for p in graph.get_partitions() if p.is_supported()]

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import graph_api as ga
-from graph_api.config import settings
 from graph_api.kernels import openblas, store
 from graph_api.kernels import wmatmul as wm
 from tests.patterns import graphs
@@ -75,14 +74,6 @@ def test_overflowing_f32_sums_are_redone_in_float64(direct):
     rows = np.arange(R) != 300
     assert np.all(np.abs(got[7] - exact[7]) <= U * np.abs(exact[7]))  # float64 sum rounded once
     assert np.all(np.isfinite(got[rows]))
-
-
-@pytest.fixture
-def check_mode():
-    old = settings.check
-    settings.check = True
-    yield
-    settings.check = old
 
 
 @pytest.mark.parametrize("kwargs", [
