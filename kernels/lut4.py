@@ -96,3 +96,41 @@ def vlut4(typingctx, table, arr, idx, shift):
         return out
 
     return sig, codegen
+
+
+@intrinsic
+def vnib4(typingctx, arr, idx, shift):
+    """The exact integer in bits ``shift .. shift+3`` of the 16 little-endian dwords at
+    byte offset ``idx`` of ``arr``'s buffer (64 bytes, unchecked), as f32x16: two's
+    complement when ``arr`` is int8 (s4 streams), unsigned when uint8 (u4).
+
+    The AVX2 form of the unpack (no 16-float ``vpermps``): two shifts (s4; shift and
+    mask for u4) and an int-to-float convert per 8 lanes, against two 8-float lookups,
+    a compare and a blend for :func:`vlut4` there.  ``shift`` is a literal in practice.
+    """
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.int8, types.uint8)):
+        return None
+    signed = arr.dtype.signed
+    sig = f32x16(arr, idx, shift)
+
+    def codegen(context, builder, signature, args):
+        ary_val, i_val, sh = args
+        ary = context.make_array(signature.args[0])(context, builder, ary_val)
+        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        i = context.cast(builder, i_val, signature.args[1], types.intp)
+        words = builder.load(builder.bitcast(builder.gep(base, [i]), _I32V.as_pointer()), align=1)
+        sh = context.cast(builder, sh, signature.args[2], types.int32)
+
+        def splat(v):
+            s = builder.insert_element(ir.Constant(_I32V, ir.Undefined), v, _I32(0))
+            return builder.shuffle_vector(s, s, ir.Constant(_I32V, [0] * 16))
+
+        if signed:  # move the nibble to the top, then an arithmetic shift sign-extends it
+            top = builder.shl(words, splat(builder.sub(_I32(28), sh)))
+            q = builder.ashr(top, ir.Constant(_I32V, [28] * 16))
+        else:
+            q = builder.and_(builder.lshr(words, splat(sh)), ir.Constant(_I32V, [15] * 16))
+        return builder.sitofp(q, _V16)
+
+    return sig, codegen
+

@@ -42,6 +42,17 @@ compute-bound at ~50% of L3 bandwidth.  More needs fewer vector operations
 per weight than strict f32 allows (one FMA per weight and row; peers that go
 faster round the activations: ONNX Runtime's int8 VNNI mode, PyTorch's bf16;
 with fpmath bf16 + ``apply_to_int`` :mod:`graph_api.kernels.wgemv4_bf16` does).
+
+Targets without AVX-512 (AVX2: 16 registers of 8 floats, no 16-float ``vpermps``)
+run the *convert* kernels (:func:`_blk_m1_cvt`, :func:`_blk_rows_cvt`): the same
+products summed in the same order (bit-identical outputs), in register tiles of 4
+partial sums, the nibbles unpacked by two shifts and an int-to-float convert
+(:func:`graph_api.kernels.lut4.vnib4`).  The one-pass lookup form keeps 16 f32x16
+values live, twice AVX2's register file.  Measured on Zen 3 (2 cores, K = N = 4096,
+g128 s4, in-process A/B): M = 1 1.76 -> 0.73 ms, M = 2 2.5 -> 1.16 ms, M = 4 3.5
+-> 2.07 ms, M = 8 5.7 -> 2.9 ms.  The M = 1 loop is 32 vector operations per 64
+weights (16 shifts, 8 converts, 8 FMAs) and runs at ~13 cycles per 64 weights on one
+core: the vector pipes, not the memory, bound it (hot and cold times are equal).
 """
 from __future__ import annotations
 
@@ -50,8 +61,8 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import prefetch, round_code, vfma, vload, vmul, vsplat, vstore, vsub
-from graph_api.kernels.lut4 import TABLE_S4, TABLE_U4, vlut4
+from graph_api.kernels.bits import prefetch, vsplat_at, round_code, vfma, vload, vmul, vsplat, vstore, vsub
+from graph_api.kernels.lut4 import HAS_VPERMPS, TABLE_S4, TABLE_U4, vlut4, vnib4
 from graph_api.kernels.openblas import sgemm
 
 BLOCK_COLS = 128  #: columns per block (64 bytes per row: one cache line, one zmm load)
@@ -134,9 +145,49 @@ def _blk_m1(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
     vstore(part, d + 112, a7)
 
 
+@njit(cache=True)
+def _blk_m1_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+    """:func:`_blk_m1` for targets without a 16-float ``vpermps`` (AVX2: 16 vector
+    registers of 8 floats).  The same sums in the same order (identical results), but
+    the block's 128 columns in two passes of 64 per group (4 partial sums, 8 registers;
+    the second pass reads the group's rows from L1) with the accumulators in ``part``,
+    and the nibbles unpacked by shifts and a convert (:func:`vnib4`; ``w`` viewed as
+    int8 for s4).  The one-pass form keeps 16 f32x16 values live, twice AVX2's
+    register file, and spilled on every row."""
+    zero = vsplat(np.float32(0.0))
+    last = w.shape[0] - ROW_BYTES
+    d = s * part.shape[2] + blk * BLOCK_COLS  # part[s, 0, blk*128 ...] (M == 1)
+    for j in range(0, BLOCK_COLS, 16):
+        vstore(part, d + j, zero)
+    for g in range(g0, g1):
+        o = so + g * BLOCK_COLS
+        for half in range(2):
+            p0 = p1 = p2 = p3 = zero
+            r = wo + g * G * ROW_BYTES + 2 * half  # nibbles 4h..4h+3: dwords at byte offsets 2h, 2h+1
+            for k in range(g * G, g * G + G):
+                if half == 0:
+                    prefetch(w, min(r + _PF, last))
+                xv = vsplat_at(xf, k)
+                p0 = vfma(xv, vnib4(w, r, 0), p0)
+                p1 = vfma(xv, vnib4(w, r, 4), p1)
+                p2 = vfma(xv, vnib4(w, r + 1, 0), p2)
+                p3 = vfma(xv, vnib4(w, r + 1, 4), p3)
+                r += ROW_BYTES
+            c = 64 * half
+            if zmode == 1:
+                xsv = vsplat(xs[0, g])
+                p0 = vsub(p0, vmul(vload(zf, o + c), xsv))
+                p1 = vsub(p1, vmul(vload(zf, o + c + 16), xsv))
+                p2 = vsub(p2, vmul(vload(zf, o + c + 32), xsv))
+                p3 = vsub(p3, vmul(vload(zf, o + c + 48), xsv))
+            vstore(part, d + c, vfma(vload(sc, o + c), p0, vload(part, d + c)))
+            vstore(part, d + c + 16, vfma(vload(sc, o + c + 16), p1, vload(part, d + c + 16)))
+            vstore(part, d + c + 32, vfma(vload(sc, o + c + 32), p2, vload(part, d + c + 32)))
+            vstore(part, d + c + 48, vfma(vload(sc, o + c + 48), p3, vload(part, d + c + 48)))
+
+
 @njit(parallel=True, cache=True)
-def gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
-    """M == 1: part[S, 1, nblk*128] raw sums; work item = (block, K split)."""
+def _gemv_m1_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
     S = part.shape[0]
     nblk = part.shape[2] // BLOCK_COLS
     ng = xf.shape[1] // G
@@ -146,6 +197,35 @@ def gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
         s = t % S
         _blk_m1(xf, xs, w, blk * wbs, table, sc, zf, blk * sbs, zmode, G,
                 min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+
+
+@njit(parallel=True, cache=True)
+def _gemv_m1_cvt(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
+    S = part.shape[0]
+    nblk = part.shape[2] // BLOCK_COLS
+    ng = xf.shape[1] // G
+    gps = (ng + S - 1) // S
+    for t in prange(nblk * S):
+        blk = t // S
+        s = t % S
+        _blk_m1_cvt(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G,
+                    min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+
+
+def stream_view(w, table):
+    """The interleaved stream as int8 for s4 (its table's last entry, nibble 15, is -1)
+    and uint8 for u4: :func:`vnib4` reads the signedness from the dtype."""
+    return w.view(np.int8) if table[15] < 0 else w
+
+
+def gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part, lookup=HAS_VPERMPS):
+    """M == 1: part[S, 1, nblk*128] raw sums; work item = (block, K split).  The
+    lookup kernel where the target has a 16-float ``vpermps`` (AVX-512), else the
+    two-pass convert kernel (:func:`_blk_m1_cvt`)."""
+    if lookup:
+        _gemv_m1_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part)
+    else:
+        _gemv_m1_cvt(xf, xs, stream_view(w, table), wbs, sc, zf, sbs, zmode, G, part)
 
 
 @njit(cache=True)
@@ -277,9 +357,17 @@ def _blk_rows(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
             part[s, m, blk * BLOCK_COLS + j] = acc[m * BLOCK_COLS + j]
 
 
+def gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part, lookup=HAS_VPERMPS):
+    """1 < M <= 8: the weights are read and unpacked once for all M rows (the lookup
+    kernel with a 16-float ``vpermps``, else :func:`_blk_rows_cvt`)."""
+    if lookup:
+        _gemv_rows_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part)
+    else:
+        _gemv_rows_cvt(xf, xs, stream_view(w, table), wbs, sc, zf, sbs, zmode, G, part)
+
+
 @njit(parallel=True, cache=True)
-def gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
-    """1 < M <= 8: the weights are read and unpacked once for all M rows."""
+def _gemv_rows_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
     S = part.shape[0]
     nblk = part.shape[2] // BLOCK_COLS
     ng = xf.shape[1] // G
@@ -289,6 +377,100 @@ def gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
         s = t % S
         _blk_rows(xf, xs, w, blk * wbs, table, sc, zf, blk * sbs, zmode, G,
                   min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+
+
+@njit(inline="always", cache=True)
+def _scale1(acc, m, c, p, sc, zf, o, zmode, xs, g):
+    """acc[m, c ..] = fma(s, p - z * xs[m, g], acc) for one vector of 16 columns."""
+    b = m * BLOCK_COLS + c
+    if zmode == 1:
+        p = vsub(p, vmul(vload(zf, o + c), vsplat(xs[m, g])))
+    vstore(acc, b, vfma(vload(sc, o + c), p, vload(acc, b)))
+
+
+@njit(cache=True)
+def _blk_rows_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+    """:func:`_blk_rows` for targets without a 16-float ``vpermps`` (AVX2, 16 vector
+    registers of 8 floats): register tiles of 4 partial sums (8 registers), either 4
+    activation rows x one nibble slot of 16 columns while 3 or more rows are left (one
+    unpack by :func:`vnib4` for 4 FMAs; a missing fourth row repeats the last and is not
+    stored), or 2 rows x the two slots of one byte offset.  The same sums in the same
+    order as :func:`_blk_rows` (identical results); per group each tile re-reads the
+    group's rows from L1."""
+    M, K = xf.shape
+    zero = vsplat(np.float32(0.0))
+    acc = np.zeros(M * BLOCK_COLS, np.float32)
+    last = w.shape[0] - ROW_BYTES
+    for g in range(g0, g1):
+        o = so + g * BLOCK_COLS
+        r0 = wo + g * G * ROW_BYTES
+        for m0 in range(0, M - 2, 4):  # tiles of 4 rows while 3 or more are left
+            x0 = m0 * K  # flat offsets of the tile's activation rows
+            x1 = min(m0 + 1, M - 1) * K
+            x2 = min(m0 + 2, M - 1) * K
+            x3 = min(m0 + 3, M - 1) * K
+            for j in range(8):  # nibble slot j: columns 16 j .., bits 4 (j & 1) at byte offset j >> 1
+                p0 = p1 = p2 = p3 = zero
+                r = r0 + (j >> 1)
+                sh = 4 * (j & 1)
+                for k in range(g * G, g * G + G):
+                    if j == 0 and m0 == 0:
+                        prefetch(w, min(r + _PF, last))
+                    u = vnib4(w, r, sh)
+                    p0 = vfma(vsplat_at(xf, x0 + k), u, p0)
+                    p1 = vfma(vsplat_at(xf, x1 + k), u, p1)
+                    p2 = vfma(vsplat_at(xf, x2 + k), u, p2)
+                    p3 = vfma(vsplat_at(xf, x3 + k), u, p3)
+                    r += ROW_BYTES
+                c = 16 * j
+                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
+                if m0 + 1 < M:
+                    _scale1(acc, m0 + 1, c, p1, sc, zf, o, zmode, xs, g)
+                if m0 + 2 < M:
+                    _scale1(acc, m0 + 2, c, p2, sc, zf, o, zmode, xs, g)
+                if m0 + 3 < M:
+                    _scale1(acc, m0 + 3, c, p3, sc, zf, o, zmode, xs, g)
+        m0 = (M + 1) // 4 * 4  # the rows after the 4-row tiles (1 or 2 of them, if any)
+        if m0 < M:
+            x0 = m0 * K
+            x1 = min(m0 + 1, M - 1) * K
+            for b in range(4):  # byte offset b: slots 2b (low nibbles) and 2b + 1 (high)
+                p0 = p1 = q0 = q1 = zero
+                r = r0 + b
+                for k in range(g * G, g * G + G):
+                    if b == 0 and M < 3:
+                        prefetch(w, min(r + _PF, last))
+                    ulo = vnib4(w, r, 0)
+                    uhi = vnib4(w, r, 4)
+                    v0 = vsplat_at(xf, x0 + k)
+                    v1 = vsplat_at(xf, x1 + k)
+                    p0 = vfma(v0, ulo, p0)
+                    p1 = vfma(v0, uhi, p1)
+                    q0 = vfma(v1, ulo, q0)
+                    q1 = vfma(v1, uhi, q1)
+                    r += ROW_BYTES
+                c = 32 * b
+                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
+                _scale1(acc, m0, c + 16, p1, sc, zf, o, zmode, xs, g)
+                if m0 + 1 < M:
+                    _scale1(acc, m0 + 1, c, q0, sc, zf, o, zmode, xs, g)
+                    _scale1(acc, m0 + 1, c + 16, q1, sc, zf, o, zmode, xs, g)
+    for m in range(M):
+        for j in range(BLOCK_COLS):
+            part[s, m, blk * BLOCK_COLS + j] = acc[m * BLOCK_COLS + j]
+
+
+@njit(parallel=True, cache=True)
+def _gemv_rows_cvt(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
+    S = part.shape[0]
+    nblk = part.shape[2] // BLOCK_COLS
+    ng = xf.shape[1] // G
+    gps = (ng + S - 1) // S
+    for t in prange(nblk * S):
+        blk = t // S
+        s = t % S
+        _blk_rows_cvt(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G,
+                      min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
 
 
 @njit(inline="always", cache=True)
@@ -505,3 +687,4 @@ def prefill_chunk(x, w, wbs, table, sc, zf, sbs, zmode, G, b0, nb, kc, rnd, tile
             while r < M:
                 _mk1(x, r, k0, k1, tile, ld, j, out, o_off, ldo, k0 == 0)
                 r += 1
+

@@ -65,9 +65,12 @@ CASES = [  # M, K, N, G, splits (K splits of the grid)
 ]
 
 
+@pytest.mark.parametrize("lookup", [True, False], ids=["lookup", "convert"])
 @pytest.mark.parametrize("signed,zp", [(True, False), (False, False), (False, True), (True, True)])
 @pytest.mark.parametrize("M,K,N,G,S", CASES)
-def test_gemv_against_float64(M, K, N, G, S, signed, zp):
+def test_gemv_against_float64(M, K, N, G, S, signed, zp, lookup):
+    """Both kernel forms (the vpermps lookup, and the AVX2 two-pass convert) on every
+    target: the lookup compiles everywhere (slower without AVX-512)."""
     rng = np.random.default_rng(hash((M, K, N, G, S, signed, zp)) % 2**32)
     q, sc, z, x = operands(M, K, N, G, signed, zp, rng)
     nblk = N // 128
@@ -77,7 +80,7 @@ def test_gemv_against_float64(M, K, N, G, S, signed, zp):
     xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
     part = np.full((S, M, N), np.nan, np.float32)
     (L.gemv_m1 if M == 1 else L.gemv_rows)(x, xs, wb, wbs, table, per_block(sc, nblk), zf, sbs,
-                                            1 if zp else 0, G, part)
+                                            1 if zp else 0, G, part, lookup=lookup)
     y = part.astype(np.float64).sum(0)
     zz = np.repeat(z, G, 0) if zp else 0.0
     s = np.repeat(sc, G, 0).astype(np.float64)
@@ -136,6 +139,47 @@ def test_lookup_every_code_path(monkeypatch, path):
         words = w[off:off + 64].view("<u4").astype(np.int64)
         for j in range(8):
             assert np.array_equal(out[base + 16 * j:base + 16 * j + 16], table[(words >> (4 * j)) & 15])
+
+
+@pytest.mark.parametrize("M,K,N,G,S", CASES)
+def test_gemv_forms_identical(M, K, N, G, S):
+    """The convert kernels sum the same products in the same order as the lookup ones:
+    bit-identical outputs (s4 with zero points: both unpacks and the z * xs term)."""
+    rng = np.random.default_rng(hash((M, K, N, G, S)) % 2**32)
+    q, sc, z, x = operands(M, K, N, G, True, True, rng)
+    nblk = N // 128
+    wb, table = L.pack_interleaved(q, True)
+    wbs, sbs, sgs = L.block_params(K, G, nblk)
+    xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
+    out = []
+    for lookup in (True, False):
+        part = np.full((S, M, N), np.nan, np.float32)
+        (L.gemv_m1 if M == 1 else L.gemv_rows)(x, xs, wb, wbs, table, per_block(sc, nblk), per_block(z, nblk),
+                                                sbs, 1, G, part, lookup=lookup)
+        out.append(part)
+    assert np.array_equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_vnib4_every_nibble(signed):
+    """vnib4 gives the exact integer of each nibble position of 16 dwords at any byte
+    offset: two's complement for an int8 stream, unsigned for uint8."""
+    def unpack(w, out):
+        for j in range(8):
+            vstore(out, 16 * j, lut4.vnib4(w, 0, 4 * j))
+            vstore(out, 128 + 16 * j, lut4.vnib4(w, 3, 4 * j))  # unaligned byte offset
+
+    from graph_api.kernels.bits import vstore
+    f = numba.njit(unpack)
+    w = np.random.default_rng(5).integers(0, 256, 80, dtype=np.uint8)
+    out = np.empty(256, np.float32)
+    f(w.view(np.int8) if signed else w, out)
+    for off, base in ((0, 0), (3, 128)):
+        words = w[off:off + 64].view("<u4").astype(np.int64)
+        for j in range(8):
+            nib = (words >> (4 * j)) & 15
+            want = np.where(nib >= 8, nib - 16, nib) if signed else nib
+            assert np.array_equal(out[base + 16 * j:base + 16 * j + 16], want)
 
 
 @pytest.mark.parametrize("kind,zp", [("s8", False), ("s8", True), ("u8", False), ("u8", True)])
