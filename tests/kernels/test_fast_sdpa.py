@@ -169,6 +169,60 @@ def test_decode_kernel_gqa_groups_and_split_merge(kind, case):
         assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r)), (splits, causal)
 
 
+def _decode_tile_operands(kind, G, zs, nrow, rng, D=128):
+    """One full decode tile (DT positions) of int4/int8 K [D, DT] and V [DT, D] for the
+    step kernels, as ``_dec_items`` lays them out."""
+    T = SD.DT
+    four = kind in ("s4", "u4")
+    n = D * T
+    if four:
+        kb = rng.integers(0, 256, n // 2, dtype=np.uint8).view(np.uint16)
+        vb = rng.integers(0, 256, n // 2, dtype=np.uint8).view(np.uint16)
+    else:
+        dt8 = np.int8 if kind == "s8" else np.uint8
+        kb = rng.integers(-128 if kind == "s8" else 0, 128 if kind == "s8" else 256, n).astype(dt8)
+        vb = rng.integers(-128 if kind == "s8" else 0, 128 if kind == "s8" else 256, n).astype(dt8)
+    ng = D // G
+    Rp = (nrow + 3) // 4 * 4
+    perm = np.empty(T, np.int64)
+    for t in range(T):
+        c, v, j = t // 64, (t % 64) // 16, t % 16
+        perm[t] = 64 * c + (2 * (16 * (v >> 1) + j) + (v & 1) if four else 16 * v + j)
+    return dict(kb=kb, vb=vb, ksc=rng.random(ng * T, dtype=np.float32) + 0.5,
+                kzp=(rng.integers(0, 16, ng * T).astype(np.float32) if zs else np.zeros(ng * T, np.float32)),
+                qb=rng.standard_normal(Rp * D).astype(np.float32),
+                qsum=rng.standard_normal(Rp * ng).astype(np.float32),
+                W=rng.standard_normal(Rp * ng * T).astype(np.float32),
+                zc=rng.standard_normal(Rp * ng).astype(np.float32),
+                acc=rng.standard_normal(Rp * D).astype(np.float32),
+                alpha=rng.random(Rp, dtype=np.float32), perm=perm, sgn=int(kind in ("s4", "s8")), ng=ng)
+
+
+@pytest.mark.parametrize("kind,G,zs", [("s4", 32, 0), ("u4", 32, 1), ("u4", 64, 0), ("s8", 16, 0), ("u8", 32, 1)])
+def test_decode_step_forms_identical(kind, G, zs):
+    """The AVX2 forms of the decode steps (one vector of 16 per pass) sum the same
+    products in the same order as the AVX-512 forms (4 vectors per pass): bit-identical
+    score and accumulator tiles, 4-row and 1-row, whichever the target runs."""
+    rng = np.random.default_rng(abs(hash((kind, G, zs))) % 2**32)
+    D, T = 128, SD.DT
+    a = _decode_tile_operands(kind, G, zs, 5, rng, D)
+    rs = T // 2 if kind in ("s4", "u4") else T
+    outs = []
+    for fs in ((SD._dscore4, SD._dscore1, SD._dpv4, SD._dpv1),
+               (SD._dscore4_v, SD._dscore1_v, SD._dpv4_v, SD._dpv1_v)):
+        sc = np.zeros(8 * T, np.float32)
+        acc = a["acc"].copy()
+        for c in range(T // 64):
+            fs[0](a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 0, sc, c)
+            fs[1](a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 4, sc, c)
+        fs[2](a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 0)  # nt < DT
+        fs[3](a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 4)
+        outs.append((sc, acc))
+    assert np.isfinite(outs[0][0][:5 * T]).all() and np.any(outs[0][0][:5 * T] != 0)
+    assert np.array_equal(outs[0][0], outs[1][0])
+    assert np.array_equal(outs[0][1], outs[1][1])
+
+
 @pytest.mark.parametrize("kind", ["u4", "u8"])
 @pytest.mark.parametrize("zp_on", ["k", "v"])
 def test_decode_kernel_zero_points_on_one_operand(kind, zp_on):
