@@ -20,8 +20,9 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vstore, vsub
-from graph_api.kernels.wgemv4 import _scale4
+from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vsplat_at, vstore, vsub
+from graph_api.kernels.lut4 import HAS_VPERMPS
+from graph_api.kernels.wgemv4 import _scale1, _scale4
 
 COLS = 128
 _PF = 4096  #: software prefetch distance in bytes of the block stream (32 rows)
@@ -135,6 +136,124 @@ def _blk_rows(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
             part[s, m, blk * COLS + j] = acc[m * COLS + j]
 
 
+# ---- the AVX2 forms (no AVX-512: 16 registers of 8 floats).  The forms above keep 16
+# f32x16 values live (32 AVX2 registers) and spill on every row; these keep 4 partial
+# sums per pass (64 columns for M = 1, 4 rows x 16 columns otherwise), the group's rows
+# re-read from L1, the accumulators in memory.  Same products, same order: identical
+# results (tested against the forms above on every target).
+
+
+@njit(cache=True)
+def _blk_m1_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+    """:func:`_blk_m1`, 64 columns per pass."""
+    zero = vsplat(np.float32(0.0))
+    last = w.shape[0] - 64
+    d = s * part.shape[2] + blk * COLS
+    for j in range(0, COLS, 16):
+        vstore(part, d + j, zero)
+    for g in range(g0, g1):
+        o = so + g * COLS
+        for c in range(0, COLS, 64):
+            p0 = p1 = p2 = p3 = zero
+            r = wo + g * G * COLS + c
+            for k in range(g * G, g * G + G):
+                if c == 0:
+                    prefetch(w, min(r + _PF, last))
+                    prefetch(w, min(r + _PF + 64, last))
+                xv = vsplat_at(xf, k)
+                p0 = vfma(xv, vcvt8(w, r), p0)
+                p1 = vfma(xv, vcvt8(w, r + 16), p1)
+                p2 = vfma(xv, vcvt8(w, r + 32), p2)
+                p3 = vfma(xv, vcvt8(w, r + 48), p3)
+                r += COLS
+            _scale_part(part, d + c, p0, p1, p2, p3, sc, zf, o + c, zmode, xs[0, g])
+
+
+@njit(inline="always", cache=True)
+def _scale_part(part, b, p0, p1, p2, p3, sc, zf, o, zmode, xsg):
+    """part[b + 16 v ..] = fma(s, p_v - z * xs, part) for 4 vectors."""
+    if zmode == 1:
+        xsv = vsplat(xsg)
+        p0 = vsub(p0, vmul(vload(zf, o), xsv))
+        p1 = vsub(p1, vmul(vload(zf, o + 16), xsv))
+        p2 = vsub(p2, vmul(vload(zf, o + 32), xsv))
+        p3 = vsub(p3, vmul(vload(zf, o + 48), xsv))
+    vstore(part, b, vfma(vload(sc, o), p0, vload(part, b)))
+    vstore(part, b + 16, vfma(vload(sc, o + 16), p1, vload(part, b + 16)))
+    vstore(part, b + 32, vfma(vload(sc, o + 32), p2, vload(part, b + 32)))
+    vstore(part, b + 48, vfma(vload(sc, o + 48), p3, vload(part, b + 48)))
+
+
+@njit(cache=True)
+def _blk_rows_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+    """:func:`_blk_rows` in tiles of 4 rows x 16 columns while 3 or more rows are left
+    (a missing fourth row repeats the last and is not stored; one convert for 4 FMAs),
+    then 2 rows x 32 columns."""
+    M, K = xf.shape
+    zero = vsplat(np.float32(0.0))
+    acc = np.zeros(M * COLS, np.float32)
+    last = w.shape[0] - 64
+    for g in range(g0, g1):
+        o = so + g * COLS
+        for m0 in range(0, M - 2, 4):  # tiles of 4 rows while 3 or more are left
+            x0 = m0 * K
+            x1 = min(m0 + 1, M - 1) * K
+            x2 = min(m0 + 2, M - 1) * K
+            x3 = min(m0 + 3, M - 1) * K
+            for c in range(0, COLS, 16):
+                p0 = p1 = p2 = p3 = zero
+                r = wo + g * G * COLS + c
+                for k in range(g * G, g * G + G):
+                    if c == 0 and m0 == 0:
+                        prefetch(w, min(r + _PF, last))
+                        prefetch(w, min(r + _PF + 64, last))
+                    u = vcvt8(w, r)
+                    p0 = vfma(vsplat_at(xf, x0 + k), u, p0)
+                    p1 = vfma(vsplat_at(xf, x1 + k), u, p1)
+                    p2 = vfma(vsplat_at(xf, x2 + k), u, p2)
+                    p3 = vfma(vsplat_at(xf, x3 + k), u, p3)
+                    r += COLS
+                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
+                if m0 + 1 < M:
+                    _scale1(acc, m0 + 1, c, p1, sc, zf, o, zmode, xs, g)
+                if m0 + 2 < M:
+                    _scale1(acc, m0 + 2, c, p2, sc, zf, o, zmode, xs, g)
+                if m0 + 3 < M:
+                    _scale1(acc, m0 + 3, c, p3, sc, zf, o, zmode, xs, g)
+        m0 = (M + 1) // 4 * 4  # the rows after the 4-row tiles (1 or 2 of them, if any)
+        if m0 < M:  # 2 rows x 32 columns
+            x0 = m0 * K
+            x1 = min(m0 + 1, M - 1) * K
+            for c in range(0, COLS, 32):
+                p0 = p1 = q0 = q1 = zero
+                r = wo + g * G * COLS + c
+                for k in range(g * G, g * G + G):
+                    if c == 0 and M < 3:
+                        prefetch(w, min(r + _PF, last))
+                        prefetch(w, min(r + _PF + 64, last))
+                    u0 = vcvt8(w, r)
+                    u1 = vcvt8(w, r + 16)
+                    v0 = vsplat_at(xf, x0 + k)
+                    v1 = vsplat_at(xf, x1 + k)
+                    p0 = vfma(v0, u0, p0)
+                    p1 = vfma(v0, u1, p1)
+                    q0 = vfma(v1, u0, q0)
+                    q1 = vfma(v1, u1, q1)
+                    r += COLS
+                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
+                _scale1(acc, m0, c + 16, p1, sc, zf, o, zmode, xs, g)
+                if m0 + 1 < M:
+                    _scale1(acc, m0 + 1, c, q0, sc, zf, o, zmode, xs, g)
+                    _scale1(acc, m0 + 1, c + 16, q1, sc, zf, o, zmode, xs, g)
+    for m in range(M):
+        for j in range(COLS):
+            part[s, m, blk * COLS + j] = acc[m * COLS + j]
+
+
+#: the block kernels :func:`gemv` runs (AVX-512: the 16-register forms; else the AVX2 ones)
+_M1, _ROWS = (_blk_m1, _blk_rows) if HAS_VPERMPS else (_blk_m1_v, _blk_rows_v)
+
+
 @njit(parallel=True, cache=True)
 def gemv(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
     """int8 decode GEMV: part[S, M, nblk*128] raw sums; work item = (block, K split)."""
@@ -148,6 +267,6 @@ def gemv(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
         g0 = min(s * gps, ng)
         g1 = min((s + 1) * gps, ng)
         if M == 1:
-            _blk_m1(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G, g0, g1, part, s, blk)
+            _M1(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G, g0, g1, part, s, blk)
         else:
-            _blk_rows(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G, g0, g1, part, s, blk)
+            _ROWS(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G, g0, g1, part, s, blk)

@@ -210,6 +210,34 @@ def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
     assert np.all(np.abs(y - x64 @ w32) <= bound)
 
 
+@pytest.mark.parametrize("M,K,N,G,S", CASES)
+def test_int8_gemv_forms_identical(M, K, N, G, S):
+    """wgemv8's AVX2 block kernels (4 partial sums per pass) and its AVX-512 ones (16)
+    sum the same products in the same order: bit-identical on every target (the gemv
+    driver runs one of them; test_int8_gemv_against_float64 checks that one)."""
+    from graph_api.kernels import wgemv8
+    from graph_api.kernels import wmatmul as W
+    rng = np.random.default_rng(hash((M, K, N, G, S, "forms")) % 2**32)
+    q = rng.integers(0, 256, (K, N)).astype(np.uint8)
+    z = rng.integers(0, 256, (K // G, N))
+    sc = (rng.random((K // G, N)) + 0.5).astype(np.float32)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    pw = W.prepare(q, W.WeightSpec("u8", K, N, G, False), sc, z)
+    xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
+    ng = K // G
+    gps = (ng + S - 1) // S
+    out = []
+    for blk_fn in ((wgemv8._blk_m1, wgemv8._blk_rows), (wgemv8._blk_m1_v, wgemv8._blk_rows_v)):
+        part = np.full((S, M, N), np.nan, np.float32)
+        for b in range(N // 128):
+            for sp in range(S):
+                blk_fn[0 if M == 1 else 1](x, xs, pw.w, b * pw.wbs, pw.sc, pw.zf, b * pw.sbs, pw.zmode, G,
+                                           min(sp * gps, ng), min((sp + 1) * gps, ng), part, sp, b)
+        out.append(part)
+    assert not np.isnan(out[0]).any()
+    assert np.array_equal(out[0], out[1])
+
+
 @pytest.mark.parametrize("zp", [False, True])
 @pytest.mark.parametrize("rnd", [RND_NONE, RND_BF16])
 @pytest.mark.parametrize("blas", [False, True])
