@@ -78,7 +78,7 @@ from graph_api.kernels import wgemv4 as W4
 from graph_api.kernels import wgemv8 as W8
 from graph_api.kernels import wgemv4_bf16 as B4
 from graph_api.kernels.bits import (RND_BF16, f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16,
-                          round_f16, round_code, load_row_f32)
+                          round_f16, round_code, load_row_f32, vfma, vload, vnib_hi, vnib_lo, vsplat, vstore)
 
 PANEL_BYTES = 64 << 20  #: prefill: f32 bytes of one dequantized panel (K x width)
 DECODE_MAX_M = 8
@@ -669,32 +669,29 @@ def _gemv_generic(xf, w, bits4, signed, trans, K, N, G, Gn, sc, zp, has_zp, n_lo
 def _gemv_nk4(xe, xo, xs, w, K, N, G, xm, sc, zp, zmode, out):
     """int4 decode straight from the user's [N, K] packed rows (transpose_b).
 
-    One row per output column; 16 byte lanes accumulate ``x[2j] * lo +
-    x[2j+1] * hi`` over a group (xe/xo: even/odd activations, f32), then the
-    lanes are summed in a fixed order and scaled.  ``G`` must be a multiple of
-    32 (16 bytes per chunk); other groups use the generic kernel.
+    One row per output column; 16 lanes (one f32x16 register) accumulate
+    ``x[2j] * lo + x[2j+1] * hi`` over a group (xe/xo: even/odd activations, f32,
+    C-contiguous), then the lanes are summed in a fixed order and scaled.  ``G`` must
+    be a multiple of 32 (16 bytes per chunk); other groups use the generic kernel.
+    (The lane-array form of this loop compiled to scalar code: 8-9.5 ms for a 4096^2
+    decode on Zen 3.)
     """
     M = xe.shape[0]
     kb = K // 2
     gb = G // 2
     ng = K // G
+    zero = vsplat(np.float32(0.0))
     for n in prange(N):
         lanes = np.empty(16, np.float32)
-        row = w[n * kb:(n + 1) * kb]
         for m in range(M):
-            xer = xe[m]
-            xor_ = xo[m]
             acc = np.float32(0.0)
             for g in range(ng):
-                for l in range(16):
-                    lanes[l] = 0.0
+                v = zero
                 for c in range(g * gb, g * gb + gb, 16):
-                    rb = row[c:c + 16]
-                    ev = xer[c:c + 16]
-                    od = xor_[c:c + 16]
-                    for l in range(16):
-                        lanes[l] = fma32(od[l], nib_x(rb[l], xm, True),
-                                         fma32(ev[l], nib_x(rb[l], xm, False), lanes[l]))
+                    b = n * kb + c
+                    x = m * kb + c
+                    v = vfma(vload(xo, x), vnib_hi(w, b, xm), vfma(vload(xe, x), vnib_lo(w, b, xm), v))
+                vstore(lanes, 0, v)
                 p = np.float32(0.0)
                 for l in range(16):
                     p += lanes[l]
