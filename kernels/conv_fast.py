@@ -299,10 +299,12 @@ def epilogue(y, scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is
     for c in prange(C):
         vb = np.empty(_PIECE, np.float32)
         ob = np.empty(_PIECE, np.float32)
+        tb = np.empty(_PIECE, np.float32)
         for p0 in range(0, P, _PIECE):
             n = min(P - p0, _PIECE)
             v = vb[:n]
             o = ob[:n]
+            t = tb[:n]
             yr = y[c, p0:p0 + n]
             if has_scale:
                 s = scale[c]
@@ -318,9 +320,11 @@ def epilogue(y, scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is
             for i in range(codes.shape[0]):
                 code = codes[i]
                 a = fpar[i, 0]
-                if code == RELU:
+                if code == RELU:  # as a product with the comparison (see kernels/store.py:
+                    # ``x if x > 0 else x * 0`` became a masked store, microcoded on AMD)
                     for q in range(n):
-                        v[q] = v[q] if v[q] > zero else v[q] * zero
+                        x = v[q]
+                        v[q] = x * np.float32(x > zero)
                     continue
                 if code == CLAMP:  # NaN becomes the min (oneDNN's clip)
                     bb = fpar[i, 1]
@@ -364,12 +368,15 @@ def epilogue(y, scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is
                 elif code == RDIV:
                     for q in range(n):
                         v[q] = _fdiv(o[q], v[q])
-                elif code == MAX:
+                elif code == MAX:  # into a third buffer: a select that keeps an operand
+                    # in place compiled to a masked store (microcoded on AMD)
                     for q in range(n):
-                        v[q] = _max(v[q], o[q])
+                        t[q] = _max(v[q], o[q])
+                    v, t = t, v
                 elif code == MIN:
                     for q in range(n):
-                        v[q] = _min(v[q], o[q])
+                        t[q] = _min(v[q], o[q])
+                    v, t = t, v
             dst = out[c, p0:p0 + n]
             if is_int:
                 for q in range(n):
