@@ -49,8 +49,12 @@ into a cache-resident buffer and multiplies it into the output block -- below
 384 rows with a Numba register-blocked kernel (8 rows x 32 columns, one FMA
 per product in k order), above with one single-threaded OpenBLAS ``sgemm``
 per tile called from the Numba kernel (:mod:`graph_api.kernels.openblas`;
-OpenBLAS's thread count is held at 1 meanwhile).  The threads never wait for
-each other; no thread wakes up per tile.  Other layouts dequantize full-K
+OpenBLAS's thread count is held at 1 meanwhile; on AVX2-only targets every
+tile product is sgemm's: the register block needs 32 vector registers).  The threads never wait for
+each other; no thread wakes up per tile.  A prepared weight whose f32 form is
+small (:data:`DENSE_COPY_BYTES`, within a process-wide :data:`DENSE_TOTAL_BYTES`)
+keeps that form, dequantized once by the same kernels (:func:`dense_copy`), and
+its prefills are f32 BLAS on it: the dense MatMul's fused row-tile GEMM.  Other layouts dequantize full-K
 panels per thread and use numpy's ``matmul``.  Without a reachable OpenBLAS
 (and more than one thread) those use panels of up to ``PANEL_BYTES``, a
 parallel dequantization, then one multi-threaded sgemm each.  All schemes sum
