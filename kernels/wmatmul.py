@@ -970,12 +970,6 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         (_prep_x_serial if M * K < 65536 else _prep_x)(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
     ep = make_epilogue(post_ops, M, N)
     bits4 = spec.kind in (S4, U4)
-    # prepare()'s copies only (int4 interleaved, int8 blocked; not a per-call view of the
-    # user's [K, N] int4 buffer): f32 BLAS on the dense copy, whose float64 redo of tiles
-    # with an inf or a NaN stands in for _fast_is_exact
-    if M > DECODE_MAX_M and isinstance(prepared, PreparedWeight) and (prepared.table is not None or not bits4) \
-            and _dense_prefill(xf, prepared, rnd_w, out, okind, ep):
-        return out
     pairs = prepared if isinstance(prepared, B4.PairsWeight) else None
     if pairs is not None:  # the pair stream serves only the bf16 decode; the rest reads the user's buffers
         prepared = None
@@ -985,6 +979,13 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         prepared = _natural_blocked(w, spec, scales, zps)
     if not _fast_is_exact(xf, spec, scales, zps, pairs or prepared):
         _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
+        return out
+    # prepare()'s copies only (int4 interleaved, int8 blocked; not a per-call view of the
+    # user's [K, N] int4 buffer).  After the guard above: f32 sums of huge products that
+    # cancel end as a large finite rounding error, not an inf or a NaN that would make
+    # gemm_store redo the tile in float64 (the reference's exact 0)
+    if M > DECODE_MAX_M and isinstance(prepared, PreparedWeight) and (prepared.table is not None or not bits4) \
+            and _dense_prefill(xf, prepared, rnd_w, out, okind, ep):
         return out
     # fpmath bf16 with apply_to_int and bf16 activations (f32 ones rounded by rnd_x, or bf16
     # data): vdpbf16ps on exact integer weights, scales on the group sums (wgemv4_bf16's doc)
