@@ -49,8 +49,12 @@ into a cache-resident buffer and multiplies it into the output block -- below
 384 rows with a Numba register-blocked kernel (8 rows x 32 columns, one FMA
 per product in k order), above with one single-threaded OpenBLAS ``sgemm``
 per tile called from the Numba kernel (:mod:`graph_api.kernels.openblas`;
-OpenBLAS's thread count is held at 1 meanwhile).  The threads never wait for
-each other; no thread wakes up per tile.  Other layouts dequantize full-K
+OpenBLAS's thread count is held at 1 meanwhile; on AVX2-only targets every
+tile product is sgemm's: the register block needs 32 vector registers).  The threads never wait for
+each other; no thread wakes up per tile.  A prepared weight whose f32 form is
+small (:data:`DENSE_COPY_BYTES`, within a process-wide :data:`DENSE_TOTAL_BYTES`)
+keeps that form, dequantized once by the same kernels (:func:`dense_copy`), and
+its prefills are f32 BLAS on it: the dense MatMul's fused row-tile GEMM.  Other layouts dequantize full-K
 panels per thread and use numpy's ``matmul``.  Without a reachable OpenBLAS
 (and more than one thread) those use panels of up to ``PANEL_BYTES``, a
 parallel dequantization, then one multi-threaded sgemm each.  All schemes sum
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
@@ -77,6 +82,7 @@ from numba import njit, prange
 from graph_api.kernels import wgemv4 as W4
 from graph_api.kernels import wgemv8 as W8
 from graph_api.kernels import wgemv4_bf16 as B4
+from graph_api.kernels.lut4 import HAS_VPERMPS  # AVX-512F: 32 vector registers
 from graph_api.kernels.bits import (RND_BF16, f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16,
                           round_f16, round_code, load_row_f32, vfma, vload, vnib_hi, vnib_lo, vsplat, vstore)
 
@@ -744,6 +750,7 @@ class PreparedWeight:
     src: tuple = ()  # (w, scales, zps) as given: the 8-bit prefill reads these
     bounds: tuple | None = None  # (max |scale|, max |zero point|) for :func:`_fast_is_exact`
     table: np.ndarray | None = None  # int4 interleaved layout (wgemv4): nibble -> q lookup table
+    dense: tuple | None = None  # (rnd_w, f32 [K, N] dequantized copy) for the prefill: :func:`dense_copy`
 
     @property
     def blocked(self) -> bool:
@@ -895,8 +902,10 @@ def _fast_is_exact(xf, spec: WeightSpec, scales, zps, prepared, amax=None) -> bo
     either form can reach f32's range; anything else takes the exact path
     (:func:`_prefill` with float64 sums), a rare case by construction.
     """
-    if amax is None:  # max |x| unless the caller found it (NaN if any x is NaN)
-        amax = float(np.max(np.abs(xf))) if xf.size else 0.0
+    if amax is None:  # max |x| unless the caller found it: one pass, NaN with an inf or a NaN
+        from graph_api.kernels.store import abs_max  # (kernels.store imports this module)
+
+        amax = abs_max(xf)
     if prepared is not None and prepared.bounds is not None:
         smax, zmax = prepared.bounds
     else:
@@ -960,13 +969,16 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     else:
         from graph_api.kernels.bits import act_kind
         xk, kind = act_kind(np.ascontiguousarray(x))
-    xf = np.empty((M, K), np.float32)
-    xs = np.empty((M, ng), np.float32)
     amax = None
-    if M * K < 65536:
-        amax = float(_prep_x_serial(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs))
+    if kind == 0 and rnd_x == 0 and M > DECODE_MAX_M:
+        xf, xs = xk, None  # the prefills read f32 activations as given and need no group sums
     else:
-        _prep_x(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
+        xf = np.empty((M, K), np.float32)
+        xs = np.empty((M, ng), np.float32)
+        if M * K < 65536:  # max |x| for the overflow guard found in the same pass
+            amax = float(_prep_x_serial(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs))
+        else:
+            _prep_x(xk, kind, rnd_x if kind == 0 else 0, G, xf, xs)
     ep = make_epilogue(post_ops, M, N)
     bits4 = spec.kind in (S4, U4)
     pairs = prepared if isinstance(prepared, B4.PairsWeight) else None
@@ -978,6 +990,13 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         prepared = _natural_blocked(w, spec, scales, zps)
     if not _fast_is_exact(xf, spec, scales, zps, pairs or prepared, amax):
         _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
+        return out
+    # prepare()'s copies only (int4 interleaved, int8 blocked; not a per-call view of the
+    # user's [K, N] int4 buffer).  After the guard above: f32 sums of huge products that
+    # cancel end as a large finite rounding error, not an inf or a NaN that would make
+    # gemm_store redo the tile in float64 (the reference's exact 0)
+    if M > DECODE_MAX_M and isinstance(prepared, PreparedWeight) and (prepared.table is not None or not bits4) \
+            and _dense_prefill(xf, prepared, rnd_w, out, okind, ep):
         return out
     # fpmath bf16 with apply_to_int and bf16 activations (f32 ones rounded by rnd_x, or bf16
     # data): vdpbf16ps on exact integer weights, scales on the group sums (wgemv4_bf16's doc)
@@ -1193,7 +1212,14 @@ def _run_pipelined(items, run, threads, blas=True):
 #: alone at M = 512: Numba 205, sgemm 183 (the rows of x no longer stay in L1).  sgemm
 #: tiles at M = 512: 1024 x 448 182.6, 2048 x 448 181.8, 512 x 256 184.9, dense 175.1
 #: (fewer, deeper steps re-pack the activations and re-read the output block less often).
-PREFILL_GEOMETRY = ((384, 512, 256, False), (1 << 62, 1024, 448, True))
+PREFILL_GEOMETRY_AVX512 = ((384, 512, 256, False), (1 << 62, 1024, 448, True))
+#: AVX2 without AVX-512 (16 ymm registers): the Numba kernel's 8 x 32 register block is 32
+#: ymm accumulators and spills, so every tile product is sgemm's.  Measured on one Zen 3
+#: core (CPU time, K = N = 4096 s4 g128, same process): Numba 512 x 256 tiles M = 32
+#: 42.2 ms, M = 128 149.8; sgemm 1024 x 448 tiles 24.3 and 70.0 (256 x 256 and 384 x 512
+#: tiles within 8% of that); f32 sgemm on the pre-dequantized matrix 24.4 and 72.1.
+PREFILL_GEOMETRY_AVX2 = ((1 << 62, 1024, 448, True),)
+PREFILL_GEOMETRY = PREFILL_GEOMETRY_AVX512 if HAS_VPERMPS else PREFILL_GEOMETRY_AVX2
 
 
 def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads) -> bool:
@@ -1230,4 +1256,88 @@ def _prefill_chunks(xf, pw, N, rnd_w, out, okind, ep, threads) -> bool:
         store.store_tile(acc, out, b0 * W4.BLOCK_COLS, okind, ep)  # the row-wise vectorised epilogue store
 
     _run_pipelined([(b0, min(per, nblk - b0)) for b0 in range(0, nblk, per)], run, threads, blas)
+    return True
+
+
+# ------------------------------------------------------- dense f32 copies
+#: a prepared (constant) weight whose dequantized f32 copy takes at most this many bytes
+#: keeps that copy for its prefills (made on the first one): the prefill is then f32 BLAS
+#: on it, the dense MatMul's fused row-tile GEMM (:func:`graph_api.kernels.store.gemm_store`).
+#: Such weights fit in L2/L3, where the int4 form saves no bandwidth and each prefill
+#: would dequantize them again (MiniLM's 384 x 1536, 2.25 MiB in f32).  Larger weights
+#: stream from memory; their int4 form reads 8x fewer bytes (:func:`_prefill_chunks`).
+DENSE_COPY_BYTES = 8 << 20
+#: the bytes all dense copies of the process may hold together (the first ones made keep
+#: theirs; a copy is given back when its prepared weight is freed)
+DENSE_TOTAL_BYTES = 256 << 20
+_dense_lock = threading.Lock()
+_dense_held = 0
+
+
+def _release_dense(nbytes: int) -> None:
+    global _dense_held
+    with _dense_lock:
+        _dense_held -= nbytes
+
+
+def dense_bytes_held() -> int:
+    """Bytes of dense f32 copies alive in the process (see :data:`DENSE_TOTAL_BYTES`)."""
+    return _dense_held
+
+
+def dense_copy(pw: PreparedWeight, rnd_w: int) -> np.ndarray | None:
+    """The f32 ``[K, N]`` dequantized weight ``round((q - z) * s)`` of a prepared
+    weight (``rnd_w``: the fpmath rounding code of the dequantized weight), made once
+    and kept on ``pw``; None when it is larger than :data:`DENSE_COPY_BYTES` or the
+    process's copies would exceed :data:`DENSE_TOTAL_BYTES`.  The values are the ones
+    every prefill panel holds (the same kernels make them): exact f32 products,
+    then the rounding, as the reference DynamicDequantize."""
+    global _dense_held
+    hit = pw.dense
+    if hit is not None and hit[0] == rnd_w:
+        return hit[1]
+    spec = pw.spec
+    K, N = spec.K, spec.N
+    nbytes = 4 * K * N
+    if nbytes > DENSE_COPY_BYTES or (pw.table is None and spec.kind in (S4, U4)):
+        return None  # (int4 without the table: a view of the user's buffer, not prepare()'s copy)
+    with _dense_lock:
+        if _dense_held + nbytes > DENSE_TOTAL_BYTES:
+            return None
+        _dense_held += nbytes
+    try:
+        ncols = -(-N // 128) * 128
+        panel = np.empty((K, ncols), np.float32)
+        if pw.table is not None:
+            W4.dequant_panel(pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs, pw.zmode, spec.group, 0, rnd_w, panel)
+        else:  # int8: from the user's buffers, as the prefill panels
+            w, scales, zps = pw.src
+            sc, zp, has_zp = _scales_zps(spec, scales, zps)
+            _dequant_panel(_flat(w, False), False, spec.kind == S8, spec.transposed, K, N, spec.group,
+                           spec.group_n, sc, zp, has_zp, 0, rnd_w, panel)
+        dense = panel if ncols == N else np.ascontiguousarray(panel[:, :N])
+    except BaseException:
+        _release_dense(nbytes)
+        raise
+    weakref.finalize(dense, _release_dense, nbytes)
+    pw.dense = (rnd_w, dense)
+    return dense
+
+
+def _dense_prefill(xf, pw, rnd_w, out, okind, ep) -> bool:
+    """``out = epilogue(xf @ dense_copy(pw))`` by :func:`graph_api.kernels.store.gemm_store`
+    (single-threaded sgemm per row tile on each thread, the epilogue store while the
+    tile is in cache; f32 sums, K terms; tiles with an inf or a NaN redone in float64);
+    False (nothing done) without a dense copy, numpy's OpenBLAS or a C-contiguous ``out``."""
+    from graph_api.kernels import openblas, store  # (kernels.store imports this module)
+
+    if not (out.flags.c_contiguous and openblas.available()):
+        return False
+    dense = dense_copy(pw, rnd_w)
+    if dense is None:
+        return False
+    M, N = out.shape
+    direct = okind == OUT_F32 and ep.ops.shape[0] == 0
+    store.gemm_store(xf, dense, out.reshape(-1), np.arange(M, dtype=np.int64) * N, np.arange(N, dtype=np.int64),
+                     okind, ep, N, direct=direct)
     return True

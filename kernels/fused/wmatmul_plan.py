@@ -129,7 +129,9 @@ class Linear:
             a = a.reshape(1, 1)
         return np.broadcast_to(a, shape)
 
-    def __call__(self, x2d, inputs, post=(), out_dtype="f32"):
+    def __call__(self, x2d, inputs, post=(), out_dtype="f32", out=None):
+        """``post(x2d @ dequant(W))`` as ``out_dtype``, into ``out`` (f32 [M, N], or
+        uint16 bits for bf16/f16) when given."""
         from graph_api.kernels import wmatmul as wm
 
         w_buf = inputs[self.w_id].get_data_handle()
@@ -140,7 +142,7 @@ class Linear:
             sources = [inputs[t] for t in (self.w_id, self.s_id, self.z_id) if t is not None]
             pack = wm.prepare_bf16 if self.bf16_pairs else wm.prepare
             prepared = self.cache.get(sources, lambda: pack(w_buf, self.spec, scales, zps))
-        y = wm.wmatmul(x2d, w_buf, self.spec, scales, zps, prepared=prepared, post_ops=post,
+        y = wm.wmatmul(x2d, w_buf, self.spec, scales, zps, prepared=prepared, post_ops=post, out=out,
                        out_dtype=out_dtype, rnd_x=self.rnd_x, rnd_w=self.rnd_w, act_dtype=self.act)
         return y if out_dtype == "f32" else y.view(dtypes.numpy_dtype(DataType[out_dtype]))
 
@@ -171,7 +173,7 @@ class DenseLinear:
 
         return self.cache.get([tensor], build) if self.constant else build()
 
-    def __call__(self, x2d, inputs, post=(), out_dtype="f32"):
+    def __call__(self, x2d, inputs, post=(), out_dtype="f32", out=None):
         from graph_api.kernels import wmatmul as wm
 
         xf = self.fpmath.round_input(x2d, self.x_dtype)
@@ -185,7 +187,8 @@ class DenseLinear:
         M = acc.shape[0]
         ep = wm.make_epilogue(post, M, self.N)
         okind = {"f32": wm.OUT_F32, "bf16": wm.OUT_BF16, "f16": wm.OUT_F16}[out_dtype]
-        out = scratch.empty((M, self.N), np.float32 if okind == wm.OUT_F32 else np.uint16)
+        if out is None:
+            out = scratch.empty((M, self.N), np.float32 if okind == wm.OUT_F32 else np.uint16)
         wm._store_rows(acc, 0, 0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
         return out if out_dtype == "f32" else out.view(dtypes.numpy_dtype(DataType[out_dtype]))
 
@@ -313,13 +316,29 @@ def build(request: CompileRequest):
     if escaping:  # the core keeps only its final value
         return f"op {escaping[0]} after the fused core reads one of the core's intermediates"
 
-    def core(inputs, arrays):
+    def core(inputs, arrays, outputs=None):
         x = inputs[linear.x_id].numpy()
         M = x.size // linear.K
         post = bind(steps, lambda tid: arrays[tid] if tid in arrays else inputs[tid].numpy(),
                     out_shape, M, linear.N)
-        y = linear(x.reshape(M, linear.K), inputs, post, out_dtype)
-        arrays[value_id] = y.reshape(out_shape)
+        dest = _output_memory(outputs.get(value_id) if outputs else None, M, linear.N, out_dtype)
+        y = linear(x.reshape(M, linear.K), inputs, post, out_dtype, dest)
+        arrays[value_id] = y.reshape(out_shape)  # the output's own memory: not copied again
 
+    core.writes_outputs = True
     name = "numba_wmatmul" if isinstance(linear, Linear) else "blas_matmul_epilogue"
     return HybridPlan(request, name, core, covered)
+
+
+def _output_memory(tensor, M: int, N: int, out_dtype: str):
+    """The output tensor's memory as the kernels' ``out`` (f32 [M, N], or uint16 bits
+    for bf16/f16), when the tensor is that array element for element (dense, row-major,
+    no mirror or conversion); else None (the result is written to it afterwards)."""
+    if tensor is None:
+        return None
+    view = tensor.numpy()
+    want = np.float32 if out_dtype == "f32" else dtypes.numpy_dtype(DataType[out_dtype])
+    if view.dtype != want or view.size != M * N or not view.flags.c_contiguous or not tensor.is_view_of(view):
+        return None
+    flat = view.reshape(M, N)
+    return flat if out_dtype == "f32" else flat.view(np.uint16)

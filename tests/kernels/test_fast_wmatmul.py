@@ -60,7 +60,13 @@ SHAPES = [(1, 256, 256, 32), (1, 128, 384, 128), (3, 128, 130, 64), (7, 64, 127,
 @pytest.mark.parametrize("kind", ["s4", "u4", "s8", "u8"])
 @pytest.mark.parametrize("trans", [False, True])
 @pytest.mark.parametrize("M,K,N,G", SHAPES)
-def test_wmatmul_direct_and_prepared(kind, trans, M, K, N, G):
+@pytest.mark.parametrize("dense", [True, False])
+def test_wmatmul_direct_and_prepared(monkeypatch, kind, trans, M, K, N, G, dense):
+    """``dense``: prefills of prepared weights multiply their dense f32 copy
+    (:func:`W.dense_copy`), else the int4 chunks / int8 panels; both sum in f32
+    by sgemm (or one FMA per product in k order): K terms."""
+    if not dense:
+        monkeypatch.setattr(W, "DENSE_COPY_BYTES", 0)
     rng = np.random.default_rng(hash((kind, trans, M, K, N, G)) % 2**32)
     for zp in ((False, True) if kind[0] == "u" else (False,)):
         q, sc, z, w, scu, zu = make(kind, K, N, G, trans, zp, rng)
@@ -208,6 +214,7 @@ def test_prefill_chunks_ragged(monkeypatch, kind, zp, M, K, N, G, blas):
     tile and not stored), M not a multiple of 4.  The Numba tile product and
     sgemm both sum in f32: K terms."""
     monkeypatch.setattr(W, "PREFILL_GEOMETRY", ((1 << 62, 256, 48, blas),))
+    monkeypatch.setattr(W, "DENSE_COPY_BYTES", 0)  # the chunks, not the dense copy
     rng = np.random.default_rng(hash((kind, zp, M, K, N)) % 2**32)
     q, sc, z, w, scu, zu = make(kind, K, N, G, True, zp, rng)
     x = rng.standard_normal((M, K)).astype(np.float32)
@@ -220,9 +227,13 @@ def test_prefill_chunks_ragged(monkeypatch, kind, zp, M, K, N, G, blas):
 
 
 @pytest.mark.parametrize("rnd", [RND_BF16, RND_F16])
-def test_prefill_chunks_fpmath_weight_rounding(rnd):
+@pytest.mark.parametrize("dense", [False, True])
+def test_prefill_chunks_fpmath_weight_rounding(monkeypatch, rnd, dense):
     """fpmath with apply_to_int on prepared weights: the dequantized f32 weight
-    is rounded (bf16/f16) before the f32 GEMM, as the reference does."""
+    is rounded (bf16/f16) before the f32 GEMM, as the reference does (in the
+    chunks' tiles, or once in the dense copy)."""
+    if not dense:
+        monkeypatch.setattr(W, "DENSE_COPY_BYTES", 0)
     rng = np.random.default_rng(12)
     M, K, N, G = 24, 256, 384, 32
     q, sc, z, w, scu, zu = make("u4", K, N, G, True, True, rng)
@@ -234,11 +245,15 @@ def test_prefill_chunks_fpmath_weight_rounding(rnd):
     check(y, r, b, K)
 
 
-def test_prefill_chunks_epilogue_bf16_out_and_threads():
-    """Post-ops and bf16 output go through a per-thread f32 tile; two Python
-    threads calling at once (each call runs its own worker threads) get the
+@pytest.mark.parametrize("dense", [False, True])
+def test_prefill_chunks_epilogue_bf16_out_and_threads(monkeypatch, dense):
+    """Post-ops and bf16 output go through a per-thread f32 tile (or the dense
+    copy's row tiles); two Python threads calling at once (each call runs its own
+    worker threads; with ``dense`` the first calls race to make the copy) get the
     same answers as one at a time."""
     import threading
+    if not dense:
+        monkeypatch.setattr(W, "DENSE_COPY_BYTES", 0)
     rng = np.random.default_rng(13)
     M, K, N, G = 33, 256, 640, 64
     q, sc, z, w, scu, zu = make("s4", K, N, G, True, False, rng)
@@ -263,3 +278,95 @@ def test_prefill_chunks_epilogue_bf16_out_and_threads():
     yb = W.wmatmul(xs[0], None, spec, prepared=pw, post_ops=[("bias", bias)], out_dtype="bf16")
     expect = (refs[0][0] + bias).astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
     assert np.max(np.abs(yb.astype(np.int32) - expect.astype(np.int32))) <= 1  # f32 vs f64 then RNE
+
+
+@pytest.mark.parametrize("kind,zp,trans,Gn", [("s4", False, False, 1), ("u4", True, True, 1), ("s4", True, False, 64),
+                                              ("s8", False, True, 1), ("u8", True, False, 1)])
+@pytest.mark.parametrize("rnd", [RND_NONE, RND_BF16])
+def test_dense_copy_is_the_reference_dequantization(kind, zp, trans, Gn, rnd):
+    """The dense copy holds exactly the f32 weights the reference DynamicDequantize
+    makes: (q - z) * s in f32 (exact here: |q - z| < 2**9 times a 24-bit scale), then
+    the fpmath rounding; N = 200 is not a multiple of the 128-column blocks."""
+    rng = np.random.default_rng(hash((kind, zp, trans, Gn, rnd)) % 2**32)
+    K, N, G = 96, 192 if Gn > 1 else 200, 32
+    lo, hi = RANGES[kind]
+    q = rng.integers(lo, hi + 1, size=(K, N))
+    scn = (rng.random((K // G, N // Gn)) + 0.5).astype(np.float32)
+    zn = rng.integers(lo, hi + 1, size=(K // G, N // Gn)) if zp else None
+    stored = q.T if trans else q
+    w = pack4(stored) if kind in ("s4", "u4") else stored.astype(np.int8 if kind == "s8" else np.uint8)
+    scu = np.ascontiguousarray(scn.T) if trans else scn
+    zu = None if zn is None else (np.ascontiguousarray(zn.T) if trans else zn)
+    pw = W.prepare(w, W.WeightSpec(kind, K, N, G, trans, Gn), scu, zu)
+    s = np.repeat(np.repeat(scn, Gn, 1), G, 0).astype(np.float64)
+    z = 0 if zn is None else np.repeat(np.repeat(zn, Gn, 1), G, 0)
+    want = ((q - z) * s).astype(np.float32)  # exact in float64, so the f32 cast rounds nothing
+    if rnd:
+        want = _round(rnd)(want)
+    got = W.dense_copy(pw, rnd)
+    assert got.shape == (K, N) and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    assert W.dense_copy(pw, rnd) is got  # made once
+
+
+def test_dense_copy_budget_and_release(monkeypatch):
+    """Copies above DENSE_COPY_BYTES, or past DENSE_TOTAL_BYTES for the process, are
+    not made (those prefills take the chunks, same bound); a freed prepared weight
+    gives its bytes back."""
+    import gc
+    rng = np.random.default_rng(21)
+    M, K, N, G = 16, 128, 256, 32
+    q, sc, z, w, scu, zu = make("s4", K, N, G, False, False, rng)
+    spec = W.WeightSpec("s4", K, N, G, False)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    nbytes = 4 * K * N
+    gc.collect()
+    base = W.dense_bytes_held()
+    monkeypatch.setattr(W, "DENSE_COPY_BYTES", nbytes - 1)
+    pw = W.prepare(w, spec, scu)
+    check(W.wmatmul(x, None, spec, prepared=pw), r, b, K)
+    assert pw.dense is None and W.dense_bytes_held() == base
+    monkeypatch.setattr(W, "DENSE_COPY_BYTES", nbytes)
+    monkeypatch.setattr(W, "DENSE_TOTAL_BYTES", base + nbytes)  # room for one copy
+    check(W.wmatmul(x, None, spec, prepared=pw), r, b, K)
+    assert pw.dense is not None and W.dense_bytes_held() == base + nbytes
+    pw2 = W.prepare(w, spec, scu)
+    check(W.wmatmul(x, None, spec, prepared=pw2), r, b, K)
+    assert pw2.dense is None and W.dense_bytes_held() == base + nbytes
+    del pw
+    gc.collect()
+    assert W.dense_bytes_held() == base
+    check(W.wmatmul(x, None, spec, prepared=pw2), r, b, K)
+    assert pw2.dense is not None and W.dense_bytes_held() == base + nbytes
+
+
+def test_dense_prefill_overflow_and_inf_take_float64_sums():
+    """A prepared weight with a dense copy: f32 partial sums that would overflow where
+    the float64 sum does not, and inf activations, still give what the reference's
+    float64 sums give (the guard in front of every fast path), and so do huge products
+    that cancel (an f32 FMA chain leaves ~1e29 of rounding error there, no inf or NaN)."""
+    rng = np.random.default_rng(22)
+    M, K, N, G = 12, 64, 128, 32
+    q, sc, z, w, scu, zu = make("s4", K, N, G, False, False, rng)
+    spec = W.WeightSpec("s4", K, N, G, False)
+    pw = W.prepare(w, spec, scu)
+    wd = (q * np.repeat(sc, G, 0)).astype(np.float32).astype(np.float64)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    W.wmatmul(x, None, spec, prepared=pw)
+    assert pw.dense is not None
+    x[0, :2] = (3e38, -3e38)  # the first two products overflow f32 in opposite signs
+    x[1, 5] = np.inf
+    y = W.wmatmul(x, None, spec, prepared=pw)
+    with np.errstate(all="ignore"):
+        r = (x.astype(np.float64) @ wd).astype(np.float32)  # float64 sums rounded once
+    assert np.isinf(r[0]).any() and np.isfinite(r[0]).any() and np.isnan(r[1]).any()
+    np.testing.assert_array_equal(y, r)  # the float64 sums are the reference's (NaNs where it has them)
+    # huge products that cancel: the reference's exact 0, not an f32 rounding error of ~1e30
+    x[2] = 0
+    x[2, :4] = (1e36, 1e36, -1e36, -1e36)  # no f32 overflow: only the guard sends it to float64
+    x[0, :2] = 0
+    x[1, 5] = 0
+    q[1:4] = q[0]
+    pw = W.prepare(pack4(q), spec, scu)
+    np.testing.assert_array_equal(W.wmatmul(x, None, spec, prepared=pw)[2], 0.0)

@@ -300,3 +300,23 @@ def test_float_matmul_post_ops_take_blas_with_epilogue(mode):
     y = b.op(K.Multiply, [y, b.input(dt.f32, [2, 5, 32])], dt.f32, [2, 5, 32])
     b.op(K.TypeCast, [y], dt.bf16, [2, 5, 32])
     b.run("blas_matmul_epilogue")
+
+
+def test_compressed_matmul_writes_into_dense_output_tensors():
+    """The plan's kernels write straight into an output tensor that is a dense row-major
+    array of the result's type (f32, or bf16 bits as uint16); any other output (another
+    type, strided) gets the result written afterwards."""
+    import ml_dtypes
+    from graph_api.kernels.fused.wmatmul_plan import _output_memory
+    eng = ga.Engine()
+    a = np.zeros((2, 3, 4), np.float32)
+    t = ga.Tensor(ga.LogicalTensor(1, dt.f32, [2, 3, 4]), eng, a)
+    m = _output_memory(t, 6, 4, "f32")
+    assert m.shape == (6, 4) and m.dtype == np.float32 and np.shares_memory(m, a)
+    assert _output_memory(t, 6, 4, "bf16") is None
+    b = np.zeros((6, 4), ml_dtypes.bfloat16)
+    m = _output_memory(ga.Tensor(ga.LogicalTensor(2, dt.bf16, [6, 4]), eng, b), 6, 4, "bf16")
+    assert m.dtype == np.uint16 and np.shares_memory(m, b)
+    col = ga.LogicalTensor(3, dt.f32, [6, 4], strides=[1, 6])  # column-major
+    assert _output_memory(ga.Tensor(col, eng, np.zeros(24, np.float32)), 6, 4, "f32") is None
+    assert _output_memory(None, 6, 4, "f32") is None
