@@ -919,12 +919,12 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         dest = out if direct else np.empty((B, Hq, Sq, D), np.float32)
         rows = B * Hq * Sq if stats is not None else 1
         rmax, rsum = np.empty(rows, np.float32), np.empty(rows, np.float32)
-        _run_prefill(B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
-                     scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], *_flat_out(dest),
-                     stats is not None, rmax, rsum, prob_quant is not None,
-                     np.asarray(prob_quant if prob_quant is not None else (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0),
-                                np.float32), score_rnd, sdpa_prefill.NARROW,
-                     work=2 * B * Hq * Sq * S * D)
+        _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
+                   scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], *_flat_out(dest),
+                   stats is not None, rmax, rsum, prob_quant is not None,
+                   np.asarray(prob_quant if prob_quant is not None else (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0),
+                              np.float32), score_rnd, sdpa_prefill.NARROW,
+                   work=2 * B * Hq * Sq * S * D)
         if not direct:
             out[...] = dest
         if stats is not None:
@@ -1619,16 +1619,6 @@ _POOL = None
 #: below this many multiply-adds (q.k plus p.v) a call runs on the calling thread only:
 #: handing a share to a pool thread costs ~20-50 us, the work ~1 ns per 16 MACs
 SMALL_WORK = 1 << 20
-
-
-def _run_prefill(nitems, *args, work=SMALL_WORK):
-    """sdpa_prefill's items on Numba's threads (:func:`sdpa_prefill.prefill_par`); small
-    calls (below ``work`` multiply-adds, as :func:`_run_items`) on the calling thread."""
-    nth = min(numba.get_num_threads(), nitems) if work >= SMALL_WORK else 1
-    if nth <= 1:
-        sdpa_prefill.prefill_items(np.arange(nitems, dtype=np.int64), *args)
-    else:
-        sdpa_prefill.prefill_par(nth, nitems, *args)
 
 
 def _run_items(fn, nitems, *args, work=SMALL_WORK):

@@ -32,7 +32,7 @@ from __future__ import annotations
 from graph_api.kernels.numba_setup import numba, target_features  # noqa: F401 (numba: configured first)
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, round_code, vadd, vbcast, vfma,
                                     vload, vmax, vsplat, vstore)
@@ -424,16 +424,3 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                 den = lsum[r]
                 for d in range(D):
                     orow[d] = acc[r * D + d] / den
-
-
-@njit(parallel=True, cache=True, error_model="numpy")
-def prefill_par(nth, nitems, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, obuf, ostr,
-                want_rows, rmax, rsum, pq, pq_param, srnd, narrow):
-    """:func:`prefill_items` for the items ``[0, nitems)`` dealt round-robin to ``nth``
-    shares on Numba's threads (the causal prefill's growing item costs stay balanced).
-    Numba's team rather than a Python thread pool: the team is awake from the GEMM
-    partition before (a pool thread is woken per call; BERT 8 x 12 heads at S = 64 on Zen 3,
-    2 threads, one core busy with another process: min 2.25 -> 1.84 ms, median 6.1 -> 4.4)."""
-    for s in prange(nth):
-        prefill_items(np.arange(s, nitems, nth), q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal,
-                      obuf, ostr, want_rows, rmax, rsum, pq, pq_param, srnd, narrow)
