@@ -528,6 +528,25 @@ def vstore(typingctx, arr, idx, v):
 
 
 @intrinsic
+def vbcast(typingctx, arr, idx):
+    """16 copies of ``arr.flat[idx]`` (C-contiguous float32; unchecked: no negative-index
+    wraparound, whose sign test and add per broadcast cost more than the load in a
+    register-blocked product loop)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f32x16(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        x = builder.load(p, align=4)
+        v = ir.Constant(_V16, ir.Undefined)
+        v = builder.insert_element(v, x, ir.IntType(32)(0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+
+    return sig, codegen
+
+
+@intrinsic
 def vsplat(typingctx, x):
     """16 copies of a float32."""
     sig = f32x16(types.float32)

@@ -14,7 +14,9 @@ work item is one (batch, query head): K is transposed once into ``kT [D, S]``
 rows (register-blocked 4 rows x 32 positions, an FMA per ``d``), the softmax
 is the exact two-pass one (max, :func:`bits.exp32`, 16-lane sums), and
 ``P V`` is register-blocked 4 rows x 32 lanes of ``d``; each output row is
-divided by its sum once.
+divided by its sum once.  Without AVX-512 (16 registers of 8 floats) both products
+use 4 x 16 blocks instead (:data:`NARROW`; the 4 x 32 ones spilled: BERT's 8 x 12
+heads at S = 64, D = 32, one thread on Zen 3: 3.4 -> 2.2-2.4 ms).
 
 Arithmetic: f32, explicit single-rounding FMAs in a fixed order (sequential
 over ``d`` for a score, over ``j`` for an output), no fastmath; the same
@@ -27,12 +29,12 @@ Divisions are IEEE (``error_model="numpy"``): 0/0 gives NaN, not an exception.
 """
 from __future__ import annotations
 
-from graph_api.kernels.numba_setup import numba  # noqa: F401
+from graph_api.kernels.numba_setup import numba, target_features  # noqa: F401 (numba: configured first)
 
 import numpy as np
 from numba import njit
 
-from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, round_code, vadd, vfma,
+from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, round_code, vadd, vbcast, vfma,
                                     vload, vmax, vsplat, vstore)
 
 QB = 32  #: query rows per block (their score rows stay in L1/L2)
@@ -40,6 +42,9 @@ PV_TB = 64  #: positions per block of the P V product (32 lanes of V: 8 KiB, in 
 SP_PAD = 16  #: f32 padding of kT and score rows: 2**n-byte row strides alias cache sets
 MAX_S = 4096  #: longer KV: the tiled online-softmax kernel
 NEG_INF = np.float32(-np.inf)
+#: the score and P V products in 4 x 16 register blocks (16 vector registers of 8 floats:
+#: no AVX-512); both block shapes give equal results (tests run both)
+NARROW = "+avx512f" not in target_features().split(",")
 
 
 def usable(q_kind: int, k_kind: int, v_kind: int, k_transposed: int, D: int, S: int, Sq: int,
@@ -256,9 +261,68 @@ def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
             acc[i] = np.float32(0.0)
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def score_rows16(qb, kT, sc, Rp, D, Sp, ntc):
+    """:func:`score_rows` with 4 rows x 16 lanes of accumulators, for CPUs with 16 vector
+    registers of 8 floats (AVX2): score_rows' 4 x 32 block is 16 ymm accumulators and
+    spilled (plus register shuffling each ``d``).  Same sums in the same order: equal
+    results.  The broadcasts are unchecked loads (:func:`bits.vbcast`): a checked index
+    costs a sign test and an add per broadcast."""
+    z = vsplat(np.float32(0.0))
+    for c in range(0, ntc, 16):
+        for r0 in range(0, Rp, 4):
+            q0 = r0 * D
+            a0 = z
+            a1 = z
+            a2 = z
+            a3 = z
+            for d in range(D):
+                k0 = vload(kT, d * Sp + c)
+                a0 = vfma(vbcast(qb, q0 + d), k0, a0)
+                a1 = vfma(vbcast(qb, q0 + D + d), k0, a1)
+                a2 = vfma(vbcast(qb, q0 + 2 * D + d), k0, a2)
+                a3 = vfma(vbcast(qb, q0 + 3 * D + d), k0, a3)
+            vstore(sc, r0 * Sp + c, a0)
+            vstore(sc, (r0 + 1) * Sp + c, a1)
+            vstore(sc, (r0 + 2) * Sp + c, a2)
+            vstore(sc, (r0 + 3) * Sp + c, a3)
+
+
+@njit(cache=True, error_model="numpy")
+def _pv16(sc, vb, v0, acc, Rp, D, Sp, n):
+    """:func:`_pv` with 4 rows x 16 lanes of accumulators (AVX2: see :func:`score_rows16`);
+    the same sums in the same order."""
+    z = vsplat(np.float32(0.0))
+    for t0 in range(0, n, PV_TB):
+        t1 = min(n, t0 + PV_TB)
+        for c in range(0, D, 16):
+            for r0 in range(0, Rp, 4):
+                p0 = r0 * Sp
+                o0 = r0 * D + c
+                if t0 == 0:
+                    a0 = a1 = a2 = a3 = z
+                else:
+                    a0 = vload(acc, o0)
+                    a1 = vload(acc, o0 + D)
+                    a2 = vload(acc, o0 + 2 * D)
+                    a3 = vload(acc, o0 + 3 * D)
+                for t in range(t0, t1):
+                    w0 = vload(vb, v0 + t * D + c)
+                    a0 = vfma(vbcast(sc, p0 + t), w0, a0)
+                    a1 = vfma(vbcast(sc, p0 + Sp + t), w0, a1)
+                    a2 = vfma(vbcast(sc, p0 + 2 * Sp + t), w0, a2)
+                    a3 = vfma(vbcast(sc, p0 + 3 * Sp + t), w0, a3)
+                vstore(acc, o0, a0)
+                vstore(acc, o0 + D, a1)
+                vstore(acc, o0 + 2 * D, a2)
+                vstore(acc, o0 + 3 * D, a3)
+    if n == 0:  # no position: zero sums (then 0/0 = NaN, as the general kernel)
+        for i in range(Rp * D):
+            acc[i] = np.float32(0.0)
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, obuf, ostr,
-                  want_rows, rmax, rsum, pq, pq_param, srnd):
+                  want_rows, rmax, rsum, pq, pq_param, srnd, narrow):
     """Work items ``b * Hq + h`` of the module formula.
 
     q: [B, Hq, Sq, D] f32 (C order); kb, vb: flat f32 [B, Hkv, S, D]; output row
@@ -272,6 +336,8 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
     (static-quantized SDPA): see :func:`_quantize_row` for ``pq_param`` (f32).
     ``srnd``: rounding code (:func:`bits.round_code`) of the scores after the product,
     the scale and the mask (each a half-precision op output in the graph), 0 none.
+    ``narrow``: the products in 4 x 16 register blocks (:func:`score_rows16`,
+    :func:`_pv16`; :data:`NARROW`), equal results.
     """
     B, Hq, Sq, D = q.shape
     rep = Hq // Hkv
@@ -305,7 +371,10 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
             if causal != 0:
                 n = max(0, min(S, i0 + nq + coff))
             ntc = (n + 31) // 32 * 32
-            score_rows(qb, kT, sc, Rp, D, Sp, ntc)
+            if narrow:
+                score_rows16(qb, kT, sc, Rp, D, Sp, ntc)
+            else:
+                score_rows(qb, kT, sc, Rp, D, Sp, ntc)
             for r in range(Rp):
                 row = sc[r * Sp:r * Sp + ntc]
                 if r >= nq:
@@ -345,7 +414,10 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                 if pq:
                     _quantize_row(row, n, lsum[r], pq_param)
                     lsum[r] = np.float32(1.0)
-            _pv(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
+            if narrow:
+                _pv16(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
+            else:
+                _pv(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
             for r in range(nq):
                 o = b * ostr[0] + h * ostr[1] + (i0 + r) * ostr[2]
                 orow = obuf[o:o + D]

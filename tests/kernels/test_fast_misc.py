@@ -164,6 +164,24 @@ def test_norms_and_softmax(R, C, src):
     np.testing.assert_allclose(norm.softmax(xin), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("affine", ["gamma", "beta", "none"])
+def test_layer_norm_with_one_or_no_affine_operand(affine):
+    """Each of the normalize loops (scale and shift, scale only, shift only, neither) vs
+    float64; tolerance as test_norms_and_softmax (f64 statistics, a few f32 roundings)."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 45)) * 3 + 1).astype(np.float32)
+    g = rng.standard_normal(45).astype(np.float32) if affine == "gamma" else None
+    b = rng.standard_normal(45).astype(np.float32) if affine == "beta" else None
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    want = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    if g is not None:
+        want = want * g
+    if b is not None:
+        want = want + b
+    np.testing.assert_allclose(norm.layer_norm(x, g, b, 1e-5), want, rtol=1e-5, atol=1e-5)
+
+
 def test_epilogue_program_layout():
     ep = W.make_epilogue([("add", np.ones(5, np.float32)), ("relu", None), ("mul", np.ones((3, 1))),
                           ("clamp", (0.0, 1.0))], 3, 5)
