@@ -560,24 +560,6 @@ def vsplat(typingctx, x):
 
 
 @intrinsic
-def vsplat_at(typingctx, arr, idx):
-    """16 copies of arr.flat[idx] (arr: C-contiguous float32; unchecked).  A broadcast
-    load without the negative-index fix-up of ``vsplat(arr[i, k])``: in the inner loops
-    of the int4 kernels on AVX2 the scalar index work, not the vector pipes, was the limit."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
-        return None
-    sig = f32x16(arr, idx)
-
-    def codegen(context, builder, signature, args):
-        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        v = ir.Constant(_V16, ir.Undefined)
-        v = builder.insert_element(v, builder.load(p, align=4), ir.IntType(32)(0))
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-
-    return sig, codegen
-
-
-@intrinsic
 def vfma(typingctx, a, b, c):
     """a * b + c per lane, one rounding."""
     sig = f32x16(f32x16, f32x16, f32x16)

@@ -55,7 +55,7 @@ from numba.extending import intrinsic
 from graph_api.kernels import sdpa_bf16, sdpa_prefill
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
-                          vadd, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
+                          vadd, vbcast, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
                           _V16, f32x16, prefetch)
 
@@ -1198,25 +1198,8 @@ def _isz(typingctx, arr):
 
 
 @intrinsic
-def _vbc(typingctx, arr, idx):
-    """16 copies of float32 ``arr.flat[idx]`` (no negative-index wraparound: plain
-    ``arr[i]`` costs a sar/and/lea per load, which crowded the FMA loops)."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
-        return None
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        i = context.cast(builder, args[1], signature.args[1], types.intp)
-        x = builder.load(builder.gep(ary.data, [i]), align=4)
-        v = builder.insert_element(ir.Constant(_V16, ir.Undefined), x, ir.IntType(32)(0))
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-
-    return f32x16(arr, idx), codegen
-
-
-@intrinsic
 def _ld(typingctx, arr, idx):
-    """float32 ``arr.flat[idx]`` without negative-index wraparound (see :func:`_vbc`)."""
+    """float32 ``arr.flat[idx]`` without negative-index wraparound (see :func:`graph_api.kernels.bits.vbcast`)."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
         return None
 
@@ -1280,22 +1263,22 @@ def _dscore4(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
         a33 = z
         for d in range(g * G, g * G + G):
             x0, x1, x2, x3 = _kvec4(buf, k0 + d * rs + sub, sgn)
-            q = _vbc(qb, r0 * D + d)
+            q = vbcast(qb, r0 * D + d)
             a00 = vfma(q, x0, a00)
             a01 = vfma(q, x1, a01)
             a02 = vfma(q, x2, a02)
             a03 = vfma(q, x3, a03)
-            q = _vbc(qb, (r0 + 1) * D + d)
+            q = vbcast(qb, (r0 + 1) * D + d)
             a10 = vfma(q, x0, a10)
             a11 = vfma(q, x1, a11)
             a12 = vfma(q, x2, a12)
             a13 = vfma(q, x3, a13)
-            q = _vbc(qb, (r0 + 2) * D + d)
+            q = vbcast(qb, (r0 + 2) * D + d)
             a20 = vfma(q, x0, a20)
             a21 = vfma(q, x1, a21)
             a22 = vfma(q, x2, a22)
             a23 = vfma(q, x3, a23)
-            q = _vbc(qb, (r0 + 3) * D + d)
+            q = vbcast(qb, (r0 + 3) * D + d)
             a30 = vfma(q, x0, a30)
             a31 = vfma(q, x1, a31)
             a32 = vfma(q, x2, a32)
@@ -1348,7 +1331,7 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
         a3 = z
         for d in range(g * G, g * G + G):
             x0, x1, x2, x3 = _kvec4(buf, k0 + d * rs + sub, sgn)
-            q = _vbc(qb, r0 * D + d)
+            q = vbcast(qb, r0 * D + d)
             a0 = vfma(q, x0, a0)
             a1 = vfma(q, x1, a1)
             a2 = vfma(q, x2, a2)
@@ -1452,10 +1435,10 @@ def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             a3 = z
             for d in range(g * G, g * G + G):
                 x = _kvec_at(buf, k0 + d * rs + sub, sgn, v)
-                a0 = vfma(_vbc(qb, q0 + d), x, a0)
-                a1 = vfma(_vbc(qb, q0 + D + d), x, a1)
-                a2 = vfma(_vbc(qb, q0 + 2 * D + d), x, a2)
-                a3 = vfma(_vbc(qb, q0 + 3 * D + d), x, a3)
+                a0 = vfma(vbcast(qb, q0 + d), x, a0)
+                a1 = vfma(vbcast(qb, q0 + D + d), x, a1)
+                a2 = vfma(vbcast(qb, q0 + 2 * D + d), x, a2)
+                a3 = vfma(vbcast(qb, q0 + 3 * D + d), x, a3)
             s = _kparam_at(scb, si, four, v)
             zv = _kparam_at(zpb, si, four, v) if zs else z
             o = o0 + 16 * v
@@ -1479,7 +1462,7 @@ def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             a1 = z
             for d in range(g * G, g * G + G):
                 p = k0 + d * rs + sub
-                q = _vbc(qb, r0 * D + d)
+                q = vbcast(qb, r0 * D + d)
                 a0 = vfma(q, _kvec_at(buf, p, sgn, v), a0)
                 a1 = vfma(q, _kvec_at(buf, p, sgn, v + 1), a1)
             o = r0 * DT + 64 * c + 16 * v
@@ -1519,10 +1502,10 @@ def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
                 e = v0 + s * D + 64 * h
                 x = _kvec_at(vb, (e >> 1) if four else e, sgn, v)
                 wo = wg + t
-                a0 = vfma(_vbc(W, wo), x, a0)
-                a1 = vfma(_vbc(W, wo + R), x, a1)
-                a2 = vfma(_vbc(W, wo + 2 * R), x, a2)
-                a3 = vfma(_vbc(W, wo + 3 * R), x, a3)
+                a0 = vfma(vbcast(W, wo), x, a0)
+                a1 = vfma(vbcast(W, wo + R), x, a1)
+                a2 = vfma(vbcast(W, wo + 2 * R), x, a2)
+                a3 = vfma(vbcast(W, wo + 3 * R), x, a3)
             vstore(acc, o, a0)
             vstore(acc, o + D, a1)
             vstore(acc, o + 2 * D, a2)
@@ -1548,8 +1531,8 @@ def _dpv1_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
                     continue
                 e = v0 + s * D + 64 * h
                 p = (e >> 1) if four else e
-                a0 = vfma(_vbc(W, r0 * ng * DT + ga * DT + t), _kvec_at(vb, p, sgn, v), a0)
-                a1 = vfma(_vbc(W, r0 * ng * DT + gb * DT + t), _kvec_at(vb, p, sgn, v + 1), a1)
+                a0 = vfma(vbcast(W, r0 * ng * DT + ga * DT + t), _kvec_at(vb, p, sgn, v), a0)
+                a1 = vfma(vbcast(W, r0 * ng * DT + gb * DT + t), _kvec_at(vb, p, sgn, v + 1), a1)
             vstore(acc, o, a0)
             vstore(acc, o + 16, a1)
 
@@ -1565,8 +1548,8 @@ def _vgroups(four, G, d0):
 @njit(inline="always", cache=True)
 def _wfma(W, wo, ng, g0, g1, g2, g3, x0, x1, x2, x3, a0, a1, a2, a3):
     """a_v += W[g_v] * x_v (W[g] at W[wo + g * DT]) for one row."""
-    return (vfma(_vbc(W, wo + g0 * DT), x0, a0), vfma(_vbc(W, wo + g1 * DT), x1, a1),
-            vfma(_vbc(W, wo + g2 * DT), x2, a2), vfma(_vbc(W, wo + g3 * DT), x3, a3))
+    return (vfma(vbcast(W, wo + g0 * DT), x0, a0), vfma(vbcast(W, wo + g1 * DT), x1, a1),
+            vfma(vbcast(W, wo + g2 * DT), x2, a2), vfma(vbcast(W, wo + g3 * DT), x3, a3))
 
 
 @njit(inline="always", cache=True)

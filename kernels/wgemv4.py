@@ -61,7 +61,7 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import prefetch, vsplat_at, round_code, vfma, vload, vmul, vsplat, vstore, vsub
+from graph_api.kernels.bits import prefetch, vbcast, round_code, vfma, vload, vmul, vsplat, vstore, vsub
 from graph_api.kernels.lut4 import HAS_VPERMPS, TABLE_S4, TABLE_U4, vlut4, vnib4
 from graph_api.kernels.openblas import sgemm
 
@@ -167,7 +167,7 @@ def _blk_m1_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
             for k in range(g * G, g * G + G):
                 if half == 0:
                     prefetch(w, min(r + _PF, last))
-                xv = vsplat_at(xf, k)
+                xv = vbcast(xf, k)
                 p0 = vfma(xv, vnib4(w, r, 0), p0)
                 p1 = vfma(xv, vnib4(w, r, 4), p1)
                 p2 = vfma(xv, vnib4(w, r + 1, 0), p2)
@@ -417,10 +417,10 @@ def _blk_rows_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                     if j == 0 and m0 == 0:
                         prefetch(w, min(r + _PF, last))
                     u = vnib4(w, r, sh)
-                    p0 = vfma(vsplat_at(xf, x0 + k), u, p0)
-                    p1 = vfma(vsplat_at(xf, x1 + k), u, p1)
-                    p2 = vfma(vsplat_at(xf, x2 + k), u, p2)
-                    p3 = vfma(vsplat_at(xf, x3 + k), u, p3)
+                    p0 = vfma(vbcast(xf, x0 + k), u, p0)
+                    p1 = vfma(vbcast(xf, x1 + k), u, p1)
+                    p2 = vfma(vbcast(xf, x2 + k), u, p2)
+                    p3 = vfma(vbcast(xf, x3 + k), u, p3)
                     r += ROW_BYTES
                 c = 16 * j
                 _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
@@ -442,8 +442,8 @@ def _blk_rows_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                         prefetch(w, min(r + _PF, last))
                     ulo = vnib4(w, r, 0)
                     uhi = vnib4(w, r, 4)
-                    v0 = vsplat_at(xf, x0 + k)
-                    v1 = vsplat_at(xf, x1 + k)
+                    v0 = vbcast(xf, x0 + k)
+                    v1 = vbcast(xf, x1 + k)
                     p0 = vfma(v0, ulo, p0)
                     p1 = vfma(v0, uhi, p1)
                     q0 = vfma(v1, ulo, q0)

@@ -20,7 +20,7 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vsplat_at, vstore, vsub
+from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vbcast, vstore, vsub
 from graph_api.kernels.lut4 import HAS_VPERMPS
 from graph_api.kernels.wgemv4 import _scale1, _scale4
 
@@ -160,7 +160,7 @@ def _blk_m1_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                 if c == 0:
                     prefetch(w, min(r + _PF, last))
                     prefetch(w, min(r + _PF + 64, last))
-                xv = vsplat_at(xf, k)
+                xv = vbcast(xf, k)
                 p0 = vfma(xv, vcvt8(w, r), p0)
                 p1 = vfma(xv, vcvt8(w, r + 16), p1)
                 p2 = vfma(xv, vcvt8(w, r + 32), p2)
@@ -208,10 +208,10 @@ def _blk_rows_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                         prefetch(w, min(r + _PF, last))
                         prefetch(w, min(r + _PF + 64, last))
                     u = vcvt8(w, r)
-                    p0 = vfma(vsplat_at(xf, x0 + k), u, p0)
-                    p1 = vfma(vsplat_at(xf, x1 + k), u, p1)
-                    p2 = vfma(vsplat_at(xf, x2 + k), u, p2)
-                    p3 = vfma(vsplat_at(xf, x3 + k), u, p3)
+                    p0 = vfma(vbcast(xf, x0 + k), u, p0)
+                    p1 = vfma(vbcast(xf, x1 + k), u, p1)
+                    p2 = vfma(vbcast(xf, x2 + k), u, p2)
+                    p3 = vfma(vbcast(xf, x3 + k), u, p3)
                     r += COLS
                 _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
                 if m0 + 1 < M:
@@ -233,8 +233,8 @@ def _blk_rows_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                         prefetch(w, min(r + _PF + 64, last))
                     u0 = vcvt8(w, r)
                     u1 = vcvt8(w, r + 16)
-                    v0 = vsplat_at(xf, x0 + k)
-                    v1 = vsplat_at(xf, x1 + k)
+                    v0 = vbcast(xf, x0 + k)
+                    v1 = vbcast(xf, x1 + k)
                     p0 = vfma(v0, u0, p0)
                     p1 = vfma(v0, u1, p1)
                     q0 = vfma(v1, u0, q0)
