@@ -146,7 +146,7 @@ def _blk_m1(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
 
 
 @njit(cache=True)
-def _blk_m1_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+def _blk_m1_cvt(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
     """:func:`_blk_m1` for targets without a 16-float ``vpermps`` (AVX2: 16 vector
     registers of 8 floats).  The same sums in the same order (identical results), but
     the block's 128 columns in two passes of 64 per group (4 partial sums, 8 registers;
@@ -174,58 +174,23 @@ def _blk_m1_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                 p3 = vfma(xv, vnib4(w, r + 1, 4), p3)
                 r += ROW_BYTES
             c = 64 * half
-            if zmode == 1:
-                xsv = vsplat(xs[0, g])
-                p0 = vsub(p0, vmul(vload(zf, o + c), xsv))
-                p1 = vsub(p1, vmul(vload(zf, o + c + 16), xsv))
-                p2 = vsub(p2, vmul(vload(zf, o + c + 32), xsv))
-                p3 = vsub(p3, vmul(vload(zf, o + c + 48), xsv))
-            vstore(part, d + c, vfma(vload(sc, o + c), p0, vload(part, d + c)))
-            vstore(part, d + c + 16, vfma(vload(sc, o + c + 16), p1, vload(part, d + c + 16)))
-            vstore(part, d + c + 32, vfma(vload(sc, o + c + 32), p2, vload(part, d + c + 32)))
-            vstore(part, d + c + 48, vfma(vload(sc, o + c + 48), p3, vload(part, d + c + 48)))
+            scale_part(part, d + c, p0, p1, p2, p3, sc, zf, o + c, zmode, xs[0, g])
 
 
-@njit(parallel=True, cache=True)
-def _gemv_m1_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
-    S = part.shape[0]
-    nblk = part.shape[2] // BLOCK_COLS
-    ng = xf.shape[1] // G
-    gps = (ng + S - 1) // S
-    for t in prange(nblk * S):
-        blk = t // S
-        s = t % S
-        _blk_m1(xf, xs, w, blk * wbs, table, sc, zf, blk * sbs, zmode, G,
-                min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
-
-
-@njit(parallel=True, cache=True)
-def _gemv_m1_cvt(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
-    S = part.shape[0]
-    nblk = part.shape[2] // BLOCK_COLS
-    ng = xf.shape[1] // G
-    gps = (ng + S - 1) // S
-    for t in prange(nblk * S):
-        blk = t // S
-        s = t % S
-        _blk_m1_cvt(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G,
-                    min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
-
-
-def stream_view(w, table):
-    """The interleaved stream as int8 for s4 (its table's last entry, nibble 15, is -1)
-    and uint8 for u4: :func:`vnib4` reads the signedness from the dtype."""
-    return w.view(np.int8) if table[15] < 0 else w
-
-
-def gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part, lookup=HAS_VPERMPS):
-    """M == 1: part[S, 1, nblk*128] raw sums; work item = (block, K split).  The
-    lookup kernel where the target has a 16-float ``vpermps`` (AVX-512), else the
-    two-pass convert kernel (:func:`_blk_m1_cvt`)."""
-    if lookup:
-        _gemv_m1_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part)
-    else:
-        _gemv_m1_cvt(xf, xs, stream_view(w, table), wbs, sc, zf, sbs, zmode, G, part)
+@njit(inline="always", cache=True)
+def scale_part(part, b, p0, p1, p2, p3, sc, zf, o, zmode, xsg):
+    """part.flat[b + 16 v ..] = fma(s, p_v - z * xs, part) for 4 vectors (scales and zero
+    points from ``o``): the per-group step of the AVX2 M = 1 kernels (int4 and int8)."""
+    if zmode == 1:
+        xsv = vsplat(xsg)
+        p0 = vsub(p0, vmul(vload(zf, o), xsv))
+        p1 = vsub(p1, vmul(vload(zf, o + 16), xsv))
+        p2 = vsub(p2, vmul(vload(zf, o + 32), xsv))
+        p3 = vsub(p3, vmul(vload(zf, o + 48), xsv))
+    vstore(part, b, vfma(vload(sc, o), p0, vload(part, b)))
+    vstore(part, b + 16, vfma(vload(sc, o + 16), p1, vload(part, b + 16)))
+    vstore(part, b + 32, vfma(vload(sc, o + 32), p2, vload(part, b + 32)))
+    vstore(part, b + 48, vfma(vload(sc, o + 48), p3, vload(part, b + 48)))
 
 
 @njit(cache=True)
@@ -357,28 +322,6 @@ def _blk_rows(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
             part[s, m, blk * BLOCK_COLS + j] = acc[m * BLOCK_COLS + j]
 
 
-def gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part, lookup=HAS_VPERMPS):
-    """1 < M <= 8: the weights are read and unpacked once for all M rows (the lookup
-    kernel with a 16-float ``vpermps``, else :func:`_blk_rows_cvt`)."""
-    if lookup:
-        _gemv_rows_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part)
-    else:
-        _gemv_rows_cvt(xf, xs, stream_view(w, table), wbs, sc, zf, sbs, zmode, G, part)
-
-
-@njit(parallel=True, cache=True)
-def _gemv_rows_lut(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
-    S = part.shape[0]
-    nblk = part.shape[2] // BLOCK_COLS
-    ng = xf.shape[1] // G
-    gps = (ng + S - 1) // S
-    for t in prange(nblk * S):
-        blk = t // S
-        s = t % S
-        _blk_rows(xf, xs, w, blk * wbs, table, sc, zf, blk * sbs, zmode, G,
-                  min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
-
-
 @njit(inline="always", cache=True)
 def _scale1(acc, m, c, p, sc, zf, o, zmode, xs, g):
     """acc[m, c ..] = fma(s, p - z * xs[m, g], acc) for one vector of 16 columns."""
@@ -389,7 +332,7 @@ def _scale1(acc, m, c, p, sc, zf, o, zmode, xs, g):
 
 
 @njit(cache=True)
-def _blk_rows_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
+def _blk_rows_cvt(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
     """:func:`_blk_rows` for targets without a 16-float ``vpermps`` (AVX2, 16 vector
     registers of 8 floats): register tiles of 4 partial sums (8 registers), either 4
     activation rows x one nibble slot of 16 columns while 3 or more rows are left (one
@@ -460,8 +403,13 @@ def _blk_rows_cvt(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
             part[s, m, blk * BLOCK_COLS + j] = acc[m * BLOCK_COLS + j]
 
 
+#: the block kernels the GEMV drivers run: the lookup forms where the target has a 16-float
+#: ``vpermps`` (AVX-512), else the convert forms (:func:`_blk_m1_cvt`, :func:`_blk_rows_cvt`)
+_M1, _ROWS = (_blk_m1, _blk_rows) if HAS_VPERMPS else (_blk_m1_cvt, _blk_rows_cvt)
+
+
 @njit(parallel=True, cache=True)
-def _gemv_rows_cvt(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
+def _gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
     S = part.shape[0]
     nblk = part.shape[2] // BLOCK_COLS
     ng = xf.shape[1] // G
@@ -469,8 +417,37 @@ def _gemv_rows_cvt(xf, xs, w, wbs, sc, zf, sbs, zmode, G, part):
     for t in prange(nblk * S):
         blk = t // S
         s = t % S
-        _blk_rows_cvt(xf, xs, w, blk * wbs, sc, zf, blk * sbs, zmode, G,
-                      min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+        _M1(xf, xs, w, blk * wbs, table, sc, zf, blk * sbs, zmode, G,
+            min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+
+
+@njit(parallel=True, cache=True)
+def _gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
+    S = part.shape[0]
+    nblk = part.shape[2] // BLOCK_COLS
+    ng = xf.shape[1] // G
+    gps = (ng + S - 1) // S
+    for t in prange(nblk * S):
+        blk = t // S
+        s = t % S
+        _ROWS(xf, xs, w, blk * wbs, table, sc, zf, blk * sbs, zmode, G,
+              min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
+
+
+def stream_view(w, table):
+    """The interleaved stream as int8 for s4 (its table's last entry, nibble 15, is -1)
+    and uint8 for u4: :func:`vnib4` reads the signedness from the dtype."""
+    return w.view(np.int8) if table[15] < 0 else w
+
+
+def gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
+    """M == 1: part[S, 1, nblk*128] raw sums; work item = (block, K split)."""
+    _gemv_m1(xf, xs, w if HAS_VPERMPS else stream_view(w, table), wbs, table, sc, zf, sbs, zmode, G, part)
+
+
+def gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
+    """1 < M <= 8: the weights are read and unpacked once for all M rows."""
+    _gemv_rows(xf, xs, w if HAS_VPERMPS else stream_view(w, table), wbs, table, sc, zf, sbs, zmode, G, part)
 
 
 @njit(inline="always", cache=True)

@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vbcast, vstore, vsub
 from graph_api.kernels.lut4 import HAS_VPERMPS
-from graph_api.kernels.wgemv4 import _scale1, _scale4
+from graph_api.kernels.wgemv4 import _scale1, _scale4, scale_part
 
 COLS = 128
 _PF = 4096  #: software prefetch distance in bytes of the block stream (32 rows)
@@ -166,22 +166,7 @@ def _blk_m1_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                 p2 = vfma(xv, vcvt8(w, r + 32), p2)
                 p3 = vfma(xv, vcvt8(w, r + 48), p3)
                 r += COLS
-            _scale_part(part, d + c, p0, p1, p2, p3, sc, zf, o + c, zmode, xs[0, g])
-
-
-@njit(inline="always", cache=True)
-def _scale_part(part, b, p0, p1, p2, p3, sc, zf, o, zmode, xsg):
-    """part[b + 16 v ..] = fma(s, p_v - z * xs, part) for 4 vectors."""
-    if zmode == 1:
-        xsv = vsplat(xsg)
-        p0 = vsub(p0, vmul(vload(zf, o), xsv))
-        p1 = vsub(p1, vmul(vload(zf, o + 16), xsv))
-        p2 = vsub(p2, vmul(vload(zf, o + 32), xsv))
-        p3 = vsub(p3, vmul(vload(zf, o + 48), xsv))
-    vstore(part, b, vfma(vload(sc, o), p0, vload(part, b)))
-    vstore(part, b + 16, vfma(vload(sc, o + 16), p1, vload(part, b + 16)))
-    vstore(part, b + 32, vfma(vload(sc, o + 32), p2, vload(part, b + 32)))
-    vstore(part, b + 48, vfma(vload(sc, o + 48), p3, vload(part, b + 48)))
+            scale_part(part, d + c, p0, p1, p2, p3, sc, zf, o + c, zmode, xs[0, g])
 
 
 @njit(cache=True)
