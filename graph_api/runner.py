@@ -177,6 +177,12 @@ class CompiledGraph:
         self.feed_key = _feed_key(self.input_lts)
         #: input id -> (the array fed last, the Tensor viewing it), reused while the same array is fed
         self._wrapped: dict[int, tuple] = {}
+        #: one scratchpad for every step (the steps run one at a time): no allocation per execute
+        need = max((c.scratch_bytes for _, c, _, _ in self.steps), default=0)
+        self.scratchpad = Tensor(LogicalTensor(0, dtypes.DataType.u8, [need], dense_strides([need])),
+                                 self.engine, np.empty(need, np.uint8)) if need else None
+        #: (what the runners were bound for, one callable per step that runs)
+        self._runners: tuple = (None, [])
 
     def _input_tensors(self, feeds) -> dict[int, Tensor]:
         tensors = {}
@@ -209,14 +215,32 @@ class CompiledGraph:
             best = float("inf")
             for _ in range(max(1, repeat)):
                 start = time.perf_counter()
-                compiled.execute(self.stream, ins, outs)
+                compiled.execute(self.stream, ins, outs, self.scratchpad)
                 best = min(best, (time.perf_counter() - start) * 1e3)
             times.append(best)
         return times
 
     def __call__(self, feeds: dict) -> dict[int, np.ndarray]:
-        self.run(feeds)
+        for runner in self._bound_steps(self._input_tensors(feeds)):
+            runner()
         return {tid: self.produced[tid].numpy() for tid in self.graph.output_ids if tid in self.produced}
+
+    def _bound_steps(self, inputs: dict[int, Tensor]) -> list:
+        """One callable per step that runs (``CompiledPartition.bind``: the checks and
+        the plans' per-call Python work done once), bound again when an input Tensor is
+        another object than last time (another array was fed) or the checking/verbose
+        switches changed."""
+        key = (tuple(inputs.items()), settings.check, settings.verbose)
+        last_key, runners = self._runners
+        if last_key is not None and len(last_key[0]) == len(key[0]) and last_key[1:] == key[1:] and \
+                all(a[0] == b[0] and a[1] is b[1] for a, b in zip(last_key[0], key[0])):
+            return runners
+        tensors = dict(inputs)
+        tensors.update(self.produced)
+        runners = [compiled.bind(self.stream, [tensors[t] for t in in_ids], outs, self.scratchpad)
+                   for i, (part, compiled, in_ids, outs) in enumerate(self.steps) if i not in self.views]
+        self._runners = (key, runners)
+        return runners
 
 
 def _feed_key(input_lts) -> tuple:

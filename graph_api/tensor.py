@@ -349,7 +349,9 @@ class Tensor:
         return (self._mirror is None and not self.packed and array.dtype == self.buffer.dtype
                 and not self_overlapping(self.lt.shape, self.lt.strides)
                 and self.numpy().__array_interface__["data"][0] == array.__array_interface__["data"][0]
-                and self.numpy().strides == array.strides)
+                and self.numpy().shape == array.shape
+                # a size-1 axis has no step: numpy gives it any stride, the view 0
+                and all(a == b for n, a, b in zip(array.shape, self.numpy().strides, array.strides) if n > 1))
 
     def is_direct(self) -> bool:
         """True when the flat buffer is C-contiguous and is the tensor's memory."""

@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from graph_api.kernels.bits import _V16, f32x16
+from graph_api.kernels.bits import _V16, f32x16, vexp  # noqa: F401  (vexp: sdpa_bf16 takes it from here)
 
 
 #: whether the compiled code may use vdpbf16ps (AVX512_BF16)
@@ -257,43 +257,3 @@ def vbcast(typingctx, arr, idx):
     return f32x16(arr, idx), codegen
 
 
-#: bits.exp32's constants: clamp, log2(e), ln2 in two parts, the degree-6 polynomial
-_EXP_LO, _EXP_HI = -87.33654, 88.72283
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-             5.0000001201e-1)
-
-
-@intrinsic
-def vexp(typingctx, x):
-    """:func:`graph_api.kernels.bits.exp32` on 16 lanes, the same operations in the same
-    order (so the same values): Cody-Waite reduction, degree-6 polynomial, 2**n in two
-    exponent steps; below -87.34 gives 0, above 88.72 inf, NaN stays NaN.  (LLVM
-    vectorised the scalar loop too, but at ~3 cycles per value.)"""
-    sig = f32x16(f32x16)
-
-    def codegen(context, builder, signature, args):
-        f = lambda c: ir.Constant(_V16, [float(np.float32(c))] * 16)  # noqa: E731
-        floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16]), "llvm.floor.v16f32")
-        xv = args[0]
-        lo, hi = f(_EXP_LO), f(_EXP_HI)
-        xc = builder.select(builder.fcmp_ordered(">", xv, lo), xv, lo)
-        xc = builder.select(builder.fcmp_ordered("<", xc, hi), xc, hi)
-        n = builder.call(floor, [builder.fadd(builder.fmul(xc, f(1.4426950408889634)), f(0.5))])
-        r = builder.fsub(xc, builder.fmul(n, f(0.693359375)))
-        r = builder.fsub(r, builder.fmul(n, f(-2.12194440e-4)))
-        p = f(_EXP_POLY[0])
-        for c in _EXP_POLY[1:]:
-            p = builder.fadd(builder.fmul(p, r), f(c))
-        p = builder.fadd(builder.fadd(builder.fmul(builder.fmul(p, r), r), r), f(1.0))
-        h = builder.call(floor, [builder.fmul(n, f(0.5))])
-
-        def pow2i(e):
-            i = builder.add(builder.fptosi(e, _I32V), ir.Constant(_I32V, [127] * 16))
-            return builder.bitcast(builder.shl(i, ir.Constant(_I32V, [23] * 16)), _V16)
-
-        y = builder.fmul(builder.fmul(p, pow2i(h)), pow2i(builder.fsub(n, h)))
-        y = builder.select(builder.fcmp_ordered("<", xv, lo), f(0.0), y)
-        y = builder.select(builder.fcmp_ordered(">", xv, hi), f(np.inf), y)
-        return builder.select(builder.fcmp_ordered("==", xv, xv), y, xv)
-
-    return sig, codegen

@@ -922,9 +922,8 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
                    scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], *_flat_out(dest),
                    stats is not None, rmax, rsum, prob_quant is not None,
-                   np.asarray(prob_quant if prob_quant is not None else (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0),
-                              np.float32), score_rnd, sdpa_prefill.NARROW,
-                   work=2 * B * Hq * Sq * S * D)
+                   np.asarray(prob_quant if prob_quant is not None else _NO_PROB_QUANT, np.float32),
+                   score_rnd, sdpa_prefill.NARROW, work=2 * B * Hq * Sq * S * D)
         if not direct:
             out[...] = dest
         if stats is not None:
@@ -995,6 +994,42 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     if stats is not None:
         stats[...] = _merged_stats(pm, pl, Hkv, Sq, qt, nsplit, B, Hq)
     return out
+
+
+#: prefill_items' probability-quantize parameters when there is none (see _quantize_row)
+_NO_PROB_QUANT = (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0)
+
+
+def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=None):
+    """:func:`sdpa` on the f32 prefill kernel as a callable on these arrays, for a caller
+    that runs the same attention on the same memory again and again (the values may
+    change between calls: ``CompiledPartition.bind``); None unless every argument is
+    the caller's memory itself, nothing converted or copied per call: C-contiguous f32
+    Q, f32 K ``[S, D]`` and V, a C-contiguous f32 additive mask (or None), an f32
+    output view ``out`` [B, Hq, Sq, D] whose rows are contiguous; no causal mask."""
+    B, Hq, Sq, D = q.shape
+    _, Hkv, S, _ = k.shape
+    if not (q.dtype == np.float32 and q.flags.c_contiguous and k.kind == v.kind == "f32"
+            and np.asarray(k.data).flags.c_contiguous and np.asarray(v.data).flags.c_contiguous
+            and sdpa_prefill.usable(0, 0, 0, int(k.transposed), D, S, Sq, 0, 0)
+            and out is not None and out.dtype == np.float32 and out.strides[-1] == 4 and min(out.strides) >= 0):
+        return None
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype != np.float32 or not mask.flags.c_contiguous:
+            return None
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    kb, vb = _kv_args(k)[0], _kv_args(v)[0]
+    unused = np.empty(1, np.float32)
+    args = (sdpa_prefill.prefill_items, B * Hq, q, kb, vb, Hkv, S, np.float32(scale), scale_mode == "mul",
+            *_flat_mask(mask), mask is not None, CAUSAL[None], *_flat_out(out), False, unused, unused,
+            False, np.asarray(_NO_PROB_QUANT, np.float32), 0, sdpa_prefill.NARROW)
+    work = 2 * B * Hq * Sq * S * D
+
+    def runner() -> None:
+        _run_items(*args, work=work)
+
+    return runner
 
 
 def _flat_out(out):

@@ -34,8 +34,8 @@ from graph_api.kernels.numba_setup import numba, target_features  # noqa: F401 (
 import numpy as np
 from numba import njit
 
-from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, round_code, vadd, vbcast, vfma,
-                                    vload, vmax, vsplat, vstore)
+from graph_api.kernels.bits import (bits_from_f32, exp32, f32_from_bits, round_code, vadd, vbcast, vdiv, vexp,
+                                    vfma, vload, vmax, vmul, vsplat, vstore, vsub)
 
 QB = 32  #: query rows per block (their score rows stay in L1/L2)
 PV_TB = 64  #: positions per block of the P V product (32 lanes of V: 8 KiB, in L1)
@@ -128,6 +128,51 @@ def _softmax_row(row, n, ntc, part):
     ls = vsplat(np.float32(0.0))
     for t in range(0, ntc, 16):
         ls = vadd(ls, vload(row, t))
+    vstore(part, 0, ls)
+    s = part[0]
+    for j in range(1, 16):
+        s += part[j]
+    return mx, s
+
+
+@njit(cache=True, error_model="numpy")
+def _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part):
+    """:func:`_softmax_row` of ``row * scale`` (``smul``; else ``row / scale``) plus the
+    mask's contiguous row ``mflat[mo:mo + n]`` (``has_mask``), in two passes instead of
+    five: the scale, the mask and the max in one, the exponentials (:func:`bits.vexp`,
+    exp32's values) and their 16 lane sums in the other.  The same operations on the
+    same values in the same order as the separate row steps, so equal results (tests
+    compare both); they stay for rounded scores, causal and strided masks."""
+    sv = vsplat(scale)
+    mv = vsplat(NEG_INF)
+    n16 = n // 16 * 16
+    for t in range(0, n16, 16):
+        x = vmul(vload(row, t), sv) if smul else vdiv(vload(row, t), sv)
+        if has_mask:
+            x = vadd(x, vload(mflat, mo + t))
+        vstore(row, t, x)
+        mv = vmax(mv, x)
+    for t in range(n16, n):
+        x = row[t] * scale if smul else row[t] / scale
+        row[t] = x + mflat[mo + t] if has_mask else x
+    for t in range(n, ntc):
+        row[t] = NEG_INF
+    for t in range(n16, ntc, 16):
+        mv = vmax(mv, vload(row, t))
+    vstore(part, 0, mv)
+    mx = part[0]
+    for j in range(1, 16):
+        mx = max(mx, part[j])
+    if mx == NEG_INF:
+        for t in range(ntc):
+            row[t] = np.float32(0.0)
+        return mx, np.float32(0.0)
+    mxv = vsplat(mx)
+    ls = vsplat(np.float32(0.0))
+    for t in range(0, ntc, 16):
+        e = vexp(vsub(vload(row, t), mxv))
+        vstore(row, t, e)
+        ls = vadd(ls, e)
     vstore(part, 0, ls)
     s = part[0]
     for j in range(1, 16):
@@ -382,6 +427,16 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                         row[t] = np.float32(0.0)
                     continue
                 i = i0 + r
+                if srnd == 0 and causal == 0 and (not has_mask or mstr[3] == 1):
+                    mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
+                    mx, lsum[r] = _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part)
+                    if want_rows:
+                        rmax[it * Sq + i] = mx
+                        rsum[it * Sq + i] = lsum[r]
+                    if pq:
+                        _quantize_row(row, n, lsum[r], pq_param)
+                        lsum[r] = np.float32(1.0)
+                    continue
                 if srnd != 0:
                     _round_row(row, n, srnd)
                 if smul:

@@ -378,6 +378,14 @@ def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=
     sums rounded once, as the reference MatMul; only those tiles are written again.
     The tile products go to the execution's scratchpad (:mod:`graph_api.kernels.scratch`).
     Requires ``openblas.available()``."""
+    gemm_runner(a, b, out_flat, roff, coff, okind, ep, run, head, direct)()
+
+
+def gemm_runner(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=False):
+    """:func:`gemm_store` on these arrays as a callable: the tiling, the tile-product
+    buffer (from the current scratch arena) and the argument list made once, for a
+    caller that runs the same product on the same memory again and again (the values
+    may change between calls)."""
     from graph_api.kernels import openblas, scratch
 
     R, K = a.shape
@@ -389,11 +397,22 @@ def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=
     tiles = -(-R // rows)
     acc = NO_HEAD if direct else scratch.empty(R * N, np.float32)
     bad = np.zeros(tiles, np.uint8)
-    with openblas.single_threaded():
-        _gemm_store_par(openblas.sgemm_address(), a, b, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar,
-                        ep.ipar, ep.buf, acc, rows, bad, out_flat if direct else NO_HEAD)
-    if not bad.any():
-        return
+    args = (openblas.sgemm_address(), a, b, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar,
+            ep.ipar, ep.buf, acc, rows, bad, out_flat if direct else NO_HEAD)
+    single_threaded = openblas.single_threaded
+
+    def runner() -> None:
+        with single_threaded():
+            _gemm_store_par(*args)
+        if bad.any():
+            _redo_tiles(a, b, out_flat, roff, coff, okind, ep, run, head, direct, rows, bad)
+
+    return runner
+
+
+def _redo_tiles(a, b, out_flat, roff, coff, okind, ep, run, head, direct, rows, bad) -> None:
+    """The tiles ``bad`` marks, again with float64 sums rounded once (see :func:`gemm_store`)."""
+    R, N = a.shape[0], b.shape[1]
     fix = np.empty((R, N), np.float32)
     b64 = b.astype(np.float64)
     for t in np.flatnonzero(bad):

@@ -184,19 +184,50 @@ class NormPlan(ChainPlan):
         self._stats(_f32(x), arrays)
         if not self.fused:
             return self._store_with_extra(self._numpy(_f32(x), arrays).reshape(self.shape), arrays, outputs)
-        R = x.size // self.C if self.C else 0
         buf = self._dest_buffer(outputs)
         if x.size:
-            xv, kind = norm.act_kind(np.ascontiguousarray(x).reshape(-1))
-            op = {K.LayerNorm: norm.LAYER, K.RMSNorm: norm.RMS, K.SoftMax: norm.SOFTMAX}[self.walk.head.kind]
-            g = np.ones(1, np.float32) if self.gamma is None else _f32(arrays[self.gamma]).reshape(-1)
-            b = np.zeros(1, np.float32) if self.beta is None else _f32(arrays[self.beta]).reshape(-1)
-            ep = self.epilogue(arrays, R, self.C)
-            norm._rows(xv, kind, R, self.C, op, g, self.gamma is not None, b, self.beta is not None,
-                       self.eps, self.okind, ep.ops, ep.fpar, ep.ipar, ep.buf,
-                       buf.view(np.uint16) if self.okind else buf, norm.blocks(R))
+            norm._rows(*self._rows_args(x, arrays, buf))
         self._write_extra(arrays, outputs)
         self.finish(buf, arrays, outputs)
+
+    def _rows_args(self, x, arrays, buf) -> tuple:
+        """The arguments of the fused row kernel (``norm._rows``) for ``x`` into ``buf``."""
+        from graph_api.kernels import norm
+
+        R = x.size // self.C
+        xv, kind = norm.act_kind(np.ascontiguousarray(x).reshape(-1))
+        op = {K.LayerNorm: norm.LAYER, K.RMSNorm: norm.RMS, K.SoftMax: norm.SOFTMAX}[self.walk.head.kind]
+        g = np.ones(1, np.float32) if self.gamma is None else _f32(arrays[self.gamma]).reshape(-1)
+        b = np.zeros(1, np.float32) if self.beta is None else _f32(arrays[self.beta]).reshape(-1)
+        ep = self.epilogue(arrays, R, self.C)
+        return (xv, kind, R, self.C, op, g, self.gamma is not None, b, self.beta is not None,
+                self.eps, self.okind, ep.ops, ep.fpar, ep.ipar, ep.buf,
+                buf.view(np.uint16) if self.okind else buf, norm.blocks(R))
+
+    def bind(self, inputs, outputs):
+        """A callable that runs this plan on these tensors (see
+        ``CompiledPartition.bind``): the fused row kernel on the tensors' own memory;
+        None where a call does more (statistics outputs, converted or copied
+        operands, reference steps), which runs :meth:`execute`."""
+        from graph_api.kernels import norm
+
+        if not self.fused or self.extra or self.pre_steps or self.post_steps or not self.dest_out:
+            return None
+        arrays = {tid: t.numpy() for tid, t in inputs.items()}
+        x = arrays[self.src]
+        if not x.size or not x.flags.c_contiguous or \
+                any(arrays[t].dtype != np.float32 or not arrays[t].flags.c_contiguous
+                    for t in (self.gamma, self.beta) if t is not None):
+            return None
+        args = self._rows_args(x, arrays, self._dest_buffer(outputs))
+        if self._ep_cache[2]:  # epilogue operands copied per call
+            return None
+        rows = norm._rows
+
+        def runner() -> None:
+            rows(*args)
+
+        return runner
 
     def _write_extra(self, arrays, outputs):
         for tid in self.extra:

@@ -29,6 +29,14 @@ class HybridPlan:
         self._needs_inputs = any(lt.id in request.input_ids for _, op, _, _ in self.tail.steps
                                  for lt in op.inputs)
 
+    def bind(self, inputs: dict, outputs: dict):
+        """The core's bound form for these tensors (see ``CompiledPartition.bind``) when
+        no reference step follows it, else None."""
+        bind = getattr(self.core, "bind", None)
+        if bind is None or self.tail.steps or not getattr(self.core, "writes_outputs", False):
+            return None
+        return bind(inputs, outputs)
+
     def execute(self, inputs: dict, outputs: dict) -> None:
         arrays: dict = {}
         if getattr(self.core, "writes_outputs", False):

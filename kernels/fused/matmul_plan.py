@@ -89,25 +89,54 @@ class MatmulPlan(ChainPlan):
             x = np.swapaxes(x, -1, -2)
         return x, xmax
 
-    def _gemm_store(self, a, b, arrays, outputs) -> bool:
-        """A linear layer (``a`` [R, K], ``b`` [K, N], no broadcast) as one fused
-        :func:`graph_api.kernels.store.gemm_store` call, or False (not that shape, or
-        numpy's OpenBLAS cannot be called from the kernels)."""
+    def _gemm_args(self, a, b, arrays, outputs):
+        """(:func:`graph_api.kernels.store.gemm_store`'s arguments, the output buffer) for
+        a linear layer (``a`` [R, K], ``b`` [K, N], no broadcast), or None (not that
+        shape, or numpy's OpenBLAS cannot be called from the kernels)."""
         from graph_api.kernels import openblas, store
 
         if not (a.ndim == 2 and b.ndim == 2 and a.shape[0] * b.shape[1] >= store.SERIAL_BELOW
                 and (a.shape[0], b.shape[1]) == (self.R, self.N) and a.dtype == np.float32 and b.dtype == np.float32
                 and a.flags.c_contiguous and b.flags.c_contiguous and a.shape[1] > 0 and openblas.available()):
-            return False
+            return None
         buf = self._dest_buffer(outputs)
         head = self._store.NO_HEAD if self.head_add is None else \
             np.ascontiguousarray(arrays[self.head_add], dtype=np.float32).reshape(-1)
         # the tile products come from the execution's scratchpad (gemm_store): a buffer kept
         # on the plan would be shared by concurrent executions of one compiled partition
-        store.gemm_store(a, b, buf.view(np.uint16) if self.okind else buf, self.offsets[0], self.offsets[1],
-                         self.okind, self.epilogue(arrays), self.run_length, head, self.direct)
-        self.finish(buf, arrays, outputs)
+        return (a, b, buf.view(np.uint16) if self.okind else buf, self.offsets[0], self.offsets[1],
+                self.okind, self.epilogue(arrays), self.run_length, head, self.direct), buf
+
+    def _gemm_store(self, a, b, arrays, outputs) -> bool:
+        """A linear layer as one fused :func:`graph_api.kernels.store.gemm_store` call,
+        or False (see :meth:`_gemm_args`)."""
+        got = self._gemm_args(a, b, arrays, outputs)
+        if got is None:
+            return False
+        self._store.gemm_store(*got[0])
+        self.finish(got[1], arrays, outputs)
         return True
+
+    def bind(self, inputs, outputs):
+        """A callable that runs this plan on these tensors (see
+        ``CompiledPartition.bind``): a linear layer whose operands, bias, epilogue
+        operands and output are the tensors' memory itself, as one
+        :func:`graph_api.kernels.store.gemm_runner`; None for every other case
+        (rounded or copied operands, reference steps), which runs :meth:`execute`."""
+        if self.pre_steps or self.post_steps or self.ta or not self.dest_out:
+            return None
+        arrays = {tid: t.numpy() for tid, t in inputs.items()}
+        b, _ = self._operand(arrays, 1, want_max=False)
+        a = self.round[0](arrays[self.a_id])
+        if a is not arrays[self.a_id] or a.ndim < 2 or not a.flags.c_contiguous or \
+                (not self.b_const and b is not arrays[self.b_id]):
+            return None  # an operand made per call (rounded or converted)
+        if self.head_add is not None and not _is_view_f32(arrays[self.head_add]):
+            return None
+        got = self._gemm_args(a.reshape(-1, a.shape[-1]), b, arrays, outputs)
+        if got is None or self._ep_cache[2]:  # epilogue operands copied per call
+            return None
+        return self._store.gemm_runner(*got[0])
 
     def run(self, arrays, outputs) -> None:
         from graph_api.kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
@@ -146,6 +175,11 @@ class MatmulPlan(ChainPlan):
         if acc.shape != self.shape:
             acc = np.broadcast_to(acc, self.shape)
         self.store(acc, arrays, outputs)
+
+
+def _is_view_f32(x) -> bool:
+    """``x`` is C-contiguous f32: its flat row is a view, not a copy."""
+    return x.dtype == np.float32 and x.flags.c_contiguous
 
 
 def _abs_max(x) -> float:

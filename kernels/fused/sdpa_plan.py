@@ -102,6 +102,7 @@ from graph_api.check import EPS
 from graph_api.config import log
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
+from graph_api.enums import PropertyType
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
@@ -528,6 +529,38 @@ class SdpaCore:
             arrays[self.stats_id] = stats.reshape(g.lead + (g.Sq, 1))
 
 
+    def bind(self, inputs, outputs):
+        """A callable that runs this attention on these tensors (see
+        ``CompiledPartition.bind``): the f32 prefill kernel on the tensors' own memory
+        (:func:`graph_api.kernels.sdpa.prefill_runner`), writing the output in place;
+        None where a call does more (Select or causal masks, a stats output, the
+        inf_as_zero check, a variable scale, operands converted or copied, an output
+        layout the kernel cannot write), which runs the plan's execute."""
+        from graph_api.kernels import sdpa as SD
+
+        g, sc = self.geo, self.scores
+        if self.stats_id is not None or sc.inf_as_zero or sc.causal is not None or self.q_transposed or \
+                len(sc.masks) > 1 or any(m[0] != "add" for m in sc.masks) or \
+                (sc.scale_id is not None and self.request.lts[sc.scale_id].property != PropertyType.constant):
+            return None
+        out = self._out_view(inputs, outputs)
+        if out is None:
+            return None
+        scale = 1.0 if sc.scale_id is None else float(self._value(inputs, sc.scale_id).reshape(-1)[0])
+        mask = None if not sc.masks else self.fetch(inputs, sc.masks[0][1])
+        q = np.reshape(self.fetch(inputs, self.q_id), (g.B, g.Hq, g.Sq, g.D))
+        shape4 = (g.B, g.Hkv, g.S, g.D)
+        k = make_kv(self.k, inputs, self.fetch, shape4, allow_bhds=True)
+        v = make_kv(self.v, inputs, self.fetch, shape4, allow_bhds=False)
+        memories = [t.memory() for t in inputs.values()]
+        if mask is not None:
+            mask = g.kernel_mask(mask)
+        for x in (q, k.data, v.data) + (() if mask is None else (mask,)):
+            if not any(np.may_share_memory(x, m) for m in memories):
+                return None  # a copy made for this call
+        return SD.prefill_runner(q, k, v, scale=scale, scale_mode=sc.scale_mode, mask=mask, out=out)
+
+
 def _jax(b) -> bool:
     """sdpa_jax: the probabilities enter pv_matmul transposed, at input 1."""
     return b.get("prob_transpose") is not None
@@ -677,5 +710,8 @@ def _with_fallback(request, core):
             arrays.update(reference.run_arrays({tid: t.numpy() for tid, t in inputs.items()}))
 
     run.core = core
+    bind = getattr(core, "bind", None)
+    if bind is not None:  # the bound form meets no fallback condition (see SdpaCore.bind)
+        run.bind = bind
     run.writes_outputs = True
     return run

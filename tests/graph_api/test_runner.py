@@ -184,3 +184,139 @@ def test_constant_int4_weights_fed_unpacked_are_prepared_once(monkeypatch):
     assert calls == []  # prepared on the first run, reused by the next three
     for result in again:  # and the numbers are the first run's
         np.testing.assert_array_equal(result.outputs[out.id], first.outputs[out.id])
+
+
+def _encoder_layer(B=4, S=32, H=256, heads=4, F=512, group=0):
+    """One BERT encoder layer as ``benchmarks/bert.py`` builds it: Q/K/V projections with
+    bias into heads, attention (Divide by a constant scale, Add an additive mask, SoftMax),
+    output projection + residual + LayerNorm, GELU FFN + residual + LayerNorm.  Big
+    enough (rows x columns >= 32768) for the fused GEMM kernel.  ``group`` > 0: s4
+    weights with f32 scales per ``group`` rows (DynamicDequantize -> MatMul).  Returns
+    the graph, the feeds, the input / mask / output ids and a float64 numpy reference."""
+    import math
+
+    import ml_dtypes
+
+    g = ga.Graph()
+    ids = iter(range(1000))
+    op_ids = iter(range(1000))
+    consts = {}
+
+    def lt(shape, const=False):
+        t = ga.LogicalTensor(next(ids), dt.f32, list(shape),
+                             property=ga.PropertyType.constant if const else ga.PropertyType.variable)
+        if const:
+            consts[t.id] = shape
+        return t
+
+    def op(kind, ins, shape, attrs=None):
+        out = lt(shape)
+        g.add_op(ga.Op(next(op_ids), kind, ins, [out], attrs=attrs or {}))
+        return out
+
+    d = H // heads
+    x, mask, scale = lt((B, S, H)), lt((B, 1, 1, S)), lt((1,), const=True)
+    params = []
+
+    int4 = {}  # s4 weight id -> its scale id
+
+    def proj(src, n_in, n_out):
+        w, b = lt((n_in, n_out), True), lt((n_out,), True)
+        params.append((w.id, b.id))
+        if group:
+            w = ga.LogicalTensor(w.id, dt.s4, [n_in, n_out], property=ga.PropertyType.constant)
+            s = lt((n_in // group, n_out), True)
+            int4[w.id] = s.id
+            w = op(K.DynamicDequantize, [w, s], (n_in, n_out), {"qtype": "per_group", "group_shape": [group, 1]})
+        return op(K.MatMul, [src, w, b], (B, S, n_out))
+
+    def heads_of(t):
+        t = op(K.StaticReshape, [t], (B, S, heads, d), {"shape": [B, S, heads, d], "special_zero": False})
+        return op(K.StaticTranspose, [t], (B, heads, S, d), {"order": [0, 2, 1, 3]})
+
+    def add_norm(y, res):
+        y = op(K.Add, [y, res], (B, S, H))
+        gamma, beta = lt((H,), True), lt((H,), True)
+        params.append((gamma.id, beta.id))
+        return op(K.LayerNorm, [y, gamma, beta], (B, S, H), {"keep_stats": False, "epsilon": 1e-12})
+
+    q, k, v = (heads_of(proj(x, H, H)) for _ in range(3))
+    s = op(K.MatMul, [q, k], (B, heads, S, S), {"transpose_b": True})
+    s = op(K.Divide, [s, scale], (B, heads, S, S))
+    s = op(K.Add, [s, mask], (B, heads, S, S))
+    p = op(K.SoftMax, [s], (B, heads, S, S), {"axis": -1})
+    c = op(K.MatMul, [p, v], (B, heads, S, d))
+    c = op(K.StaticTranspose, [c], (B, S, heads, d), {"order": [0, 2, 1, 3]})
+    c = op(K.StaticReshape, [c], (B, S, H), {"shape": [B, S, H], "special_zero": False})
+    h = add_norm(proj(c, H, H), x)
+    f = op(K.GELU, [proj(h, H, F)], (B, S, F))
+    y = add_norm(proj(f, F, H), h)
+    g.finalize()
+
+    rng = np.random.default_rng(7)
+    feeds = {tid: ((rng.standard_normal(shape) / math.sqrt(shape[0])) if len(shape) == 2
+                   else 1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32) for tid, shape in consts.items()}
+    feeds[scale.id] = np.array([math.sqrt(d)], np.float32)
+    feeds[x.id] = rng.standard_normal((B, S, H)).astype(np.float32)
+    feeds[mask.id] = np.zeros((B, 1, 1, S), np.float32)
+    feeds[mask.id][..., -S // 4:] = -1e4
+    for wid, sid in int4.items():  # symmetric s4 per group of rows; the reference's weights: q * scale
+        wg = feeds[wid].reshape(-1, group, feeds[wid].shape[1])
+        feeds[sid] = (np.abs(wg).max(axis=1) / 7).astype(np.float32)
+        feeds[wid] = np.clip(np.rint(wg / feeds[sid][:, None]), -8, 7).reshape(feeds[wid].shape).astype(ml_dtypes.int4)
+    erf = np.vectorize(math.erf)
+
+    def reference(fed):
+        w = {tid: fed[tid].astype(np.float64) for tid in fed}
+        for wid, sid in int4.items():  # f32 products q * scale, as DynamicDequantize
+            w[wid] = (fed[wid].astype(np.float32).reshape(-1, group, w[wid].shape[1]) * fed[sid][:, None]) \
+                .reshape(w[wid].shape).astype(np.float64)
+        it = iter(params)
+
+        def lin(t):
+            wi, bi = next(it)
+            return t @ w[wi] + w[bi]
+
+        def ln(t):
+            gi, bi = next(it)
+            m = t.mean(-1, keepdims=True)
+            return (t - m) / np.sqrt(((t - m) ** 2).mean(-1, keepdims=True) + 1e-12) * w[gi] + w[bi]
+
+        xs = w[x.id]
+        qh, kh, vh = (lin(xs).reshape(B, S, heads, d).transpose(0, 2, 1, 3) for _ in range(3))
+        sc = qh @ kh.transpose(0, 1, 3, 2) / math.sqrt(d) + w[mask.id]
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        ctx = ((e / e.sum(-1, keepdims=True)) @ vh).transpose(0, 2, 1, 3).reshape(B, S, H)
+        hh = ln(lin(ctx) + xs)
+        ff = lin(hh)
+        return ln(lin(0.5 * ff * (1 + erf(ff / math.sqrt(2)))) + hh)
+
+    return g, feeds, x.id, mask.id, y.id, reference
+
+
+def test_bound_steps_run_the_kernels_on_the_tensors_memory():
+    """A compiled graph's calls run each partition's bound form (the checks and the
+    plans' Python work done once: CompiledPartition.bind): the encoder layer's linear
+    layers, LayerNorms and attention all have one.  Results equal the per-call execute
+    path bit for bit and the float64 reference within f32 bounds; values changed in
+    place are read, another array is bound again."""
+    g, feeds, x_id, mask_id, y_id, reference = _encoder_layer()
+    cg = ga.compile_graph(g, feeds)
+    out = cg(feeds)[y_id].copy()
+    runners = cg._runners[1]
+    assert len(runners) == 9  # 6 linear layers (Q/K/V feed the attention), attention, 2 LayerNorms
+    assert not [r for r in runners if hasattr(r, "per_call_work")]
+    cg.run(feeds)  # every step through CompiledPartition.execute
+    np.testing.assert_array_equal(out, cg.produced[y_id].numpy())
+    # f32 sums over K <= 512 of O(1) products (relative error ~K * 2**-24 each, ~3e-5
+    # worst case) through softmax, GELU and two LayerNorms (unit-variance outputs); measured ~2e-6
+    np.testing.assert_allclose(out, reference(feeds), rtol=1e-4, atol=1e-4)
+    x, mask = feeds[x_id], feeds[mask_id]
+    x *= -0.5  # the same arrays, new values: the bound steps read them
+    mask[..., :4] = -1e4
+    np.testing.assert_allclose(cg(feeds)[y_id], reference(feeds), rtol=1e-4, atol=1e-4)
+    assert cg._runners[1] is runners
+    other = dict(feeds)
+    other[x_id] = np.ascontiguousarray(x[::-1])  # another array: bound again
+    np.testing.assert_allclose(cg(other)[y_id], reference(other), rtol=1e-4, atol=1e-4)
+    assert cg._runners[1] is not runners

@@ -38,24 +38,3 @@ def test_int4_encodings_are_exact(signed):
         off = enc[name][1]
         assert np.array_equal(got_a, off + val(nib(buf[:256], hi)).astype(np.float32)), name
         assert np.array_equal(got_b, off + val(nib(buf[256:], hi)).astype(np.float32)), name
-
-
-def test_vexp_is_exp32_lane_by_lane():
-    """The 16-lane exp runs bits.exp32's operations: the same values, specials included."""
-    from numba import njit
-
-    from graph_api.kernels.bits import exp32, vload, vstore
-
-    @njit
-    def run(x, a, b):
-        for i in range(0, x.size, 16):
-            vstore(a, i, bf16dot.vexp(vload(x, i)))
-        for i in range(x.size):
-            b[i] = exp32(x[i])
-
-    rng = np.random.default_rng(0)
-    x = np.concatenate([rng.uniform(-100, 100, 4000), [-np.inf, np.inf, np.nan, 0.0, -87.34, 88.73, -87.3, 88.7],
-                        rng.standard_normal(88)]).astype(np.float32)
-    a, b = np.empty_like(x), np.empty_like(x)
-    run(x, a, b)
-    assert np.array_equal(a, b, equal_nan=True)

@@ -373,3 +373,24 @@ def test_layer_norm_f64_sums_in_lane_order(C):
                 lanes[0] += v[c]
             want = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
             assert got[r, col] == want
+
+
+def test_vexp_is_exp32_lane_by_lane():
+    """The 16-lane exp runs exp32's operations: the same values, specials included."""
+    from numba import njit
+
+    from graph_api.kernels.bits import exp32, vexp, vload, vstore
+
+    @njit
+    def run(x, a, b):
+        for i in range(0, x.size, 16):
+            vstore(a, i, vexp(vload(x, i)))
+        for i in range(x.size):
+            b[i] = exp32(x[i])
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(-100, 100, 4000), [-np.inf, np.inf, np.nan, 0.0, -87.34, 88.73, -87.3, 88.7],
+                        rng.standard_normal(88)]).astype(np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    run(x, a, b)
+    assert np.array_equal(a, b, equal_nan=True)

@@ -129,3 +129,45 @@ def test_partition_writes_the_output_layout_directly(out_layout):
         r = r.transpose(0, 2, 1, 3)
     r = r.reshape(got.shape)
     assert np.max(np.abs(got - r)) <= 1e-5 * np.max(np.abs(r))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_pass_softmax_rows_equal_the_separate_steps(case, blocks):
+    """Rows whose mask row is contiguous (or no mask) take ``_scaled_softmax_row`` (scale,
+    mask and max in one pass, exponentials and sums in another); a mask broadcast along
+    the keys (element stride 0) takes the separate row steps.  The same values through
+    both: equal results."""
+    B, Hq, Hkv, Sq, S, D = case
+    rng = np.random.default_rng(sum(case) + 1)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    k, v = (rng.standard_normal((B, Hkv, S, D)).astype(np.float32) for _ in range(2))
+    K, V = SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape)
+    per_row = rng.standard_normal((B, 1, Sq, 1)).astype(np.float32)
+    for scale, mode in ((0.125, "mul"), (np.sqrt(D), "div")):
+        fused = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=np.repeat(per_row, S, axis=-1))
+        separate = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=per_row)
+        assert np.array_equal(fused, separate), (scale, mode)
+
+
+def test_prefill_runner_reads_the_arrays_at_each_call(blocks):
+    """``prefill_runner`` binds the kernel's arguments to the arrays' memory once: each
+    call computes what :func:`sdpa` computes from their current values, into the given
+    output view; arrays that would need a per-call copy give None."""
+    B, Hq, Hkv, Sq, S, D = CASES[0]
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    k, v = (rng.standard_normal((B, Hkv, S, D)).astype(np.float32) for _ in range(2))
+    K, V = SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape)
+    mask = np.zeros((B, 1, 1, S), np.float32)
+    rows = np.empty((B, Sq, Hq, D), np.float32)  # the [B, S, H, D] layout BERT's output chain wants
+    out = rows.transpose(0, 2, 1, 3)
+    run = SD.prefill_runner(q, K, V, scale=0.125, mask=mask, out=out)
+    for _ in range(2):
+        run()
+        assert np.array_equal(out, SD.sdpa(q, K, V, scale=0.125, mask=mask))
+        q *= -1.5  # new values in the same memory
+        k[:, :, ::3] += 1.0
+        mask[..., -S // 4:] = -1e4
+    assert SD.prefill_runner(np.asfortranarray(q), K, V, scale=0.125, mask=mask, out=out) is None
+    assert SD.prefill_runner(q, K, V, scale=0.125, mask=mask.astype(np.float64), out=out) is None
+    assert SD.prefill_runner(q, K, V, scale=0.125, mask=mask, out=out.astype(np.float16)) is None
