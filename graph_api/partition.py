@@ -507,9 +507,10 @@ class CompiledPartition:
         Intermediates come from ``scratchpad`` (else from memory taken now), so every
         callable bound over one scratchpad must run one at a time.  While results are
         checked against the reference or logged (``GRAPH_API_CHECK``,
-        ``GRAPH_API_VERBOSE``), or a tensor needs staging, each call runs
-        :meth:`execute`.  The callable's ``per_call_work`` says which of these it does
-        ("execute", "plan"; absent: a bound form).
+        ``GRAPH_API_VERBOSE``), or a variable tensor needs staging (a copy per call;
+        constants are staged once), each call runs :meth:`execute`.  The callable's
+        ``per_call_work`` says which of these it does ("execute", "plan"; absent: a
+        bound form).
 
         Why: between two large kernels the interpreter's code and data have left the
         caches, and the few hundred Python steps of an execute then cost ~0.25 ms
@@ -525,9 +526,11 @@ class CompiledPartition:
             ins.update(self._bound_tensors())
         outs = self._match(outputs, self.request.output_ids, "output")
         self._check_outputs(outs, ins)
-        if settings.check or settings.verbose or \
-                self._stage(ins, "input") is not ins or self._stage(outs, "output") is not outs:
+        staged = self._stage(ins, "input")  # constants (unpacked int4 weights) are staged once and kept
+        if settings.check or settings.verbose or self._stage(outs, "output") is not outs or \
+                any(staged[t] is not ins[t] and ins[t].lt.property != PropertyType.constant for t in ins):
             return each_call
+        ins = staged
         if self.scratch_bytes and scratch_memory is None:
             scratch_memory = np.empty(self.scratch_bytes, np.uint8)
         fast = getattr(self.plan, "bind", None)

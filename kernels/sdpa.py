@@ -887,12 +887,10 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     if q_dtype == "f16" and q.dtype == np.uint16:
         qk, qkind = q, 2
     else:
-        qk, qkind = act_kind(np.ascontiguousarray(q))
-    qf = _q_f32(qk, qkind, rnd)
+        qk, qkind = act_kind(q)  # (views: the prefill kernel reads strided f32 rows as they are)
     if scale is None:
         scale = 1.0 / np.sqrt(D)
-    kb, kk, ktr, kG, ksc, khs, kzp, khz = _kv_args(k)
-    vb, vk, _, vG, vsc, vhs, vzp, vhz = _kv_args(v)
+    kk, vk, ktr = KINDS[k.kind], KINDS[v.kind], int(k.transposed)
     if mask is not None:
         m = np.asarray(mask).astype(np.float32)
         m = m.reshape((1,) * (4 - m.ndim) + m.shape)
@@ -907,7 +905,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         # f32 K stored [D, S]: one [S, D] copy (S * D moves next to >= 64 * S * D flops of
         # scores) runs it on the prefill kernel, and the tiled kernel, ~13 s of compile on
         # an empty cache (~2.7 s for the prefill kernel), is not compiled for f32 prefill
-        kb = np.ascontiguousarray(kb.reshape(B, Hkv, D, S).swapaxes(2, 3)).reshape(-1)
+        k = KV(np.ascontiguousarray(np.asarray(k.data).reshape(B, Hkv, D, S).swapaxes(2, 3)), "f32", k.shape)
         ktr = 0
     if prob_quant is not None:
         assert sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, 9, rnd, okind), "prob_quant operands"
@@ -919,8 +917,9 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         dest = out if direct else np.empty((B, Hq, Sq, D), np.float32)
         rows = B * Hq * Sq if stats is not None else 1
         rmax, rsum = np.empty(rows, np.float32), np.empty(rows, np.float32)
-        _run_items(sdpa_prefill.prefill_items, B * Hq, qf, kb, vb, Hkv, S, np.float32(scale),
-                   scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], *_flat_out(dest),
+        _run_items(sdpa_prefill.prefill_items, B * Hq, *_rows(qk), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
+                   Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal],
+                   *_flat_out(dest),
                    stats is not None, rmax, rsum, prob_quant is not None,
                    np.asarray(prob_quant if prob_quant is not None else _NO_PROB_QUANT, np.float32),
                    score_rnd, sdpa_prefill.NARROW, work=2 * B * Hq * Sq * S * D)
@@ -929,6 +928,9 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         if stats is not None:
             stats[...] = _row_stats(rmax, rsum).reshape(B, Hq, Sq)
         return out
+    qf = _q_f32(np.ascontiguousarray(qk), qkind, rnd)
+    kb, kk, ktr, kG, ksc, khs, kzp, khz = _kv_args(k)
+    vb, vk, _, vG, vsc, vhs, vzp, vhz = _kv_args(v)
     qt = Sq if Sq <= 8 else QT
     nqt = -(-Sq // qt)
     threads = numba.get_num_threads()
@@ -1004,24 +1006,23 @@ def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=N
     """:func:`sdpa` on the f32 prefill kernel as a callable on these arrays, for a caller
     that runs the same attention on the same memory again and again (the values may
     change between calls: ``CompiledPartition.bind``); None unless every argument is
-    the caller's memory itself, nothing converted or copied per call: C-contiguous f32
-    Q, f32 K ``[S, D]`` and V, a C-contiguous f32 additive mask (or None), an f32
-    output view ``out`` [B, Hq, Sq, D] whose rows are contiguous; no causal mask."""
+    the caller's memory itself, nothing converted or copied per call: f32 Q, K ``[S, D]``,
+    V and output ``out`` [B, Hq, Sq, D] whose rows are contiguous (any strides above:
+    heads of a [B, S, H, D] buffer), a C-contiguous f32 additive mask (or None); no
+    causal mask."""
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
-    if not (q.dtype == np.float32 and q.flags.c_contiguous and k.kind == v.kind == "f32"
-            and np.asarray(k.data).flags.c_contiguous and np.asarray(v.data).flags.c_contiguous
-            and sdpa_prefill.usable(0, 0, 0, int(k.transposed), D, S, Sq, 0, 0)
-            and out is not None and out.dtype == np.float32 and out.strides[-1] == 4 and min(out.strides) >= 0):
+    if not (k.kind == v.kind == "f32" and sdpa_prefill.usable(0, 0, 0, int(k.transposed), D, S, Sq, 0, 0)
+            and out is not None and all(_row_strided(a) for a in (q, _data4(k), _data4(v), out))):
         return None
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype != np.float32 or not mask.flags.c_contiguous:
             return None
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    kb, vb = _kv_args(k)[0], _kv_args(v)[0]
     unused = np.empty(1, np.float32)
-    args = (sdpa_prefill.prefill_items, B * Hq, q, kb, vb, Hkv, S, np.float32(scale), scale_mode == "mul",
+    args = (sdpa_prefill.prefill_items, B * Hq, *_rows(q), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
+            Hkv, S, np.float32(scale), scale_mode == "mul",
             *_flat_mask(mask), mask is not None, CAUSAL[None], *_flat_out(out), False, unused, unused,
             False, np.asarray(_NO_PROB_QUANT, np.float32), 0, sdpa_prefill.NARROW)
     work = 2 * B * Hq * Sq * S * D
@@ -1030,6 +1031,23 @@ def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=N
         _run_items(*args, work=work)
 
     return runner
+
+
+def _row_strided(a) -> bool:
+    """A 4-D f32 array whose rows (last axis) are contiguous, with non-negative strides."""
+    return a.dtype == np.float32 and a.ndim == 4 and a.strides[-1] == 4 and min(a.strides) >= 0
+
+
+def _data4(kv: KV) -> np.ndarray:
+    """An f32 K/V operand's storage as [B, H, S, D] (a view where the storage allows)."""
+    d = np.asarray(kv.data)
+    return d if d.shape == tuple(kv.shape) else d.reshape(kv.shape)
+
+
+def _rows(a):
+    """(flat buffer, element strides of the first three axes) of a 4-D f32 array for the
+    prefill kernel: its own memory when the rows are contiguous, else a C-order copy."""
+    return _flat_out(a if _row_strided(a) else np.ascontiguousarray(a, dtype=np.float32))
 
 
 def _flat_out(out):

@@ -230,8 +230,8 @@ def _round_row(row, n, rnd):
 
 
 @njit(cache=True, error_model="numpy")
-def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
-    """acc[r, :] = sum_{t < n} sc[r, t] * V[t, :] (V rows at vb[v0 + t * D]); 4 rows x 16/32 lanes.
+def _pv(sc, vb, v0, vs, acc, Rp, D, Sp, n):
+    """acc[r, :] = sum_{t < n} sc[r, t] * V[t, :] (V rows at vb[v0 + t * vs]); 4 rows x 16/32 lanes.
 
     Positions in blocks of PV_TB: a block's 32 lanes of V (8 KiB) are read from L2 once
     and reused from L1 by every group of 4 rows (rows outer streamed all of V, 1 MiB at
@@ -257,8 +257,8 @@ def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
                     a3 = vload(acc, o0 + 3 * D)
                     b3 = vload(acc, o0 + 3 * D + 16)
                 for t in range(t0, t1):
-                    w0 = vload(vb, v0 + t * D + c)
-                    w1 = vload(vb, v0 + t * D + c + 16)
+                    w0 = vload(vb, v0 + t * vs + c)
+                    w1 = vload(vb, v0 + t * vs + c + 16)
                     x = vsplat(sc[p0 + t])
                     a0 = vfma(x, w0, a0)
                     b0 = vfma(x, w1, b0)
@@ -292,7 +292,7 @@ def _pv(sc, vb, v0, acc, Rp, D, Sp, n):
                     a2 = vload(acc, o0 + 2 * D)
                     a3 = vload(acc, o0 + 3 * D)
                 for t in range(t0, t1):
-                    w0 = vload(vb, v0 + t * D + c)
+                    w0 = vload(vb, v0 + t * vs + c)
                     a0 = vfma(vsplat(sc[p0 + t]), w0, a0)
                     a1 = vfma(vsplat(sc[p0 + Sp + t]), w0, a1)
                     a2 = vfma(vsplat(sc[p0 + 2 * Sp + t]), w0, a2)
@@ -334,7 +334,7 @@ def score_rows16(qb, kT, sc, Rp, D, Sp, ntc):
 
 
 @njit(cache=True, error_model="numpy")
-def _pv16(sc, vb, v0, acc, Rp, D, Sp, n):
+def _pv16(sc, vb, v0, vs, acc, Rp, D, Sp, n):
     """:func:`_pv` with 4 rows x 16 lanes of accumulators (AVX2: see :func:`score_rows16`);
     the same sums in the same order."""
     z = vsplat(np.float32(0.0))
@@ -352,7 +352,7 @@ def _pv16(sc, vb, v0, acc, Rp, D, Sp, n):
                     a2 = vload(acc, o0 + 2 * D)
                     a3 = vload(acc, o0 + 3 * D)
                 for t in range(t0, t1):
-                    w0 = vload(vb, v0 + t * D + c)
+                    w0 = vload(vb, v0 + t * vs + c)
                     a0 = vfma(vbcast(sc, p0 + t), w0, a0)
                     a1 = vfma(vbcast(sc, p0 + Sp + t), w0, a1)
                     a2 = vfma(vbcast(sc, p0 + 2 * Sp + t), w0, a2)
@@ -366,13 +366,16 @@ def _pv16(sc, vb, v0, acc, Rp, D, Sp, n):
             acc[i] = np.float32(0.0)
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, causal, obuf, ostr,
-                  want_rows, rmax, rsum, pq, pq_param, srnd, narrow):
+def prefill_items(ids, qf, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, smul, mflat, mstr, has_mask,
+                  causal, obuf, ostr, want_rows, rmax, rsum, pq, pq_param, srnd, narrow):
     """Work items ``b * Hq + h`` of the module formula.
 
-    q: [B, Hq, Sq, D] f32 (C order); kb, vb: flat f32 [B, Hkv, S, D]; output row
-    ``(b, h, i)`` at ``obuf[b*ostr[0] + h*ostr[1] + i*ostr[2]:][:D]`` (any layout whose D
-    axis is contiguous: the caller's [B, Sq, Hq, D] buffer takes the rows in place);
+    Q [B, Hq, Sq, D], K and V [B, Hkv, S, D] and the output are flat f32 buffers read
+    through the element strides of their first three axes, the D axis contiguous (any
+    layout whose rows are contiguous: the heads of a [B, S, H, D] projection output are
+    read, and the output rows written, in place): Q row ``(b, h, i)`` at
+    ``qf[b*qstr[0] + h*qstr[1] + i*qstr[2]:][:D]``, K and V rows alike with ``kstr``,
+    ``vstr``, output rows in ``obuf`` with ``ostr``;
     mask element ``(b, h, i, j)`` at ``mflat[b*mstr[0] + h*mstr[1] + i*mstr[2] + j*mstr[3]]``
     (stride 0 on broadcast axes); causal 0 none, 1 top-left, 2 bottom-right.
     ``want_rows``: each row's score max and sum of exponentials go to
@@ -384,7 +387,6 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
     ``narrow``: the products in 4 x 16 register blocks (:func:`score_rows16`,
     :func:`_pv16`; :data:`NARROW`), equal results.
     """
-    B, Hq, Sq, D = q.shape
     rep = Hq // Hkv
     coff = S - Sq if causal == 2 else 0
     Sp = (S + 31) // 32 * 32 + SP_PAD  # not a power of two: kT's rows d and d + 1 in other cache sets
@@ -397,16 +399,18 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
     for it in ids:
         b = it // Hq
         h = it % Hq
-        kbase = (b * Hkv + h // rep) * S * D
+        kbase = b * kstr[0] + (h // rep) * kstr[1]
+        ks = kstr[2]
         for d in range(D):  # contiguous writes, strided reads: measured faster than the reverse
             kd = kT[d * Sp:d * Sp + S]
             for t in range(S):
-                kd[t] = kb[kbase + t * D + d]
+                kd[t] = kb[kbase + t * ks + d]
         for i0 in range(0, Sq, QB):
             nq = min(QB, Sq - i0)
             Rp = (nq + 3) // 4 * 4
             for r in range(nq):
-                qrow = q[b, h, i0 + r]
+                qo = b * qstr[0] + h * qstr[1] + (i0 + r) * qstr[2]
+                qrow = qf[qo:qo + D]
                 for d in range(D):
                     qb[r * D + d] = qrow[d]
             for r in range(nq, Rp):  # padding rows: finite zeros, never stored
@@ -470,9 +474,9 @@ def prefill_items(ids, q, kb, vb, Hkv, S, scale, smul, mflat, mstr, has_mask, ca
                     _quantize_row(row, n, lsum[r], pq_param)
                     lsum[r] = np.float32(1.0)
             if narrow:
-                _pv16(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
+                _pv16(sc, vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], acc, Rp, D, Sp, n)
             else:
-                _pv(sc, vb, (b * Hkv + h // rep) * S * D, acc, Rp, D, Sp, n)
+                _pv(sc, vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], acc, Rp, D, Sp, n)
             for r in range(nq):
                 o = b * ostr[0] + h * ostr[1] + (i0 + r) * ostr[2]
                 orow = obuf[o:o + D]

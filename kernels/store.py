@@ -302,14 +302,25 @@ def store(acc2d, out_flat, roff, coff, okind, ep, run: int | None = None, head=N
     (``run``: :func:`contiguous_run` of ``coff`` when the caller knows it).  ``head``: an
     f32 [N] row added to every row before the epilogue (a MatMul's bias: one f32 add,
     as the epilogue's add step, without a pass of its own or a place in its buffer)."""
+    store_runner(acc2d, out_flat, roff, coff, okind, ep, run, head)()
+
+
+def store_runner(acc2d, out_flat, roff, coff, okind, ep, run: int | None = None, head=NO_HEAD):
+    """:func:`store` on these arrays as a callable, its argument list made once (for a
+    caller that stores the same memory again and again; the values may change)."""
     R, N = acc2d.shape
     if run is None:
         run = contiguous_run(coff)
     if acc2d.size < SERIAL_BELOW:
-        _store_block(acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, 0, R)
+        fn, args = _store_block, (acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, 0, R)
     else:
-        blocks = min(R, 4 * numba.get_num_threads())
-        _store_par(acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, blocks)
+        fn, args = _store_par, (acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf,
+                                min(R, 4 * numba.get_num_threads()))
+
+    def runner() -> None:
+        fn(*args)
+
+    return runner
 
 
 @njit(cache=True)

@@ -1324,6 +1324,39 @@ def dense_copy(pw: PreparedWeight, rnd_w: int) -> np.ndarray | None:
     return dense
 
 
+def prefill_runner(xf, spec: WeightSpec, scales, zps, pw, out, ep, head=None):
+    """:func:`wmatmul`'s dense-copy prefill (:func:`_dense_prefill`: f32 activations,
+    no rounding, f32 output) on these arrays as a callable, for a caller that runs the
+    same product on the same memory again and again (the values may change:
+    ``CompiledPartition.bind``); None without a dense copy or where the arrays do not
+    fit.  The callable first runs the overflow guard (:func:`_fast_is_exact`: it reads
+    the activations) and returns False, having written nothing, when it refuses; the
+    caller then runs :func:`wmatmul` (its exact path).  ``head``: an f32 [N] row added
+    before the epilogue (:func:`graph_api.kernels.store.store`'s, a bias)."""
+    from graph_api.kernels import openblas, store  # (kernels.store imports this module)
+
+    M, K = xf.shape
+    if not (isinstance(pw, PreparedWeight) and M > DECODE_MAX_M and xf.dtype == np.float32
+            and xf.flags.c_contiguous and out.dtype == np.float32 and out.shape == (M, spec.N)
+            and out.flags.c_contiguous and openblas.available()):
+        return None
+    dense = dense_copy(pw, 0)
+    if dense is None:
+        return None
+    N = spec.N
+    gemm = store.gemm_runner(xf, dense, out.reshape(-1), np.arange(M, dtype=np.int64) * N,
+                             np.arange(N, dtype=np.int64), OUT_F32, ep, N, store.NO_HEAD if head is None else head,
+                             direct=head is None and ep.ops.shape[0] == 0)
+
+    def runner() -> bool:
+        if not _fast_is_exact(xf, spec, scales, zps, pw):
+            return False
+        gemm()
+        return True
+
+    return runner
+
+
 def _dense_prefill(xf, pw, rnd_w, out, okind, ep) -> bool:
     """``out = epilogue(xf @ dense_copy(pw))`` by :func:`graph_api.kernels.store.gemm_store`
     (single-threaded sgemm per row tile on each thread, the epilogue store while the

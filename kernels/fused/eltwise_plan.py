@@ -66,6 +66,24 @@ class EltwisePlan(ChainPlan):
     def head(self, arrays):
         return _f32(arrays[self.src_id])
 
+    def bind(self, inputs, outputs):
+        """A callable that runs this plan on these tensors (see
+        ``CompiledPartition.bind``): the epilogue store reading the f32 input in place;
+        None where a call converts or copies (other input types, copied epilogue
+        operands, reference steps), which runs :meth:`execute`."""
+        if self.pre_steps or self.post_steps or not self.dest_out or self.head_add is not None:
+            return None
+        arrays = {tid: t.numpy() for tid, t in inputs.items()}
+        x = arrays[self.src_id]
+        if x.dtype != np.float32 or not x.flags.c_contiguous or not x.size or x.size != self.R * self.N:
+            return None
+        ep = self.epilogue(arrays)
+        if self._ep_cache[2]:  # epilogue operands copied per call
+            return None
+        buf = self._dest_buffer(outputs)
+        return self._store.store_runner(x.reshape(self.R, self.N), buf.view(np.uint16) if self.okind else buf,
+                                        self.offsets[0], self.offsets[1], self.okind, ep, self.run_length)
+
 
 class FormulaPlan(ChainPlan):
     """The head runs its (f32 numpy) reference formula, the chain follows."""

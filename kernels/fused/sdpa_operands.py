@@ -160,6 +160,8 @@ def make_kv(op: Operand, inputs, fetch, shape4, allow_bhds: bool):
             data, transposed = canon, False
         elif allow_bhds and np.swapaxes(canon, -1, -2).flags.c_contiguous:
             data, transposed = np.swapaxes(canon, -1, -2), True
+        elif op.kind == "f32" and canon.ndim == 4 and canon.strides[-1] == 4 and min(canon.strides) >= 0:
+            data, transposed = canon, False  # rows contiguous: the f32 prefill kernel reads them in place
         else:
             data, transposed = np.ascontiguousarray(canon), False
     scales = zps = None

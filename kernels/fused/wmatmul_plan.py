@@ -129,9 +129,8 @@ class Linear:
             a = a.reshape(1, 1)
         return np.broadcast_to(a, shape)
 
-    def __call__(self, x2d, inputs, post=(), out_dtype="f32", out=None):
-        """``post(x2d @ dequant(W))`` as ``out_dtype``, into ``out`` (f32 [M, N], or
-        uint16 bits for bf16/f16) when given."""
+    def _weights(self, inputs):
+        """(weight buffer, scales, zero points, prepared weight or None) of this call."""
         from graph_api.kernels import wmatmul as wm
 
         w_buf = inputs[self.w_id].get_data_handle()
@@ -142,6 +141,25 @@ class Linear:
             sources = [inputs[t] for t in (self.w_id, self.s_id, self.z_id) if t is not None]
             pack = wm.prepare_bf16 if self.bf16_pairs else wm.prepare
             prepared = self.cache.get(sources, lambda: pack(w_buf, self.spec, scales, zps))
+        return w_buf, scales, zps, prepared
+
+    def bind(self, x2d, inputs, ep, out, head=None):
+        """The dense-copy prefill of ``x2d`` into ``out`` (f32 [M, N]) with bias row ``head``
+        and epilogue ``ep`` as a callable returning False where its overflow guard refuses
+        (:func:`graph_api.kernels.wmatmul.prefill_runner`), or None."""
+        from graph_api.kernels import wmatmul as wm
+
+        if not self.constant or self.rnd_x or self.rnd_w or self.bf16_pairs or self.act:
+            return None
+        _, scales, zps, prepared = self._weights(inputs)
+        return wm.prefill_runner(x2d, self.spec, scales, zps, prepared, out, ep, head)
+
+    def __call__(self, x2d, inputs, post=(), out_dtype="f32", out=None):
+        """``post(x2d @ dequant(W))`` as ``out_dtype``, into ``out`` (f32 [M, N], or
+        uint16 bits for bf16/f16) when given."""
+        from graph_api.kernels import wmatmul as wm
+
+        w_buf, scales, zps, prepared = self._weights(inputs)
         y = wm.wmatmul(x2d, w_buf, self.spec, scales, zps, prepared=prepared, post_ops=post, out=out,
                        out_dtype=out_dtype, rnd_x=self.rnd_x, rnd_w=self.rnd_w, act_dtype=self.act)
         return y if out_dtype == "f32" else y.view(dtypes.numpy_dtype(DataType[out_dtype]))
@@ -325,7 +343,41 @@ def build(request: CompileRequest):
         y = linear(x.reshape(M, linear.K), inputs, post, out_dtype, dest)
         arrays[value_id] = y.reshape(out_shape)  # the output's own memory: not copied again
 
+    def bind_core(inputs, outputs):
+        """``core`` as a callable on these tensors (see ``CompiledPartition.bind``): an
+        f32 prefill on the weight's dense copy, a first f32 row operand (the bias) added
+        as the store's head row, the epilogue reading at most one other operand in place
+        (a residual); None otherwise.  A call its overflow guard refuses runs core."""
+        from graph_api.kernels import wmatmul as wm
+
+        if not isinstance(linear, Linear) or out_dtype != "f32":
+            return None
+        x = inputs[linear.x_id].numpy()
+        M = x.size // linear.K
+        dest = _output_memory(outputs.get(value_id), M, linear.N, "f32")
+        if dest is None or x.dtype != np.float32 or not x.flags.c_contiguous:
+            return None
+        post = bind(steps, lambda tid: inputs[tid].numpy(), out_shape, M, linear.N)
+        head = None
+        if post and post[0][0] == "add" and isinstance(post[0][1], np.ndarray) and \
+                post[0][1].shape == (1, linear.N) and post[0][1].dtype == np.float32 and post[0][1].flags.c_contiguous:
+            head, post = post[0][1].reshape(-1), post[1:]
+        operands = [arg for _, arg in post if isinstance(arg, np.ndarray)]
+        ep = wm.make_epilogue(post, M, linear.N)
+        if len(operands) > 1 or (operands and not np.shares_memory(ep.buf, operands[0])):
+            return None  # operands copied into the epilogue's buffer: per call
+        run = linear.bind(x.reshape(M, linear.K), inputs, ep, dest, head)
+        if run is None:
+            return None
+
+        def runner() -> None:
+            if not run():
+                core(inputs, {}, outputs)
+
+        return runner
+
     core.writes_outputs = True
+    core.bind = bind_core
     name = "numba_wmatmul" if isinstance(linear, Linear) else "blas_matmul_epilogue"
     return HybridPlan(request, name, core, covered)
 

@@ -320,3 +320,48 @@ def test_bound_steps_run_the_kernels_on_the_tensors_memory():
     other[x_id] = np.ascontiguousarray(x[::-1])  # another array: bound again
     np.testing.assert_allclose(cg(other)[y_id], reference(other), rtol=1e-4, atol=1e-4)
     assert cg._runners[1] is not runners
+
+
+def test_bound_steps_of_an_int4_encoder_layer():
+    """The same layer with s4 weights (groups of 32 rows): every linear layer (bias, GELU,
+    residual add) runs bound on the weight's dense f32 copy; the attention reads Q/K/V
+    as the strided head views of the projections' outputs (a lone transpose between
+    partitions is a view) and runs bound.  Numbers as the per-call execute path and the
+    float64 reference."""
+    g, feeds, x_id, mask_id, y_id, reference = _encoder_layer(group=32)
+    cg = ga.compile_graph(g, feeds)
+    out = cg(feeds)[y_id].copy()
+    runners = cg._runners[1]
+    kinds = [(p.get_kind(), getattr(r, "per_call_work", "bound"))
+             for (p, _, _, _), r in zip([s for i, s in enumerate(cg.steps) if i not in cg.views], runners)]
+    assert sorted(kinds) == sorted([("matmul_compressed", "bound")] * 6 + [("sdpa", "bound")]
+                                   + [("single op", "bound")] * 2), kinds
+    cg.run(feeds)
+    np.testing.assert_array_equal(out, cg.produced[y_id].numpy())
+    # as the f32 layer: the dequantized weights are exact f32 products in both
+    np.testing.assert_allclose(out, reference(feeds), rtol=1e-4, atol=1e-4)
+    feeds[x_id] *= 3.0
+    np.testing.assert_allclose(cg(feeds)[y_id], reference(feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_bound_element_wise_steps_read_their_inputs_each_call():
+    """Element-wise partitions (one op each, debug policy) run bound: the epilogue store
+    on the f32 input in place, including a binary op whose second operand is a graph
+    input that changes between calls.  Values against numpy in float64."""
+    g = ga.Graph()
+    x, b = ga.LogicalTensor(0, dt.f32, [64, 48]), ga.LogicalTensor(1, dt.f32, [1, 48])
+    t, a, r = (ga.LogicalTensor(i, dt.f32, [64, 48]) for i in (2, 3, 4))
+    g.add_op(ga.Op(0, K.Tanh, [x], [t]))
+    g.add_op(ga.Op(1, K.Add, [t, b], [a]))
+    g.add_op(ga.Op(2, K.ReLU, [a], [r]))
+    g.finalize()
+    rng = np.random.default_rng(4)
+    feeds = {0: rng.standard_normal((64, 48)).astype(np.float32), 1: rng.standard_normal((1, 48)).astype(np.float32)}
+    cg = ga.compile_graph(g, feeds, policy=ga.PartitionPolicy.debug)
+    for _ in range(2):
+        got = cg(feeds)[4]
+        assert len(cg._runners[1]) == 3 and not [f for f in cg._runners[1] if hasattr(f, "per_call_work")]
+        want = np.maximum(np.tanh(feeds[0].astype(np.float64)) + feeds[1], 0)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # tanh32 within a few ulp; one f32 add
+        feeds[0] *= -2.0
+        feeds[1] += 0.5

@@ -171,3 +171,19 @@ def test_prefill_runner_reads_the_arrays_at_each_call(blocks):
     assert SD.prefill_runner(np.asfortranarray(q), K, V, scale=0.125, mask=mask, out=out) is None
     assert SD.prefill_runner(q, K, V, scale=0.125, mask=mask.astype(np.float64), out=out) is None
     assert SD.prefill_runner(q, K, V, scale=0.125, mask=mask, out=out.astype(np.float16)) is None
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_strided_rows_read_in_place(case, blocks):
+    """Q, K and V as the heads of [B, S, H, D] buffers (strided views, rows contiguous,
+    as a projection's output viewed through a transpose) give the results of their
+    C-order copies, bit for bit: the kernel reads the rows where they are."""
+    B, Hq, Hkv, Sq, S, D = case
+    rng = np.random.default_rng(sum(case) + 2)
+    q = rng.standard_normal((B, Sq, Hq, D)).astype(np.float32).transpose(0, 2, 1, 3)
+    k, v = (rng.standard_normal((B, S, Hkv, D)).astype(np.float32).transpose(0, 2, 1, 3) for _ in range(2))
+    mask = rng.standard_normal((B, 1, 1, S)).astype(np.float32)
+    strided = SD.sdpa(q, SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), mask=mask, causal="top_left")
+    qc, kc, vc = (np.ascontiguousarray(a) for a in (q, k, v))
+    dense = SD.sdpa(qc, SD.KV(kc, "f32", kc.shape), SD.KV(vc, "f32", vc.shape), mask=mask, causal="top_left")
+    assert np.array_equal(strided, dense)
