@@ -528,7 +528,6 @@ class SdpaCore:
                 stats[stats == _NEG_INF] = np.nan
             arrays[self.stats_id] = stats.reshape(g.lead + (g.Sq, 1))
 
-
     def bind(self, inputs, outputs):
         """A callable that runs this attention on these tensors (see
         ``CompiledPartition.bind``): the f32 prefill kernel on the tensors' own memory
