@@ -57,7 +57,7 @@ from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
-                          _V16, f32x16, prefetch)
+                          _V16, _flat_ptr, f32x16, prefetch)
 
 T = 128  #: KV positions per tile
 QT = 32  #: query positions per prefill tile
@@ -1389,6 +1389,114 @@ def _vnib_sh(typingctx, arr, idx, shift, signed):
     return sig, codegen
 
 
+@intrinsic
+def _vnib8(typingctx, arr, idx, signed):
+    """The 16 nibbles of the 8 bytes at byte offset ``idx`` of ``arr``'s buffer as f32x16:
+    lanes 0-7 the low nibbles, lanes 8-15 the high ones, s4 when ``signed`` else u4.
+    One sign-extending load serves both halves: high = x >> 4, low = (x << 28) >> 28
+    (arithmetic shifts of the sign-extended byte x give the s4 values), masked with 15
+    for u4 (mask -1 for s4: no select per vector)."""
+    if not isinstance(arr, types.Array):
+        return None
+    sig = f32x16(arr, idx, signed)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i8 = ir.IntType(8)
+        i32 = ir.IntType(32)
+        i32v = ir.VectorType(i32, 8)
+        base = builder.bitcast(ary.data, i8.as_pointer())
+        p = builder.gep(base, [context.cast(builder, args[1], signature.args[1], types.intp)])
+        x = builder.sext(builder.load(builder.bitcast(p, ir.VectorType(i8, 8).as_pointer()), align=1), i32v)
+        sgn = builder.icmp_unsigned("!=", args[2], args[2].type(0))
+        mk = builder.insert_element(ir.Constant(i32v, ir.Undefined), builder.select(sgn, i32(-1), i32(15)), i32(0))
+        mk = builder.shuffle_vector(mk, mk, ir.Constant(i32v, [0] * 8))
+        hi = builder.and_(builder.ashr(x, ir.Constant(i32v, [4] * 8)), mk)
+        lo = builder.and_(builder.ashr(builder.shl(x, ir.Constant(i32v, [28] * 8)), ir.Constant(i32v, [28] * 8)), mk)
+        both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
+        return builder.sitofp(both, _V16)
+
+    return sig, codegen
+
+
+@intrinsic
+def _copy64(typingctx, dst, di, src, si):
+    """64 bytes from byte offset ``si`` of ``src``'s buffer to byte offset ``di`` of
+    ``dst``'s (one vector load and store; the element loop ran scalar)."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
+        return None
+    sig = types.void(dst, di, src, si)
+
+    def codegen(context, builder, signature, args):
+        v64 = ir.VectorType(ir.IntType(8), 64)
+        ptrs = []
+        for a, i in ((0, 1), (2, 3)):
+            ary = context.make_array(signature.args[a])(context, builder, args[a])
+            base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+            p = builder.gep(base, [context.cast(builder, args[i], signature.args[i], types.intp)])
+            ptrs.append(builder.bitcast(p, v64.as_pointer()))
+        builder.store(builder.load(ptrs[1], align=1), ptrs[0], align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_V8 = ir.VectorType(ir.FloatType(), 8)
+
+
+@intrinsic
+def _vld2(typingctx, arr, i, j):
+    """arr.flat[i:i+8] and arr.flat[j:j+8] as one f32x16 (the two halves of a
+    :func:`_vnib8` vector: 16 columns apart in the score and accumulator tiles)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f32x16(arr, i, j)
+
+    def codegen(context, builder, signature, args):
+        a = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        b = _flat_ptr(context, builder, signature.args[0], args[0], args[2], signature.args[2])
+        va = builder.load(builder.bitcast(a, _V8.as_pointer()), align=4)
+        vb = builder.load(builder.bitcast(b, _V8.as_pointer()), align=4)
+        return builder.shuffle_vector(va, vb, ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(16))))
+
+    return sig, codegen
+
+
+@intrinsic
+def _vst2(typingctx, arr, i, j, v):
+    """arr.flat[i:i+8] = v[0:8], arr.flat[j:j+8] = v[8:16] (see :func:`_vld2`)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = types.void(arr, i, j, v)
+
+    def codegen(context, builder, signature, args):
+        m = ir.VectorType(ir.IntType(32), 8)
+        for k, x in ((1, 0), (2, 8)):
+            p = _flat_ptr(context, builder, signature.args[0], args[0], args[k], signature.args[k])
+            half = builder.shuffle_vector(args[3], args[3], ir.Constant(m, list(range(x, x + 8))))
+            builder.store(half, builder.bitcast(p, _V8.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _vdeint(typingctx, arr, i):
+    """arr.flat[i + 2l] for l < 8, then arr.flat[i + 2l + 1]: the 16 per-position
+    parameters (scales, zero points) of a :func:`_vnib8` vector of K scores."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f32x16(arr, i)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        w = builder.load(builder.bitcast(p, _V16.as_pointer()), align=4)
+        mask = [2 * l for l in range(8)] + [2 * l + 1 for l in range(8)]
+        return builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(ir.IntType(32), 16), mask))
+
+    return sig, codegen
+
+
 @njit(inline="always", cache=True)
 def _kvec_at(buf, p, sgn, v):
     """Vector ``v`` (0..3) of :func:`_kvec4`."""
@@ -1419,7 +1527,9 @@ def _sacc_at(sc, o, s, z, nq, zs, a):
 
 @njit(cache=True)
 def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form)."""
+    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form).  int4: the
+    vector is the 16 nibbles of 8 bytes (:func:`_vnib8`; its halves are 16 score
+    columns apart), one unpack for both nibbles of a byte."""
     four = _isz(buf) == 2
     ng = D // G
     z = vsplat(np.float32(0.0))
@@ -1434,18 +1544,38 @@ def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             a2 = z
             a3 = z
             for d in range(g * G, g * G + G):
-                x = _kvec_at(buf, k0 + d * rs + sub, sgn, v)
+                if four:
+                    x = _vnib8(buf, k0 + d * rs + sub + 8 * v, sgn)
+                else:
+                    x = vld_any(buf, k0 + d * rs + sub + 16 * v, False)
                 a0 = vfma(vbcast(qb, q0 + d), x, a0)
                 a1 = vfma(vbcast(qb, q0 + D + d), x, a1)
                 a2 = vfma(vbcast(qb, q0 + 2 * D + d), x, a2)
                 a3 = vfma(vbcast(qb, q0 + 3 * D + d), x, a3)
-            s = _kparam_at(scb, si, four, v)
-            zv = _kparam_at(zpb, si, four, v) if zs else z
-            o = o0 + 16 * v
-            _sacc_at(sc, o, s, zv, -qsum[r0 * ng + g], zs, a0)
-            _sacc_at(sc, o + DT, s, zv, -qsum[(r0 + 1) * ng + g], zs, a1)
-            _sacc_at(sc, o + 2 * DT, s, zv, -qsum[(r0 + 2) * ng + g], zs, a2)
-            _sacc_at(sc, o + 3 * DT, s, zv, -qsum[(r0 + 3) * ng + g], zs, a3)
+            if four:  # columns 32 (v >> 1) + 8 (v & 1) + l and 16 further; parameters de-interleaved
+                s = _vdeint(scb, si + 16 * v)
+                zv = _vdeint(zpb, si + 16 * v) if zs else z
+                o = o0 + 32 * (v >> 1) + 8 * (v & 1)
+                _sacc2(sc, o, s, zv, -qsum[r0 * ng + g], zs, a0)
+                _sacc2(sc, o + DT, s, zv, -qsum[(r0 + 1) * ng + g], zs, a1)
+                _sacc2(sc, o + 2 * DT, s, zv, -qsum[(r0 + 2) * ng + g], zs, a2)
+                _sacc2(sc, o + 3 * DT, s, zv, -qsum[(r0 + 3) * ng + g], zs, a3)
+            else:
+                s = vload(scb, si + 16 * v)
+                zv = vload(zpb, si + 16 * v) if zs else z
+                o = o0 + 16 * v
+                _sacc_at(sc, o, s, zv, -qsum[r0 * ng + g], zs, a0)
+                _sacc_at(sc, o + DT, s, zv, -qsum[(r0 + 1) * ng + g], zs, a1)
+                _sacc_at(sc, o + 2 * DT, s, zv, -qsum[(r0 + 2) * ng + g], zs, a2)
+                _sacc_at(sc, o + 3 * DT, s, zv, -qsum[(r0 + 3) * ng + g], zs, a3)
+
+
+@njit(inline="always", cache=True)
+def _sacc2(sc, o, s, z, nq, zs, a):
+    """:func:`_sacc_at` on the two halves of a :func:`_vnib8` vector (columns o, o + 16)."""
+    if zs:
+        a = vfma(z, vsplat(nq), a)
+    _vst2(sc, o, o + 16, vfma(s, a, _vld2(sc, o, o + 16)))
 
 
 @njit(cache=True)
@@ -1482,34 +1612,40 @@ def _vgroup_at(four, G, d0, v):
 
 @njit(cache=True)
 def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form)."""
+    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form).  int4: the 16
+    nibbles of 8 bytes (:func:`_vnib8`; halves 16 accumulator columns apart, one group).
+    Positions >= nt read row nt - 1 instead of being skipped (no branch per position):
+    their weights W are 0 (:func:`_dweights`), and acc + 0 * n = acc."""
     four = _isz(vb) == 2
     ng = D // G
     R = ng * DT
     for h in range(D // 64):
         for v in range(4):
-            g = _vgroup_at(four, G, 64 * h, v)
-            o = r0 * D + 64 * h + 16 * v
-            a0 = vsub(vmul(vload(acc, o), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
-            a1 = vsub(vmul(vload(acc, o + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
-            a2 = vsub(vmul(vload(acc, o + 2 * D), vsplat(alpha[r0 + 2])), vsplat(zc[(r0 + 2) * ng + g]))
-            a3 = vsub(vmul(vload(acc, o + 3 * D), vsplat(alpha[r0 + 3])), vsplat(zc[(r0 + 3) * ng + g]))
+            g = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+            o = r0 * D + 64 * h + (32 * (v >> 1) + 8 * (v & 1) if four else 16 * v)
+            oh = o + 16 if four else o + 8  # the upper 8 lanes
+            a0 = vsub(vmul(_vld2(acc, o, oh), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
+            a1 = vsub(vmul(_vld2(acc, o + D, oh + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
+            a2 = vsub(vmul(_vld2(acc, o + 2 * D, oh + 2 * D), vsplat(alpha[r0 + 2])),
+                      vsplat(zc[(r0 + 2) * ng + g]))
+            a3 = vsub(vmul(_vld2(acc, o + 3 * D, oh + 3 * D), vsplat(alpha[r0 + 3])),
+                      vsplat(zc[(r0 + 3) * ng + g]))
             wg = r0 * R + g * DT
             for t in range(DT):
-                s = perm[t]
-                if s >= nt:
-                    continue
-                e = v0 + s * D + 64 * h
-                x = _kvec_at(vb, (e >> 1) if four else e, sgn, v)
+                e = v0 + min(perm[t], nt - 1) * D + 64 * h
+                if four:
+                    x = _vnib8(vb, (e >> 1) + 8 * v, sgn)
+                else:
+                    x = vld_any(vb, e + 16 * v, False)
                 wo = wg + t
                 a0 = vfma(vbcast(W, wo), x, a0)
                 a1 = vfma(vbcast(W, wo + R), x, a1)
                 a2 = vfma(vbcast(W, wo + 2 * R), x, a2)
                 a3 = vfma(vbcast(W, wo + 3 * R), x, a3)
-            vstore(acc, o, a0)
-            vstore(acc, o + D, a1)
-            vstore(acc, o + 2 * D, a2)
-            vstore(acc, o + 3 * D, a3)
+            _vst2(acc, o, oh, a0)
+            _vst2(acc, o + D, oh + D, a1)
+            _vst2(acc, o + 2 * D, oh + 2 * D, a2)
+            _vst2(acc, o + 3 * D, oh + 3 * D, a3)
 
 
 @njit(cache=True)
@@ -1729,13 +1865,22 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
         for s0 in range(sa, sb, DT):
             nt = min(DT, sb - s0)
             if nt == DT:
-                kbuf, k0, rs = kb, (kbase + s0) // bpe, S // bpe
+                # the tile's D rows of K, S / bpe bytes apart in the cache, copied to kst
+                # first: at power-of-two S the rows share few L1 sets (S = 4096 int4:
+                # every row in 2 sets of 8 ways), and the score passes re-read each row
+                # 4 times -- from L2 without the copy (s8: 20% of the score step)
+                kbuf, k0, rs = kst, 0, kst_rs
+                src0 = (kbase + s0) // bpe
+                for d in range(D):
+                    for j in range(0, kst_rs, 64):
+                        _copy64(kst, d * kst_rs + j, kb, src0 + d * (S // bpe) + j)
                 scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
                 if s0 + DT < sb:  # the next tile's K lines and V rows
+                    k1 = (kbase + s0) // bpe + kst_rs
                     for d in range(D):
-                        prefetch(kb, (k0 + d * rs + kst_rs) // _isz(kb))
+                        prefetch(kb, (k1 + d * (S // bpe)) // _isz(kb))
                         if not four:
-                            prefetch(kb, k0 + d * rs + kst_rs + 64)
+                            prefetch(kb, k1 + d * (S // bpe) + 64)
                     nxt = (vbase + (s0 + DT) * D) // bpe
                     for e in range(nxt, nxt + DT * D // bpe, 64):
                         prefetch(vb, e // _isz(vb))
