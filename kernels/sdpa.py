@@ -42,6 +42,7 @@ indexing.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401
@@ -963,21 +964,19 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             kzp = np.zeros(DT, np.float32)
         if four:  # int4 bytes as uint16: the kernel tells int4 from 8-bit by the itemsize
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
-        _run_items(dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
-                   Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
-                   CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
-        if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
-            res = np.empty((B, Hq, Sq, D), np.float32)
-            sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
-            if out is None:
-                out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
-            out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
-                                               else res.astype(np.float16).view(np.uint16))
-            return out
-        if four:  # int4 chunk order (32 d: even d then odd d) -> d order
-            pacc = np.ascontiguousarray(
-                pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))
-        vperm = False
+        (_run_claimed if dec is _dec_items else _run_items)(
+            dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
+            Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
+            CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
+        # merged, reordered (int4: chunk order -> d order) and written back compiled: the
+        # numpy merge (:func:`_merge_np`) cost ~50-100 us a call, a tenth of an L=4096 decode
+        res = np.empty((B, Hq, Sq, D), np.float32)
+        sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
+        if out is None:
+            out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
+        out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
+                                           else res.astype(np.float16).view(np.uint16))
+        return out
     elif D % 16 == 0:
         _run_items(_attn_v, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
                 vzp, vhz, rnd,
@@ -1359,37 +1358,6 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
 
 
 @intrinsic
-def _vnib_sh(typingctx, arr, idx, shift, signed):
-    """Bits ``shift .. shift+3`` of the 16 bytes at byte offset ``idx`` of ``arr``'s buffer
-    as f32x16: s4 (-8..7) when ``signed`` else u4, as ``(n ^ m) - m`` with ``m`` 8 or 0
-    (no select per vector; ``shift`` 0 or 4)."""
-    if not isinstance(arr, types.Array):
-        return None
-    sig = f32x16(arr, idx, shift, signed)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        i8 = ir.IntType(8)
-        i32 = ir.IntType(32)
-        i32v = ir.VectorType(i32, 16)
-        base = builder.bitcast(ary.data, i8.as_pointer())
-        p = builder.gep(base, [context.cast(builder, args[1], signature.args[1], types.intp)])
-        v = builder.zext(builder.load(builder.bitcast(p, ir.VectorType(i8, 16).as_pointer()), align=1), i32v)
-
-        def splat(x):
-            x = builder.insert_element(ir.Constant(i32v, ir.Undefined), x, i32(0))
-            return builder.shuffle_vector(x, x, ir.Constant(i32v, [0] * 16))
-
-        v = builder.lshr(v, splat(context.cast(builder, args[2], signature.args[2], types.int32)))
-        v = builder.and_(v, ir.Constant(i32v, [15] * 16))
-        sgn = builder.icmp_unsigned("!=", args[3], args[3].type(0))
-        mv = splat(builder.select(sgn, i32(8), i32(0)))
-        return builder.sitofp(builder.sub(builder.xor(v, mv), mv), _V16)
-
-    return sig, codegen
-
-
-@intrinsic
 def _vnib8(typingctx, arr, idx, signed):
     """The 16 nibbles of the 8 bytes at byte offset ``idx`` of ``arr``'s buffer as f32x16:
     lanes 0-7 the low nibbles, lanes 8-15 the high ones, s4 when ``signed`` else u4.
@@ -1498,26 +1466,6 @@ def _vdeint(typingctx, arr, i):
 
 
 @njit(inline="always", cache=True)
-def _kvec_at(buf, p, sgn, v):
-    """Vector ``v`` (0..3) of :func:`_kvec4`."""
-    if _isz(buf) == 2:
-        if v & 1:
-            return _vnib_sh(buf, p + 16 * (v >> 1), 4, sgn)
-        return _vnib_sh(buf, p + 16 * (v >> 1), 0, sgn)
-    return vld_any(buf, p + 16 * v, False)
-
-
-@njit(inline="always", cache=True)
-def _kparam_at(arr, i, four, v):
-    """Vector ``v`` of :func:`_kparam4`."""
-    if four:
-        if v & 1:
-            return vload_odd(arr, i + 32 * (v >> 1))
-        return vload_even(arr, i + 32 * (v >> 1))
-    return vload(arr, i + 16 * v)
-
-
-@njit(inline="always", cache=True)
 def _sacc_at(sc, o, s, z, nq, zs, a):
     """sc[o ..] += s * (a - z * Q_g) (nq = -Q_g; no zero-point term when zs = 0)."""
     if zs:
@@ -1580,7 +1528,7 @@ def _sacc2(sc, o, s, z, nq, zs, a):
 
 @njit(cache=True)
 def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore1`, two vectors per pass (the AVX2 form)."""
+    """:func:`_dscore1`, two vectors per pass (the AVX2 form; int4 as in :func:`_dscore4_v`)."""
     four = _isz(buf) == 2
     ng = D // G
     z = vsplat(np.float32(0.0))
@@ -1593,21 +1541,23 @@ def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             for d in range(g * G, g * G + G):
                 p = k0 + d * rs + sub
                 q = vbcast(qb, r0 * D + d)
-                a0 = vfma(q, _kvec_at(buf, p, sgn, v), a0)
-                a1 = vfma(q, _kvec_at(buf, p, sgn, v + 1), a1)
-            o = r0 * DT + 64 * c + 16 * v
-            _sacc_at(sc, o, _kparam_at(scb, si, four, v), _kparam_at(zpb, si, four, v) if zs else z,
-                     -qsum[r0 * ng + g], zs, a0)
-            _sacc_at(sc, o + 16, _kparam_at(scb, si, four, v + 1), _kparam_at(zpb, si, four, v + 1) if zs else z,
-                     -qsum[r0 * ng + g], zs, a1)
-
-
-@njit(inline="always", cache=True)
-def _vgroup_at(four, G, d0, v):
-    """Group of vector ``v`` of :func:`_vgroups`."""
-    if four:
-        return (d0 + 32 * (v >> 1)) // G
-    return (d0 + 16 * v) // G
+                if four:
+                    a0 = vfma(q, _vnib8(buf, p + 8 * v, sgn), a0)
+                    a1 = vfma(q, _vnib8(buf, p + 8 * v + 8, sgn), a1)
+                else:
+                    a0 = vfma(q, vld_any(buf, p + 16 * v, False), a0)
+                    a1 = vfma(q, vld_any(buf, p + 16 * v + 16, False), a1)
+            nq = -qsum[r0 * ng + g]
+            if four:  # vectors v, v + 1: columns 32 (v >> 1) + {0, 8} and 16 further
+                o = r0 * DT + 64 * c + 32 * (v >> 1)
+                _sacc2(sc, o, _vdeint(scb, si + 16 * v), _vdeint(zpb, si + 16 * v) if zs else z, nq, zs, a0)
+                _sacc2(sc, o + 8, _vdeint(scb, si + 16 * v + 16), _vdeint(zpb, si + 16 * v + 16) if zs else z,
+                       nq, zs, a1)
+            else:
+                o = r0 * DT + 64 * c + 16 * v
+                _sacc_at(sc, o, vload(scb, si + 16 * v), vload(zpb, si + 16 * v) if zs else z, nq, zs, a0)
+                _sacc_at(sc, o + 16, vload(scb, si + 16 * v + 16), vload(zpb, si + 16 * v + 16) if zs else z,
+                         nq, zs, a1)
 
 
 @njit(cache=True)
@@ -1650,27 +1600,37 @@ def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
 
 @njit(cache=True)
 def _dpv1_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv1`, two vectors per pass (the AVX2 form)."""
+    """:func:`_dpv1`, two vectors per pass (the AVX2 form; int4 and positions >= nt as in
+    :func:`_dpv4_v`)."""
     four = _isz(vb) == 2
     ng = D // G
     for h in range(D // 64):
         for v in range(0, 4, 2):
-            ga = _vgroup_at(four, G, 64 * h, v)
-            gb = _vgroup_at(four, G, 64 * h, v + 1)
-            o = r0 * D + 64 * h + 16 * v
+            # int4: vectors v, v + 1 = bytes 16 (v >> 1) + {0, 8} of the chunk, one group
+            ga = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+            gb = ga if four else (64 * h + 16 * v + 16) // G
+            o = r0 * D + 64 * h + (32 * (v >> 1) if four else 16 * v)
+            ob = o + 8 if four else o + 16
             al = vsplat(alpha[r0])
-            a0 = vsub(vmul(vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
-            a1 = vsub(vmul(vload(acc, o + 16), al), vsplat(zc[r0 * ng + gb]))
+            a0 = vsub(vmul(_vld2(acc, o, o + 16) if four else vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
+            a1 = vsub(vmul(_vld2(acc, ob, ob + 16) if four else vload(acc, ob), al), vsplat(zc[r0 * ng + gb]))
             for t in range(DT):
-                s = perm[t]
-                if s >= nt:
-                    continue
-                e = v0 + s * D + 64 * h
-                p = (e >> 1) if four else e
-                a0 = vfma(vbcast(W, r0 * ng * DT + ga * DT + t), _kvec_at(vb, p, sgn, v), a0)
-                a1 = vfma(vbcast(W, r0 * ng * DT + gb * DT + t), _kvec_at(vb, p, sgn, v + 1), a1)
-            vstore(acc, o, a0)
-            vstore(acc, o + 16, a1)
+                e = v0 + min(perm[t], nt - 1) * D + 64 * h
+                wa = vbcast(W, r0 * ng * DT + ga * DT + t)
+                wb = vbcast(W, r0 * ng * DT + gb * DT + t)
+                if four:
+                    p = (e >> 1) + 8 * v
+                    a0 = vfma(wa, _vnib8(vb, p, sgn), a0)
+                    a1 = vfma(wb, _vnib8(vb, p + 8, sgn), a1)
+                else:
+                    a0 = vfma(wa, vld_any(vb, e + 16 * v, False), a0)
+                    a1 = vfma(wb, vld_any(vb, e + 16 * v + 16, False), a1)
+            if four:
+                _vst2(acc, o, o + 16, a0)
+                _vst2(acc, ob, ob + 16, a1)
+            else:
+                vstore(acc, o, a0)
+                vstore(acc, ob, a1)
 
 
 @njit(inline="always", cache=True)
@@ -1799,6 +1759,19 @@ def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
                 zc[r * ng + g] = z
 
 
+@intrinsic
+def _fetch_add(typingctx, arr, i):
+    """Atomically ``arr[i] += 1`` on an int64 array; the old value (sequentially consistent)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        return builder.atomic_rmw("add", p, ir.IntType(64)(1), "seq_cst")
+
+    return types.int64(arr, i), codegen
+
+
 #: the forms :func:`_dec_items` runs: one f32x16 lookup per 16 nibbles and 16 live
 #: accumulators with AVX-512; the one-vector passes on AVX2 (see above)
 _DSCORE4, _DSCORE1, _DPV4, _DPV1 = ((_dscore4, _dscore1, _dpv4, _dpv1) if _HAS_AVX512
@@ -1806,10 +1779,14 @@ _DSCORE4, _DSCORE1, _DPV4, _DPV1 = ((_dscore4, _dscore1, _dpv4, _dpv1) if _HAS_A
 
 
 @njit(nogil=True, cache=True)
-def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
+def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
                smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc):
-    """Work items ``ids`` (batch, KV head, KV split) of the compressed decode -> partial
-    (m, l, acc) per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8."""
+    """Work items (batch, KV head, KV split) of the compressed decode -> partial (m, l, acc)
+    per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8.
+
+    Items are claimed one at a time from ``ctr`` = [next item, items finished, item
+    count] (shared by the threads of one call, see :func:`_run_claimed`).  An item's
+    results do not depend on the thread that ran it."""
     B, Hq, Sq, D = qf.shape
     four = _isz(kb) == 2
     rep = Hq // Hkv
@@ -1843,7 +1820,11 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     W = np.empty(Rp * ngv * DT, np.float32)
     zc = np.zeros(Rp * ngv, np.float32)
     scv = vsplat(scale)
-    for it in ids:
+    nitems = ctr[2]
+    while True:
+        it = _fetch_add(ctr, 0)
+        if it >= nitems:
+            break
         sp = it % nsplit
         hk = (it // nsplit) % Hkv
         b = it // (nsplit * Hkv)
@@ -1937,6 +1918,7 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
             pl[it, rr] = ls
             for d in range(D):
                 pacc[it, rr, d] = acc[rr * D + d]
+        _fetch_add(ctr, 1)  # after the item's stores (sequentially consistent)
 
 
 _POOL = None
@@ -1965,3 +1947,28 @@ def _run_items(fn, nitems, *args, work=SMALL_WORK):
     fn(shares[0], *args)
     for f in futs:
         f.result()
+
+
+def _run_claimed(fn, nitems, *args, work=SMALL_WORK):
+    """fn(ctr, *args) on numba.get_num_threads() Python threads that claim the work items
+    [0, nitems) one at a time (``ctr``, see :func:`_dec_items`); the calling thread runs
+    too and returns when every item is finished, without waiting for a pool thread that
+    has not started: on a loaded machine a late thread no longer holds the call for a
+    fixed share (2 cores shared with other jobs: the round-robin split of
+    :func:`_run_items` waited ~0.3-1 ms per call for a descheduled pool thread).  An
+    exception in a pool thread that claimed an item is raised here."""
+    global _POOL
+    nth = min(numba.get_num_threads(), nitems) if work >= SMALL_WORK else 1
+    ctr = np.array([0, 0, nitems], np.int64)
+    futs = []
+    if nth > 1:
+        if _POOL is None or _POOL._max_workers < nth - 1:
+            from concurrent.futures import ThreadPoolExecutor
+            _POOL = ThreadPoolExecutor(max_workers=nth - 1, thread_name_prefix="sdpa")
+        futs = [_POOL.submit(fn, ctr, *args) for _ in range(1, nth)]
+    fn(ctr, *args)
+    while ctr[1] < nitems:  # items still running on pool threads (x86: ordered stores)
+        for f in futs:
+            if f.done() and f.exception() is not None:
+                raise f.exception()
+        time.sleep(0)
