@@ -968,15 +968,30 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
             Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
             CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
-        # merged, reordered (int4: chunk order -> d order) and written back compiled: the
-        # numpy merge (:func:`_merge_np`) cost ~50-100 us a call, a tenth of an L=4096 decode
-        res = np.empty((B, Hq, Sq, D), np.float32)
-        sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
-        if out is None:
-            out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
-        out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
-                                           else res.astype(np.float16).view(np.uint16))
-        return out
+        if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
+            res = np.empty((B, Hq, Sq, D), np.float32)
+            sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
+            if out is None:
+                out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
+            out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
+                                               else res.astype(np.float16).view(np.uint16))
+            return out
+        if four:  # int4 chunk order (32 d: even d then odd d) -> d order
+            pacc = np.ascontiguousarray(
+                pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))
+        if nsplit == 1:
+            # one split per item: :func:`_merge_np`'s weights are all 1 (0 for a row that saw
+            # no finite score, whose acc and sum are 0: 0/0 either way), so its result is
+            # acc / l; this skips its ~40 us of numpy steps (sdpa_bf16.merge, compiled,
+            # would cost ~2 s more of compile on an empty cache)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                res = (pacc / pl[..., None]).reshape(B, Hq, Sq, D)
+            if out is None:
+                out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
+            out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
+                                               else res.astype(np.float16).view(np.uint16))
+            return out
+        vperm = False
     elif D % 16 == 0:
         _run_items(_attn_v, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
                 vzp, vhz, rnd,
@@ -1350,11 +1365,17 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
 # sub-block (64 head dims for P V) one vector of 16 at a time: 4 rows x 1 vector (4
 # accumulators, 8 registers) per pass over the group's rows, re-read from L1.  The same
 # products in the same order: bit-identical results (tested against the forms above).
-# Measured on Zen 3 (one core, s4, 4 rows): score step 3.2 -> 2.5 us per 64 positions,
-# P V step 4.8 -> 4.2 us per tile; the whole decode (Hq=32 Hkv=8 L=4096, 2 threads)
-# 2.4-2.7 -> 2.2-2.3 ms.  The score loop is 24 vector operations per 16 positions and
-# 4 rows (unpack: zero-extend, shift, mask, sign fix, convert; 4 broadcasts; 8 FMAs) and
-# runs at ~13 cycles (2.8 GHz), under 2 vector operations per cycle: not the FMA limit.
+# int4: a vector is the 16 nibbles of 8 bytes (:func:`_vnib8`: one sign-extending load,
+# 3 shifts, 2 masks, 2 converts per 16 values, was 10 operations + a shift), whose two
+# halves land 16 columns apart in the score / accumulator tiles (:func:`_vld2`,
+# :func:`_vst2`, K parameters de-interleaved by :func:`_vdeint`).
+# Instructions per 64 K or V values and 4 rows (``inspect_asm``, Zen 3 target): scores
+# int4 98 (32 FMAs, 16 broadcasts, 20 unpack, 4 converts... per 2 loop trips of 49),
+# int8 82; P V int4 150 / int8 124 (the same vector work plus ~6 scalar operations per
+# position: the row index from ``perm``, clamp, multiply).  The FMA bound is 32 FMAs =
+# 16 cycles (2 per cycle); issue (6 per cycle) allows ~16-25.  Measured one thread, hot
+# (Hq=32 Hkv=8 L=4096 s4, one KV head = 4 rows, 2.9 GHz): score step ~0.44, P V ~0.48,
+# softmax ~0.15, weights ~0.1 cycles per K (or V) value; the item 1.25 (was 1.5-1.9).
 
 
 @intrinsic
