@@ -21,7 +21,8 @@ tiles beyond the diagonal are skipped.  int4/int8 decode with K stored
 instead of dequantizing tiles (see the section "compressed decode").
 
 Threads: each kernel is one ``nogil`` function over a list of work items, run
-on ``numba.get_num_threads()`` Python threads (items dealt round-robin).  A
+on ``numba.get_num_threads()`` Python threads (items dealt round-robin; the
+compressed decode's threads claim items one at a time, :func:`_run_claimed`).  A
 ``prange`` wrapper would re-optimise everything it links and cost about as much
 compile time again on an empty cache.
 
