@@ -21,7 +21,8 @@ tiles beyond the diagonal are skipped.  int4/int8 decode with K stored
 instead of dequantizing tiles (see the section "compressed decode").
 
 Threads: each kernel is one ``nogil`` function over a list of work items, run
-on ``numba.get_num_threads()`` Python threads (items dealt round-robin).  A
+on ``numba.get_num_threads()`` Python threads (items dealt round-robin; the
+compressed decode's threads claim items one at a time, :func:`_run_claimed`).  A
 ``prange`` wrapper would re-optimise everything it links and cost about as much
 compile time again on an empty cache.
 
@@ -42,6 +43,7 @@ indexing.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401
@@ -57,7 +59,7 @@ from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
-                          _V16, f32x16, prefetch)
+                          _V16, _flat_ptr, f32x16, prefetch)
 
 T = 128  #: KV positions per tile
 QT = 32  #: query positions per prefill tile
@@ -964,9 +966,10 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             kzp = np.zeros(DT, np.float32)
         if four:  # int4 bytes as uint16: the kernel tells int4 from 8-bit by the itemsize
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
-        _run_items(dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
-                   Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
-                   CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
+        (_run_claimed if dec is _dec_items else _run_items)(
+            dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
+            Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
+            CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
         if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
             res = np.empty((B, Hq, Sq, D), np.float32)
             sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
@@ -978,6 +981,18 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         if four:  # int4 chunk order (32 d: even d then odd d) -> d order
             pacc = np.ascontiguousarray(
                 pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))
+        if nsplit == 1:
+            # one split per item: :func:`_merge_np`'s weights are all 1 (0 for a row that saw
+            # no finite score, whose acc and sum are 0: 0/0 either way), so its result is
+            # acc / l; this skips its ~40 us of numpy steps (sdpa_bf16.merge, compiled,
+            # would cost ~2 s more of compile on an empty cache)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                res = (pacc / pl[..., None]).reshape(B, Hq, Sq, D)
+            if out is None:
+                out = np.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16)
+            out[...] = res if okind == 0 else (_f32_to_bf16_bits(res) if okind == 1
+                                               else res.astype(np.float16).view(np.uint16))
+            return out
         vperm = False
     elif D % 16 == 0:
         _run_items(_attn_v, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
@@ -1404,62 +1419,125 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
 # sub-block (64 head dims for P V) one vector of 16 at a time: 4 rows x 1 vector (4
 # accumulators, 8 registers) per pass over the group's rows, re-read from L1.  The same
 # products in the same order: bit-identical results (tested against the forms above).
-# Measured on Zen 3 (one core, s4, 4 rows): score step 3.2 -> 2.5 us per 64 positions,
-# P V step 4.8 -> 4.2 us per tile; the whole decode (Hq=32 Hkv=8 L=4096, 2 threads)
-# 2.4-2.7 -> 2.2-2.3 ms.  The score loop is 24 vector operations per 16 positions and
-# 4 rows (unpack: zero-extend, shift, mask, sign fix, convert; 4 broadcasts; 8 FMAs) and
-# runs at ~13 cycles (2.8 GHz), under 2 vector operations per cycle: not the FMA limit.
+# int4: a vector is the 16 nibbles of 8 bytes (:func:`_vnib8`: one sign-extending load,
+# 3 shifts, 2 masks, 2 converts per 16 values, was 10 operations + a shift), whose two
+# halves land 16 columns apart in the score / accumulator tiles (:func:`_vld2`,
+# :func:`_vst2`, K parameters de-interleaved by :func:`_vdeint`).
+# Instructions per 64 K or V values and 4 rows (``inspect_asm``, Zen 3 target): scores
+# int4 98 (32 FMAs, 16 broadcasts, 20 unpack, 4 converts... per 2 loop trips of 49),
+# int8 82; P V int4 150 / int8 124 (the same vector work plus ~6 scalar operations per
+# position: the row index from ``perm``, clamp, multiply).  The FMA bound is 32 FMAs =
+# 16 cycles (2 per cycle); issue (6 per cycle) allows ~16-25.  Measured one thread, hot
+# (Hq=32 Hkv=8 L=4096 s4, one KV head = 4 rows, 2.9 GHz): score step ~0.44, P V ~0.48,
+# softmax ~0.15, weights ~0.1 cycles per K (or V) value; the item 1.25 (was 1.5-1.9).
 
 
 @intrinsic
-def _vnib_sh(typingctx, arr, idx, shift, signed):
-    """Bits ``shift .. shift+3`` of the 16 bytes at byte offset ``idx`` of ``arr``'s buffer
-    as f32x16: s4 (-8..7) when ``signed`` else u4, as ``(n ^ m) - m`` with ``m`` 8 or 0
-    (no select per vector; ``shift`` 0 or 4)."""
+def _vnib8(typingctx, arr, idx, signed):
+    """The 16 nibbles of the 8 bytes at byte offset ``idx`` of ``arr``'s buffer as f32x16:
+    lanes 0-7 the low nibbles, lanes 8-15 the high ones, s4 when ``signed`` else u4.
+    One sign-extending load serves both halves: high = x >> 4, low = (x << 28) >> 28
+    (arithmetic shifts of the sign-extended byte x give the s4 values), masked with 15
+    for u4 (mask -1 for s4: no select per vector)."""
     if not isinstance(arr, types.Array):
         return None
-    sig = f32x16(arr, idx, shift, signed)
+    sig = f32x16(arr, idx, signed)
 
     def codegen(context, builder, signature, args):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
         i8 = ir.IntType(8)
         i32 = ir.IntType(32)
-        i32v = ir.VectorType(i32, 16)
+        i32v = ir.VectorType(i32, 8)
         base = builder.bitcast(ary.data, i8.as_pointer())
         p = builder.gep(base, [context.cast(builder, args[1], signature.args[1], types.intp)])
-        v = builder.zext(builder.load(builder.bitcast(p, ir.VectorType(i8, 16).as_pointer()), align=1), i32v)
-
-        def splat(x):
-            x = builder.insert_element(ir.Constant(i32v, ir.Undefined), x, i32(0))
-            return builder.shuffle_vector(x, x, ir.Constant(i32v, [0] * 16))
-
-        v = builder.lshr(v, splat(context.cast(builder, args[2], signature.args[2], types.int32)))
-        v = builder.and_(v, ir.Constant(i32v, [15] * 16))
-        sgn = builder.icmp_unsigned("!=", args[3], args[3].type(0))
-        mv = splat(builder.select(sgn, i32(8), i32(0)))
-        return builder.sitofp(builder.sub(builder.xor(v, mv), mv), _V16)
+        x = builder.sext(builder.load(builder.bitcast(p, ir.VectorType(i8, 8).as_pointer()), align=1), i32v)
+        sgn = builder.icmp_unsigned("!=", args[2], args[2].type(0))
+        mk = builder.insert_element(ir.Constant(i32v, ir.Undefined), builder.select(sgn, i32(-1), i32(15)), i32(0))
+        mk = builder.shuffle_vector(mk, mk, ir.Constant(i32v, [0] * 8))
+        hi = builder.and_(builder.ashr(x, ir.Constant(i32v, [4] * 8)), mk)
+        lo = builder.and_(builder.ashr(builder.shl(x, ir.Constant(i32v, [28] * 8)), ir.Constant(i32v, [28] * 8)), mk)
+        both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
+        return builder.sitofp(both, _V16)
 
     return sig, codegen
 
 
-@njit(inline="always", cache=True)
-def _kvec_at(buf, p, sgn, v):
-    """Vector ``v`` (0..3) of :func:`_kvec4`."""
-    if _isz(buf) == 2:
-        if v & 1:
-            return _vnib_sh(buf, p + 16 * (v >> 1), 4, sgn)
-        return _vnib_sh(buf, p + 16 * (v >> 1), 0, sgn)
-    return vld_any(buf, p + 16 * v, False)
+@intrinsic
+def _copy64(typingctx, dst, di, src, si):
+    """64 bytes from byte offset ``si`` of ``src``'s buffer to byte offset ``di`` of
+    ``dst``'s (one vector load and store; the element loop ran scalar)."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
+        return None
+    sig = types.void(dst, di, src, si)
+
+    def codegen(context, builder, signature, args):
+        v64 = ir.VectorType(ir.IntType(8), 64)
+        ptrs = []
+        for a, i in ((0, 1), (2, 3)):
+            ary = context.make_array(signature.args[a])(context, builder, args[a])
+            base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+            p = builder.gep(base, [context.cast(builder, args[i], signature.args[i], types.intp)])
+            ptrs.append(builder.bitcast(p, v64.as_pointer()))
+        builder.store(builder.load(ptrs[1], align=1), ptrs[0], align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
-@njit(inline="always", cache=True)
-def _kparam_at(arr, i, four, v):
-    """Vector ``v`` of :func:`_kparam4`."""
-    if four:
-        if v & 1:
-            return vload_odd(arr, i + 32 * (v >> 1))
-        return vload_even(arr, i + 32 * (v >> 1))
-    return vload(arr, i + 16 * v)
+_V8 = ir.VectorType(ir.FloatType(), 8)
+
+
+@intrinsic
+def _vld2(typingctx, arr, i, j):
+    """arr.flat[i:i+8] and arr.flat[j:j+8] as one f32x16 (the two halves of a
+    :func:`_vnib8` vector: 16 columns apart in the score and accumulator tiles)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f32x16(arr, i, j)
+
+    def codegen(context, builder, signature, args):
+        a = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        b = _flat_ptr(context, builder, signature.args[0], args[0], args[2], signature.args[2])
+        va = builder.load(builder.bitcast(a, _V8.as_pointer()), align=4)
+        vb = builder.load(builder.bitcast(b, _V8.as_pointer()), align=4)
+        return builder.shuffle_vector(va, vb, ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(16))))
+
+    return sig, codegen
+
+
+@intrinsic
+def _vst2(typingctx, arr, i, j, v):
+    """arr.flat[i:i+8] = v[0:8], arr.flat[j:j+8] = v[8:16] (see :func:`_vld2`)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = types.void(arr, i, j, v)
+
+    def codegen(context, builder, signature, args):
+        m = ir.VectorType(ir.IntType(32), 8)
+        for k, x in ((1, 0), (2, 8)):
+            p = _flat_ptr(context, builder, signature.args[0], args[0], args[k], signature.args[k])
+            half = builder.shuffle_vector(args[3], args[3], ir.Constant(m, list(range(x, x + 8))))
+            builder.store(half, builder.bitcast(p, _V8.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _vdeint(typingctx, arr, i):
+    """arr.flat[i + 2l] for l < 8, then arr.flat[i + 2l + 1]: the 16 per-position
+    parameters (scales, zero points) of a :func:`_vnib8` vector of K scores."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+    sig = f32x16(arr, i)
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        w = builder.load(builder.bitcast(p, _V16.as_pointer()), align=4)
+        mask = [2 * l for l in range(8)] + [2 * l + 1 for l in range(8)]
+        return builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(ir.IntType(32), 16), mask))
+
+    return sig, codegen
 
 
 @njit(inline="always", cache=True)
@@ -1472,7 +1550,9 @@ def _sacc_at(sc, o, s, z, nq, zs, a):
 
 @njit(cache=True)
 def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form)."""
+    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form).  int4: the
+    vector is the 16 nibbles of 8 bytes (:func:`_vnib8`; its halves are 16 score
+    columns apart), one unpack for both nibbles of a byte."""
     four = _isz(buf) == 2
     ng = D // G
     z = vsplat(np.float32(0.0))
@@ -1487,23 +1567,43 @@ def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             a2 = z
             a3 = z
             for d in range(g * G, g * G + G):
-                x = _kvec_at(buf, k0 + d * rs + sub, sgn, v)
+                if four:
+                    x = _vnib8(buf, k0 + d * rs + sub + 8 * v, sgn)
+                else:
+                    x = vld_any(buf, k0 + d * rs + sub + 16 * v, False)
                 a0 = vfma(vbcast(qb, q0 + d), x, a0)
                 a1 = vfma(vbcast(qb, q0 + D + d), x, a1)
                 a2 = vfma(vbcast(qb, q0 + 2 * D + d), x, a2)
                 a3 = vfma(vbcast(qb, q0 + 3 * D + d), x, a3)
-            s = _kparam_at(scb, si, four, v)
-            zv = _kparam_at(zpb, si, four, v) if zs else z
-            o = o0 + 16 * v
-            _sacc_at(sc, o, s, zv, -qsum[r0 * ng + g], zs, a0)
-            _sacc_at(sc, o + DT, s, zv, -qsum[(r0 + 1) * ng + g], zs, a1)
-            _sacc_at(sc, o + 2 * DT, s, zv, -qsum[(r0 + 2) * ng + g], zs, a2)
-            _sacc_at(sc, o + 3 * DT, s, zv, -qsum[(r0 + 3) * ng + g], zs, a3)
+            if four:  # columns 32 (v >> 1) + 8 (v & 1) + l and 16 further; parameters de-interleaved
+                s = _vdeint(scb, si + 16 * v)
+                zv = _vdeint(zpb, si + 16 * v) if zs else z
+                o = o0 + 32 * (v >> 1) + 8 * (v & 1)
+                _sacc2(sc, o, s, zv, -qsum[r0 * ng + g], zs, a0)
+                _sacc2(sc, o + DT, s, zv, -qsum[(r0 + 1) * ng + g], zs, a1)
+                _sacc2(sc, o + 2 * DT, s, zv, -qsum[(r0 + 2) * ng + g], zs, a2)
+                _sacc2(sc, o + 3 * DT, s, zv, -qsum[(r0 + 3) * ng + g], zs, a3)
+            else:
+                s = vload(scb, si + 16 * v)
+                zv = vload(zpb, si + 16 * v) if zs else z
+                o = o0 + 16 * v
+                _sacc_at(sc, o, s, zv, -qsum[r0 * ng + g], zs, a0)
+                _sacc_at(sc, o + DT, s, zv, -qsum[(r0 + 1) * ng + g], zs, a1)
+                _sacc_at(sc, o + 2 * DT, s, zv, -qsum[(r0 + 2) * ng + g], zs, a2)
+                _sacc_at(sc, o + 3 * DT, s, zv, -qsum[(r0 + 3) * ng + g], zs, a3)
+
+
+@njit(inline="always", cache=True)
+def _sacc2(sc, o, s, z, nq, zs, a):
+    """:func:`_sacc_at` on the two halves of a :func:`_vnib8` vector (columns o, o + 16)."""
+    if zs:
+        a = vfma(z, vsplat(nq), a)
+    _vst2(sc, o, o + 16, vfma(s, a, _vld2(sc, o, o + 16)))
 
 
 @njit(cache=True)
 def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore1`, two vectors per pass (the AVX2 form)."""
+    """:func:`_dscore1`, two vectors per pass (the AVX2 form; int4 as in :func:`_dscore4_v`)."""
     four = _isz(buf) == 2
     ng = D // G
     z = vsplat(np.float32(0.0))
@@ -1516,78 +1616,96 @@ def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             for d in range(g * G, g * G + G):
                 p = k0 + d * rs + sub
                 q = vbcast(qb, r0 * D + d)
-                a0 = vfma(q, _kvec_at(buf, p, sgn, v), a0)
-                a1 = vfma(q, _kvec_at(buf, p, sgn, v + 1), a1)
-            o = r0 * DT + 64 * c + 16 * v
-            _sacc_at(sc, o, _kparam_at(scb, si, four, v), _kparam_at(zpb, si, four, v) if zs else z,
-                     -qsum[r0 * ng + g], zs, a0)
-            _sacc_at(sc, o + 16, _kparam_at(scb, si, four, v + 1), _kparam_at(zpb, si, four, v + 1) if zs else z,
-                     -qsum[r0 * ng + g], zs, a1)
-
-
-@njit(inline="always", cache=True)
-def _vgroup_at(four, G, d0, v):
-    """Group of vector ``v`` of :func:`_vgroups`."""
-    if four:
-        return (d0 + 32 * (v >> 1)) // G
-    return (d0 + 16 * v) // G
+                if four:
+                    a0 = vfma(q, _vnib8(buf, p + 8 * v, sgn), a0)
+                    a1 = vfma(q, _vnib8(buf, p + 8 * v + 8, sgn), a1)
+                else:
+                    a0 = vfma(q, vld_any(buf, p + 16 * v, False), a0)
+                    a1 = vfma(q, vld_any(buf, p + 16 * v + 16, False), a1)
+            nq = -qsum[r0 * ng + g]
+            if four:  # vectors v, v + 1: columns 32 (v >> 1) + {0, 8} and 16 further
+                o = r0 * DT + 64 * c + 32 * (v >> 1)
+                _sacc2(sc, o, _vdeint(scb, si + 16 * v), _vdeint(zpb, si + 16 * v) if zs else z, nq, zs, a0)
+                _sacc2(sc, o + 8, _vdeint(scb, si + 16 * v + 16), _vdeint(zpb, si + 16 * v + 16) if zs else z,
+                       nq, zs, a1)
+            else:
+                o = r0 * DT + 64 * c + 16 * v
+                _sacc_at(sc, o, vload(scb, si + 16 * v), vload(zpb, si + 16 * v) if zs else z, nq, zs, a0)
+                _sacc_at(sc, o + 16, vload(scb, si + 16 * v + 16), vload(zpb, si + 16 * v + 16) if zs else z,
+                         nq, zs, a1)
 
 
 @njit(cache=True)
 def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form)."""
+    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form).  int4: the 16
+    nibbles of 8 bytes (:func:`_vnib8`; halves 16 accumulator columns apart, one group).
+    Positions >= nt read row nt - 1 instead of being skipped (no branch per position):
+    their weights W are 0 (:func:`_dweights`), and acc + 0 * n = acc."""
     four = _isz(vb) == 2
     ng = D // G
     R = ng * DT
     for h in range(D // 64):
         for v in range(4):
-            g = _vgroup_at(four, G, 64 * h, v)
-            o = r0 * D + 64 * h + 16 * v
-            a0 = vsub(vmul(vload(acc, o), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
-            a1 = vsub(vmul(vload(acc, o + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
-            a2 = vsub(vmul(vload(acc, o + 2 * D), vsplat(alpha[r0 + 2])), vsplat(zc[(r0 + 2) * ng + g]))
-            a3 = vsub(vmul(vload(acc, o + 3 * D), vsplat(alpha[r0 + 3])), vsplat(zc[(r0 + 3) * ng + g]))
+            g = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+            o = r0 * D + 64 * h + (32 * (v >> 1) + 8 * (v & 1) if four else 16 * v)
+            oh = o + 16 if four else o + 8  # the upper 8 lanes
+            a0 = vsub(vmul(_vld2(acc, o, oh), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
+            a1 = vsub(vmul(_vld2(acc, o + D, oh + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
+            a2 = vsub(vmul(_vld2(acc, o + 2 * D, oh + 2 * D), vsplat(alpha[r0 + 2])),
+                      vsplat(zc[(r0 + 2) * ng + g]))
+            a3 = vsub(vmul(_vld2(acc, o + 3 * D, oh + 3 * D), vsplat(alpha[r0 + 3])),
+                      vsplat(zc[(r0 + 3) * ng + g]))
             wg = r0 * R + g * DT
             for t in range(DT):
-                s = perm[t]
-                if s >= nt:
-                    continue
-                e = v0 + s * D + 64 * h
-                x = _kvec_at(vb, (e >> 1) if four else e, sgn, v)
+                e = v0 + min(perm[t], nt - 1) * D + 64 * h
+                if four:
+                    x = _vnib8(vb, (e >> 1) + 8 * v, sgn)
+                else:
+                    x = vld_any(vb, e + 16 * v, False)
                 wo = wg + t
                 a0 = vfma(vbcast(W, wo), x, a0)
                 a1 = vfma(vbcast(W, wo + R), x, a1)
                 a2 = vfma(vbcast(W, wo + 2 * R), x, a2)
                 a3 = vfma(vbcast(W, wo + 3 * R), x, a3)
-            vstore(acc, o, a0)
-            vstore(acc, o + D, a1)
-            vstore(acc, o + 2 * D, a2)
-            vstore(acc, o + 3 * D, a3)
+            _vst2(acc, o, oh, a0)
+            _vst2(acc, o + D, oh + D, a1)
+            _vst2(acc, o + 2 * D, oh + 2 * D, a2)
+            _vst2(acc, o + 3 * D, oh + 3 * D, a3)
 
 
 @njit(cache=True)
 def _dpv1_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv1`, two vectors per pass (the AVX2 form)."""
+    """:func:`_dpv1`, two vectors per pass (the AVX2 form; int4 and positions >= nt as in
+    :func:`_dpv4_v`)."""
     four = _isz(vb) == 2
     ng = D // G
     for h in range(D // 64):
         for v in range(0, 4, 2):
-            ga = _vgroup_at(four, G, 64 * h, v)
-            gb = _vgroup_at(four, G, 64 * h, v + 1)
-            o = r0 * D + 64 * h + 16 * v
+            # int4: vectors v, v + 1 = bytes 16 (v >> 1) + {0, 8} of the chunk, one group
+            ga = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+            gb = ga if four else (64 * h + 16 * v + 16) // G
+            o = r0 * D + 64 * h + (32 * (v >> 1) if four else 16 * v)
+            ob = o + 8 if four else o + 16
             al = vsplat(alpha[r0])
-            a0 = vsub(vmul(vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
-            a1 = vsub(vmul(vload(acc, o + 16), al), vsplat(zc[r0 * ng + gb]))
+            a0 = vsub(vmul(_vld2(acc, o, o + 16) if four else vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
+            a1 = vsub(vmul(_vld2(acc, ob, ob + 16) if four else vload(acc, ob), al), vsplat(zc[r0 * ng + gb]))
             for t in range(DT):
-                s = perm[t]
-                if s >= nt:
-                    continue
-                e = v0 + s * D + 64 * h
-                p = (e >> 1) if four else e
-                a0 = vfma(vbcast(W, r0 * ng * DT + ga * DT + t), _kvec_at(vb, p, sgn, v), a0)
-                a1 = vfma(vbcast(W, r0 * ng * DT + gb * DT + t), _kvec_at(vb, p, sgn, v + 1), a1)
-            vstore(acc, o, a0)
-            vstore(acc, o + 16, a1)
+                e = v0 + min(perm[t], nt - 1) * D + 64 * h
+                wa = vbcast(W, r0 * ng * DT + ga * DT + t)
+                wb = vbcast(W, r0 * ng * DT + gb * DT + t)
+                if four:
+                    p = (e >> 1) + 8 * v
+                    a0 = vfma(wa, _vnib8(vb, p, sgn), a0)
+                    a1 = vfma(wb, _vnib8(vb, p + 8, sgn), a1)
+                else:
+                    a0 = vfma(wa, vld_any(vb, e + 16 * v, False), a0)
+                    a1 = vfma(wb, vld_any(vb, e + 16 * v + 16, False), a1)
+            if four:
+                _vst2(acc, o, o + 16, a0)
+                _vst2(acc, ob, ob + 16, a1)
+            else:
+                vstore(acc, o, a0)
+                vstore(acc, ob, a1)
 
 
 @njit(inline="always", cache=True)
@@ -1716,6 +1834,19 @@ def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
                 zc[r * ng + g] = z
 
 
+@intrinsic
+def _fetch_add(typingctx, arr, i):
+    """Atomically ``arr[i] += 1`` on an int64 array; the old value (sequentially consistent)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        return builder.atomic_rmw("add", p, ir.IntType(64)(1), "seq_cst")
+
+    return types.int64(arr, i), codegen
+
+
 #: the forms :func:`_dec_items` runs: one f32x16 lookup per 16 nibbles and 16 live
 #: accumulators with AVX-512; the one-vector passes on AVX2 (see above)
 _DSCORE4, _DSCORE1, _DPV4, _DPV1 = ((_dscore4, _dscore1, _dpv4, _dpv1) if _HAS_AVX512
@@ -1723,10 +1854,14 @@ _DSCORE4, _DSCORE1, _DPV4, _DPV1 = ((_dscore4, _dscore1, _dpv4, _dpv1) if _HAS_A
 
 
 @njit(nogil=True, cache=True)
-def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
+def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
                smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc):
-    """Work items ``ids`` (batch, KV head, KV split) of the compressed decode -> partial
-    (m, l, acc) per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8."""
+    """Work items (batch, KV head, KV split) of the compressed decode -> partial (m, l, acc)
+    per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8.
+
+    Items are claimed one at a time from ``ctr`` = [next item, items finished, item
+    count] (shared by the threads of one call, see :func:`_run_claimed`).  An item's
+    results do not depend on the thread that ran it."""
     B, Hq, Sq, D = qf.shape
     four = _isz(kb) == 2
     rep = Hq // Hkv
@@ -1760,7 +1895,11 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     W = np.empty(Rp * ngv * DT, np.float32)
     zc = np.zeros(Rp * ngv, np.float32)
     scv = vsplat(scale)
-    for it in ids:
+    nitems = ctr[2]
+    while True:
+        it = _fetch_add(ctr, 0)
+        if it >= nitems:
+            break
         sp = it % nsplit
         hk = (it // nsplit) % Hkv
         b = it // (nsplit * Hkv)
@@ -1782,13 +1921,22 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
         for s0 in range(sa, sb, DT):
             nt = min(DT, sb - s0)
             if nt == DT:
-                kbuf, k0, rs = kb, (kbase + s0) // bpe, S // bpe
+                # the tile's D rows of K, S / bpe bytes apart in the cache, copied to kst
+                # first: at power-of-two S the rows share few L1 sets (S = 4096 int4:
+                # every row in 2 sets of 8 ways), and the score passes re-read each row
+                # 4 times -- from L2 without the copy (s8: 20% of the score step)
+                kbuf, k0, rs = kst, 0, kst_rs
+                src0 = (kbase + s0) // bpe
+                for d in range(D):
+                    for j in range(0, kst_rs, 64):
+                        _copy64(kst, d * kst_rs + j, kb, src0 + d * (S // bpe) + j)
                 scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
                 if s0 + DT < sb:  # the next tile's K lines and V rows
+                    k1 = (kbase + s0) // bpe + kst_rs
                     for d in range(D):
-                        prefetch(kb, (k0 + d * rs + kst_rs) // _isz(kb))
+                        prefetch(kb, (k1 + d * (S // bpe)) // _isz(kb))
                         if not four:
-                            prefetch(kb, k0 + d * rs + kst_rs + 64)
+                            prefetch(kb, k1 + d * (S // bpe) + 64)
                     nxt = (vbase + (s0 + DT) * D) // bpe
                     for e in range(nxt, nxt + DT * D // bpe, 64):
                         prefetch(vb, e // _isz(vb))
@@ -1845,6 +1993,7 @@ def _dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
             pl[it, rr] = ls
             for d in range(D):
                 pacc[it, rr, d] = acc[rr * D + d]
+        _fetch_add(ctr, 1)  # after the item's stores (sequentially consistent)
 
 
 _POOL = None
@@ -1873,3 +2022,28 @@ def _run_items(fn, nitems, *args, work=SMALL_WORK):
     fn(shares[0], *args)
     for f in futs:
         f.result()
+
+
+def _run_claimed(fn, nitems, *args, work=SMALL_WORK):
+    """fn(ctr, *args) on numba.get_num_threads() Python threads that claim the work items
+    [0, nitems) one at a time (``ctr``, see :func:`_dec_items`); the calling thread runs
+    too and returns when every item is finished, without waiting for a pool thread that
+    has not started: on a loaded machine a late thread no longer holds the call for a
+    fixed share (2 cores shared with other jobs: the round-robin split of
+    :func:`_run_items` waited ~0.3-1 ms per call for a descheduled pool thread).  An
+    exception in a pool thread that claimed an item is raised here."""
+    global _POOL
+    nth = min(numba.get_num_threads(), nitems) if work >= SMALL_WORK else 1
+    ctr = np.array([0, 0, nitems], np.int64)
+    futs = []
+    if nth > 1:
+        if _POOL is None or _POOL._max_workers < nth - 1:
+            from concurrent.futures import ThreadPoolExecutor
+            _POOL = ThreadPoolExecutor(max_workers=nth - 1, thread_name_prefix="sdpa")
+        futs = [_POOL.submit(fn, ctr, *args) for _ in range(1, nth)]
+    fn(ctr, *args)
+    while ctr[1] < nitems:  # items still running on pool threads (x86: ordered stores)
+        for f in futs:
+            if f.done() and f.exception() is not None:
+                raise f.exception()
+        time.sleep(0)
