@@ -923,8 +923,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
                    scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal], *_flat_out(dest),
                    stats is not None, rmax, rsum, prob_quant is not None,
                    np.asarray(prob_quant if prob_quant is not None else (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0),
-                              np.float32), score_rnd, sdpa_prefill.NARROW,
-                   work=2 * B * Hq * Sq * S * D)
+                              np.float32), score_rnd, work=2 * B * Hq * Sq * S * D)
         if not direct:
             out[...] = dest
         if stats is not None:
