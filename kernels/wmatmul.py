@@ -286,6 +286,21 @@ def _ep_more(v, op, a, b):
 
 
 @njit(cache=True)
+def _ep_steps(v, r, c0, ops, fpar, ipar, buf):
+    """``v[n] = _ep_one(v[n])`` over row ``r``, columns ``c0 ..`` of the result.
+
+    A compiled function of its own, called once per row (by the stores here, in
+    ``kernels/store.py`` and ``kernels/qmatmul.py``): ``_ep_one`` (every post-op
+    code) is inlined here once instead of in each caller's element loop.  Numba's
+    IR inlining copies a callee's IR per block with its whole scope, so one
+    inlined ``_ep_one`` costs ~2.5 s of compile on an empty cache (AVX2 host, CPU
+    time), and twice inlined through another inlined helper (qmatmul's row store)
+    ~19 s; a call per row costs nothing next to the row."""
+    for n in range(v.shape[0]):
+        v[n] = _ep_one(v[n], r, c0 + n, ops, fpar, ipar, buf)
+
+
+@njit(cache=True)
 def _store_rows(acc, m0, n0, out, okind, ops, fpar, ipar, buf):
     """out[m0+i, n0+j] = convert(epilogue(acc[i, j])) for the tile ``acc``."""
     R, C = acc.shape
