@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from graph_api.kernels.store import SERIAL_BELOW, _put
-from graph_api.kernels.wmatmul import _ep_one
+from graph_api.kernels.wmatmul import _ep_steps
 
 #: output kinds: the store's f32 / bf16 / f16, and a quantized integer output
 OUT_QUANT = 3
@@ -43,28 +43,37 @@ def _requant(v, qs, qz, lo, hi):
 
 
 @njit(inline="always", cache=True)
-def _row(acc, r, colscale, out, base, coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi):
+def _row(acc, r, colscale, out, base, coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi, v):
+    """Row ``r``: scaled into ``v`` (f32 scratch of length N), the epilogue program run
+    over it by ``_ep_steps`` (one compiled call per row: inlined here, ``_ep_one`` cost
+    ~19 s of compile on an empty cache, ~4x a single inline, through this inlined
+    helper), then requantized or converted into ``out``."""
+    N = acc.shape[1]
+    for n in range(N):
+        v[n] = np.float32(acc[r, n] * colscale[n])
+    if ops.shape[0]:
+        _ep_steps(v, r, np.int64(0), ops, fpar, ipar, buf)
     # the okind test outside the column loop keeps each loop branch-free
     if okind == OUT_QUANT:
-        for n in range(acc.shape[1]):
-            v = _ep_one(np.float32(acc[r, n] * colscale[n]), r, n, ops, fpar, ipar, buf)
-            out[base + coff[n]] = _requant(v, qs[n], qz[n], lo, hi)
+        for n in range(N):
+            out[base + coff[n]] = _requant(v[n], qs[n], qz[n], lo, hi)
     else:
-        for n in range(acc.shape[1]):
-            v = _ep_one(np.float32(acc[r, n] * colscale[n]), r, n, ops, fpar, ipar, buf)
-            _put(out, base + coff[n], v, okind)
+        for n in range(N):
+            _put(out, base + coff[n], v[n], okind)
 
 
 @njit(parallel=True, cache=True)
 def _store_par(acc, colscale, out, roff, coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi):
     for r in prange(acc.shape[0]):
-        _row(acc, r, colscale, out, roff[r], coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi)
+        v = np.empty(acc.shape[1], np.float32)
+        _row(acc, r, colscale, out, roff[r], coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi, v)
 
 
 @njit(cache=True)
 def _store_ser(acc, colscale, out, roff, coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi):
+    v = np.empty(acc.shape[1], np.float32)
     for r in range(acc.shape[0]):
-        _row(acc, r, colscale, out, roff[r], coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi)
+        _row(acc, r, colscale, out, roff[r], coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi, v)
 
 
 def store(acc, colscale, out_flat, roff, coff, okind, ep, qs, qz, lo, hi) -> None:

@@ -924,7 +924,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
                    *_flat_out(dest),
                    stats is not None, rmax, rsum, prob_quant is not None,
                    np.asarray(prob_quant if prob_quant is not None else _NO_PROB_QUANT, np.float32),
-                   score_rnd, sdpa_prefill.NARROW, work=2 * B * Hq * Sq * S * D)
+                   score_rnd, work=2 * B * Hq * Sq * S * D)
         if not direct:
             out[...] = dest
         if stats is not None:
@@ -1039,7 +1039,7 @@ def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=N
     args = (sdpa_prefill.prefill_items, B * Hq, *_rows(q), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
             Hkv, S, np.float32(scale), scale_mode == "mul",
             *_flat_mask(mask), mask is not None, CAUSAL[None], *_flat_out(out), False, unused, unused,
-            False, np.asarray(_NO_PROB_QUANT, np.float32), 0, sdpa_prefill.NARROW)
+            False, np.asarray(_NO_PROB_QUANT, np.float32), 0)
     work = 2 * B * Hq * Sq * S * D
 
     def runner() -> None:

@@ -365,121 +365,149 @@ def _pv16(sc, vb, v0, vs, acc, Rp, D, Sp, n):
         for i in range(Rp * D):
             acc[i] = np.float32(0.0)
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def prefill_items(ids, qf, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, smul, mflat, mstr, has_mask,
-                  causal, obuf, ostr, want_rows, rmax, rsum, pq, pq_param, srnd, narrow):
-    """Work items ``b * Hq + h`` of the module formula.
 
-    Q [B, Hq, Sq, D], K and V [B, Hkv, S, D] and the output are flat f32 buffers read
-    through the element strides of their first three axes, the D axis contiguous (any
-    layout whose rows are contiguous: the heads of a [B, S, H, D] projection output are
-    read, and the output rows written, in place): Q row ``(b, h, i)`` at
-    ``qf[b*qstr[0] + h*qstr[1] + i*qstr[2]:][:D]``, K and V rows alike with ``kstr``,
-    ``vstr``, output rows in ``obuf`` with ``ostr``;
-    mask element ``(b, h, i, j)`` at ``mflat[b*mstr[0] + h*mstr[1] + i*mstr[2] + j*mstr[3]]``
-    (stride 0 on broadcast axes); causal 0 none, 1 top-left, 2 bottom-right.
-    ``want_rows``: each row's score max and sum of exponentials go to
-    ``rmax``/``rsum`` flat [B, Hq, Sq] (the SoftMax stats of a training forward).
-    ``pq``: the probabilities pass a Quantize -> Dequantize pair before ``P V``
-    (static-quantized SDPA): see :func:`_quantize_row` for ``pq_param`` (f32).
-    ``srnd``: rounding code (:func:`bits.round_code`) of the scores after the product,
-    the scale and the mask (each a half-precision op output in the graph), 0 none.
-    ``narrow``: the products in 4 x 16 register blocks (:func:`score_rows16`,
-    :func:`_pv16`; :data:`NARROW`), equal results.
+def _make_items(narrow: bool):
+    """The work-item kernel with the products of one register-block shape.
+
+    ``narrow`` is a closure constant, not an argument: Numba prunes the other
+    branch before it inlines or types anything, so only this CPU's form
+    compiles (the 4 x 32 steps cost ~2 s of compile on an empty cache on an AVX2
+    host, where they never run).  Its value is part of the closure's on-disk
+    cache key, so the two forms never share a cache entry.
     """
-    rep = Hq // Hkv
-    coff = S - Sq if causal == 2 else 0
-    Sp = (S + 31) // 32 * 32 + SP_PAD  # not a power of two: kT's rows d and d + 1 in other cache sets
-    kT = np.zeros(D * Sp, np.float32)  # columns S..Sp stay 0
-    sc = np.empty(QB * Sp, np.float32)
-    acc = np.empty(QB * D, np.float32)
-    qb = np.zeros(QB * D, np.float32)
-    lsum = np.empty(QB, np.float32)
-    part = np.empty(16, np.float32)
-    for it in ids:
-        b = it // Hq
-        h = it % Hq
-        kbase = b * kstr[0] + (h // rep) * kstr[1]
-        ks = kstr[2]
-        for d in range(D):  # contiguous writes, strided reads: measured faster than the reverse
-            kd = kT[d * Sp:d * Sp + S]
-            for t in range(S):
-                kd[t] = kb[kbase + t * ks + d]
-        for i0 in range(0, Sq, QB):
-            nq = min(QB, Sq - i0)
-            Rp = (nq + 3) // 4 * 4
-            for r in range(nq):
-                qo = b * qstr[0] + h * qstr[1] + (i0 + r) * qstr[2]
-                qrow = qf[qo:qo + D]
-                for d in range(D):
-                    qb[r * D + d] = qrow[d]
-            for r in range(nq, Rp):  # padding rows: finite zeros, never stored
-                for d in range(D):
-                    qb[r * D + d] = np.float32(0.0)
-            n = S  # positions any row of the block sees
-            if causal != 0:
-                n = max(0, min(S, i0 + nq + coff))
-            ntc = (n + 31) // 32 * 32
-            if narrow:
-                score_rows16(qb, kT, sc, Rp, D, Sp, ntc)
-            else:
-                score_rows(qb, kT, sc, Rp, D, Sp, ntc)
-            for r in range(Rp):
-                row = sc[r * Sp:r * Sp + ntc]
-                if r >= nq:
-                    for t in range(ntc):
-                        row[t] = np.float32(0.0)
-                    continue
-                i = i0 + r
-                if srnd == 0 and causal == 0 and (not has_mask or mstr[3] == 1):
-                    mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
-                    mx, lsum[r] = _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part)
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def prefill_items(ids, qf, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, smul, mflat, mstr, has_mask,
+                      causal, obuf, ostr, want_rows, rmax, rsum, pq, pq_param, srnd):
+        """Work items ``b * Hq + h`` of the module formula.
+
+        Q [B, Hq, Sq, D], K and V [B, Hkv, S, D] and the output are flat f32 buffers read
+        through the element strides of their first three axes, the D axis contiguous (any
+        layout whose rows are contiguous: the heads of a [B, S, H, D] projection output are
+        read, and the output rows written, in place): Q row ``(b, h, i)`` at
+        ``qf[b*qstr[0] + h*qstr[1] + i*qstr[2]:][:D]``, K and V rows alike with ``kstr``,
+        ``vstr``, output rows in ``obuf`` with ``ostr``;
+        mask element ``(b, h, i, j)`` at ``mflat[b*mstr[0] + h*mstr[1] + i*mstr[2] + j*mstr[3]]``
+        (stride 0 on broadcast axes); causal 0 none, 1 top-left, 2 bottom-right.
+        ``want_rows``: each row's score max and sum of exponentials go to
+        ``rmax``/``rsum`` flat [B, Hq, Sq] (the SoftMax stats of a training forward).
+        ``pq``: the probabilities pass a Quantize -> Dequantize pair before ``P V``
+        (static-quantized SDPA): see :func:`_quantize_row` for ``pq_param`` (f32).
+        ``srnd``: rounding code (:func:`bits.round_code`) of the scores after the product,
+        the scale and the mask (each a half-precision op output in the graph), 0 none.
+        The products are 4 x 16 register blocks (:func:`score_rows16`, :func:`_pv16`) when
+        ``narrow``, else 4 x 32 (:func:`score_rows`, :func:`_pv`): equal results.
+        """
+        rep = Hq // Hkv
+        coff = S - Sq if causal == 2 else 0
+        Sp = (S + 31) // 32 * 32 + SP_PAD  # not a power of two: kT's rows d and d + 1 in other cache sets
+        kT = np.zeros(D * Sp, np.float32)  # columns S..Sp stay 0
+        sc = np.empty(QB * Sp, np.float32)
+        acc = np.empty(QB * D, np.float32)
+        qb = np.zeros(QB * D, np.float32)
+        lsum = np.empty(QB, np.float32)
+        part = np.empty(16, np.float32)
+        for it in ids:
+            b = it // Hq
+            h = it % Hq
+            kbase = b * kstr[0] + (h // rep) * kstr[1]
+            ks = kstr[2]
+            for d in range(D):  # contiguous writes, strided reads: measured faster than the reverse
+                kd = kT[d * Sp:d * Sp + S]
+                for t in range(S):
+                    kd[t] = kb[kbase + t * ks + d]
+            for i0 in range(0, Sq, QB):
+                nq = min(QB, Sq - i0)
+                Rp = (nq + 3) // 4 * 4
+                for r in range(nq):
+                    qo = b * qstr[0] + h * qstr[1] + (i0 + r) * qstr[2]
+                    qrow = qf[qo:qo + D]
+                    for d in range(D):
+                        qb[r * D + d] = qrow[d]
+                for r in range(nq, Rp):  # padding rows: finite zeros, never stored
+                    for d in range(D):
+                        qb[r * D + d] = np.float32(0.0)
+                n = S  # positions any row of the block sees
+                if causal != 0:
+                    n = max(0, min(S, i0 + nq + coff))
+                ntc = (n + 31) // 32 * 32
+                if narrow:
+                    score_rows16(qb, kT, sc, Rp, D, Sp, ntc)
+                else:
+                    score_rows(qb, kT, sc, Rp, D, Sp, ntc)
+                for r in range(Rp):
+                    row = sc[r * Sp:r * Sp + ntc]
+                    if r >= nq:
+                        for t in range(ntc):
+                            row[t] = np.float32(0.0)
+                        continue
+                    i = i0 + r
+                    if srnd == 0 and causal == 0 and (not has_mask or mstr[3] == 1):
+                        mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
+                        mx, lsum[r] = _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part)
+                        if want_rows:
+                            rmax[it * Sq + i] = mx
+                            rsum[it * Sq + i] = lsum[r]
+                        if pq:
+                            _quantize_row(row, n, lsum[r], pq_param)
+                            lsum[r] = np.float32(1.0)
+                        continue
+                    if srnd != 0:
+                        _round_row(row, n, srnd)
+                    if smul:
+                        for t in range(n):
+                            row[t] = row[t] * scale
+                    else:
+                        for t in range(n):
+                            row[t] = row[t] / scale
+                    if srnd != 0:
+                        _round_row(row, n, srnd)
+                    if has_mask:
+                        mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
+                        ms = mstr[3]
+                        if ms == 1:
+                            mrow = mflat[mo:mo + n]
+                            for t in range(n):
+                                row[t] = row[t] + mrow[t]
+                        else:
+                            for t in range(n):
+                                row[t] = row[t] + mflat[mo + t * ms]
+                        if srnd != 0:
+                            _round_row(row, n, srnd)
+                    if causal != 0:
+                        for t in range(max(0, i + coff + 1), n):
+                            row[t] = NEG_INF
+                    mx, lsum[r] = _softmax_row(row, n, ntc, part)
                     if want_rows:
                         rmax[it * Sq + i] = mx
                         rsum[it * Sq + i] = lsum[r]
                     if pq:
                         _quantize_row(row, n, lsum[r], pq_param)
                         lsum[r] = np.float32(1.0)
-                    continue
-                if srnd != 0:
-                    _round_row(row, n, srnd)
-                if smul:
-                    for t in range(n):
-                        row[t] = row[t] * scale
+                if narrow:
+                    _pv16(sc, vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], acc, Rp, D, Sp, n)
                 else:
-                    for t in range(n):
-                        row[t] = row[t] / scale
-                if srnd != 0:
-                    _round_row(row, n, srnd)
-                if has_mask:
-                    mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
-                    ms = mstr[3]
-                    if ms == 1:
-                        mrow = mflat[mo:mo + n]
-                        for t in range(n):
-                            row[t] = row[t] + mrow[t]
-                    else:
-                        for t in range(n):
-                            row[t] = row[t] + mflat[mo + t * ms]
-                    if srnd != 0:
-                        _round_row(row, n, srnd)
-                if causal != 0:
-                    for t in range(max(0, i + coff + 1), n):
-                        row[t] = NEG_INF
-                mx, lsum[r] = _softmax_row(row, n, ntc, part)
-                if want_rows:
-                    rmax[it * Sq + i] = mx
-                    rsum[it * Sq + i] = lsum[r]
-                if pq:
-                    _quantize_row(row, n, lsum[r], pq_param)
-                    lsum[r] = np.float32(1.0)
-            if narrow:
-                _pv16(sc, vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], acc, Rp, D, Sp, n)
-            else:
-                _pv(sc, vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], acc, Rp, D, Sp, n)
-            for r in range(nq):
-                o = b * ostr[0] + h * ostr[1] + (i0 + r) * ostr[2]
-                orow = obuf[o:o + D]
-                den = lsum[r]
-                for d in range(D):
-                    orow[d] = acc[r * D + d] / den
+                    _pv(sc, vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], acc, Rp, D, Sp, n)
+                for r in range(nq):
+                    o = b * ostr[0] + h * ostr[1] + (i0 + r) * ostr[2]
+                    orow = obuf[o:o + D]
+                    den = lsum[r]
+                    for d in range(D):
+                        orow[d] = acc[r * D + d] / den
+
+    return prefill_items
+
+
+_ITEMS = {NARROW: _make_items(NARROW)}
+
+
+def items_kernel(narrow: bool):
+    """The work-item kernel of either register-block shape (tests run both; outside
+    them only :data:`prefill_items`, this CPU's, is ever compiled)."""
+    if narrow not in _ITEMS:
+        _ITEMS[narrow] = _make_items(narrow)
+    return _ITEMS[narrow]
+
+
+#: the work-item kernel for this CPU's register blocks (:data:`NARROW`)
+prefill_items = _ITEMS[NARROW]

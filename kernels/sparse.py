@@ -7,7 +7,7 @@ orientations (``D @ S``, transposed operands) are mapped onto it by the plan
 (x * 0 is skipped, even for NaN/Inf in ``D``; docs/sparse.md).  Sums are f32 in
 storage order per output element, strict (no fastmath flags: mul then add, no
 reassociation), so an output element is independent of the thread count.  The
-MatMul post-op epilogue (``graph_api.kernels.wmatmul._ep_one``) is applied to each finished
+MatMul post-op epilogue (``graph_api.kernels.wmatmul._ep_steps``, shared with the MatMul stores) is applied to each finished
 output row when ``use_ep``.
 
 Index arrays come as uint32 views of the storage's int32 arrays (validated
@@ -27,19 +27,10 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.wmatmul import _ep_one
+from graph_api.kernels.wmatmul import _ep_steps
 
 #: output rows per parallel task (CSR / n:m)
 ROWS = 16
-
-
-@njit(cache=True)
-def _epilogue_row(orow, r, ops, fpar, ipar, buf):
-    """The epilogue over one output row: a compiled function of its own, called per
-    row by every kernel here (inlined, the epilogue program cost ~1.5 s of compile
-    in each of them on an empty cache); callers pass ``r`` as int64 (one signature)."""
-    for n in range(orow.shape[0]):
-        orow[n] = _ep_one(orow[n], r, n, ops, fpar, ipar, buf)
 
 
 @njit(inline="always", cache=True)
@@ -68,7 +59,7 @@ def spmm_csr(indptr, indices, values, D, out, ops, fpar, ipar, buf, use_ep):
                 for p in range(indptr[r], indptr[r + 1]):
                     _axpy(orow, values[p], D[indices[p]])
             if use_ep:
-                _epilogue_row(orow, np.int64(r), ops, fpar, ipar, buf)
+                _ep_steps(orow, np.int64(r), np.int64(0), ops, fpar, ipar, buf)
 
 
 @njit(parallel=True, cache=True)
@@ -96,7 +87,7 @@ def spmm_bcsr(bptr, bidx, blocks, D, out, ops, fpar, ipar, buf, use_ep):
                     for jj in range(bc):
                         _axpy(orow, blocks[p, ii, jj], D[c0 + jj])
             if use_ep:
-                _epilogue_row(orow, np.int64(r), ops, fpar, ipar, buf)
+                _ep_steps(orow, np.int64(r), np.int64(0), ops, fpar, ipar, buf)
 
 
 #: rows interleaved per 2:4 block: the SpMV keeps RB independent sums (one per row, each
@@ -124,7 +115,9 @@ def spmv_2of4(vt, pt, x, out, ops, fpar, ipar, buf, use_ep):
                 acc[rr] = t + vq[3, rr] * xa[np.uint64(4) + (byte >> np.uint64(6))]
         r0 = blk * rb
         for rr in range(min(rb, R - r0)):
-            out[r0 + rr, 0] = _ep_one(acc[rr], r0 + rr, 0, ops, fpar, ipar, buf) if use_ep else acc[rr]
+            if use_ep:  # output (r0 + rr, 0): a one-element row
+                _ep_steps(acc[rr:rr + 1], np.int64(r0 + rr), np.int64(0), ops, fpar, ipar, buf)
+            out[r0 + rr, 0] = acc[rr]
 
 
 @njit(parallel=True, cache=True)
@@ -149,7 +142,7 @@ def spmm_2of4(vt, pt, D, out, ops, fpar, ipar, buf, use_ep):
                 _axpy(orow, vt[blk, 4 * q + 2, rr], D[base + 4 + ((byte >> 4) & 3)])
                 _axpy(orow, vt[blk, 4 * q + 3, rr], D[base + 4 + (byte >> 6)])
             if use_ep:
-                _epilogue_row(orow, np.int64(r), ops, fpar, ipar, buf)
+                _ep_steps(orow, np.int64(r), np.int64(0), ops, fpar, ipar, buf)
 
 
 def interleave_2of4(values: np.ndarray, coordinates: np.ndarray, rows: int):

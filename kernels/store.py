@@ -27,7 +27,7 @@ from numba import njit, prange
 from graph_api.kernels.bits import (erf32, exp32, f32_to_bf16, f32_to_f16_bits, round_bf16, round_f16, tanh32, vadd,
                                     vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
-from graph_api.kernels.wmatmul import _ep_one
+from graph_api.kernels.wmatmul import _ep_steps
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
                                SIGMOID, SILU, SUB, TANH)
 
@@ -46,17 +46,6 @@ def _put(out, i, v, okind):
         out[i] = f32_to_f16_bits(v)
 
 
-@njit(cache=True)
-def _ep_steps(v, r, c0, ops, fpar, ipar, buf):
-    """``v[n] = _ep_one(v[n])`` over the row for the program steps ``ops`` (the steps
-    :func:`ep_row` has no loop of its own for).  A compiled function of its own,
-    called once per row and step: ``_ep_one`` (every post-op code) is inlined here
-    once instead of at ep_row's two fallbacks, ~1.5 s less compile per kernel on an
-    empty cache; a call per row costs nothing next to the row."""
-    for n in range(v.shape[0]):
-        v[n] = _ep_one(v[n], r, c0 + n, ops, fpar, ipar, buf)
-
-
 @njit(cache=True, error_model="numpy")
 def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
     """The epilogue program applied in place to ``v``, row ``r`` and columns ``c0 ..
@@ -69,7 +58,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
     :func:`bits.exp32` (<= 2 ulp each, vectorised)
     instead of scalar libm calls (``error_model="numpy"``: IEEE divisions, no
     zero-divisor branch to stop the loops vectorising).  Steps without a loop of their own here run
-    ``_ep_one`` element by element.  ``orow`` is scratch of length N (a
+    ``wmatmul._ep_one`` element by element (:func:`wmatmul._ep_steps`).  ``orow`` is scratch of length N (a
     scalar operand broadcast along the row).  Callers pass ``c0`` as an int64
     variable: a literal ``0`` would make Numba compile a second signature
     (``Literal[int](0)``) of this function and of its caller.

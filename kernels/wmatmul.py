@@ -286,17 +286,39 @@ def _ep_more(v, op, a, b):
 
 
 @njit(cache=True)
+def _ep_steps(v, r, c0, ops, fpar, ipar, buf):
+    """``v[n] = _ep_one(v[n])`` over row ``r``, columns ``c0 ..`` of the result.
+
+    A compiled function of its own, called once per row (by the stores here, in
+    ``kernels/store.py`` and ``kernels/qmatmul.py``): ``_ep_one`` (every post-op
+    code) is inlined here once instead of in each caller's element loop.  Numba's
+    IR inlining copies a callee's IR per block with its whole scope, so one
+    inlined ``_ep_one`` costs ~2.5 s of compile on an empty cache (AVX2 host, CPU
+    time), and twice inlined through another inlined helper (qmatmul's row store)
+    ~19 s; a call per row costs nothing next to the row."""
+    for n in range(v.shape[0]):
+        v[n] = _ep_one(v[n], r, c0 + n, ops, fpar, ipar, buf)
+
+
+@njit(inline="always", cache=True)
+def _put_row(v, out, m, n0, okind):
+    """out[m, n0 + j] = convert(v[j]) (f32, bf16 bits or f16 bits)."""
+    for j in range(v.shape[0]):
+        _put(out, m, n0 + j, v[j], okind)
+
+
+@njit(cache=True)
 def _store_rows(acc, m0, n0, out, okind, ops, fpar, ipar, buf):
     """out[m0+i, n0+j] = convert(epilogue(acc[i, j])) for the tile ``acc``."""
     R, C = acc.shape
-    N = out.shape[1]
+    C = min(C, out.shape[1] - n0)
+    v = np.empty(max(C, 0), np.float32)
     for i in range(R):
         for j in range(C):
-            n = n0 + j
-            if n >= N:
-                break
-            v = _ep_one(np.float32(acc[i, j]), m0 + i, n, ops, fpar, ipar, buf)
-            _put(out, m0 + i, n, v, okind)
+            v[j] = np.float32(acc[i, j])
+        if ops.shape[0]:
+            _ep_steps(v, m0 + i, n0, ops, fpar, ipar, buf)
+        _put_row(v, out, m0 + i, n0, okind)
 
 
 @njit(cache=True)
@@ -304,13 +326,16 @@ def _finish_serial(part, out, okind, ops, fpar, ipar, buf):
     """:func:`_finish` without a thread launch (decode outputs are small)."""
     S, M, Np = part.shape
     N = out.shape[1]
+    v = np.empty(N, np.float32)
     for m in range(M):
         for n in range(N):
-            v = part[0, m, n]
-            for s in range(1, S):
-                v += part[s, m, n]
-            v = _ep_one(v, m, n, ops, fpar, ipar, buf)
-            _put(out, m, n, v, okind)
+            v[n] = part[0, m, n]
+        for s in range(1, S):
+            for n in range(N):
+                v[n] += part[s, m, n]
+        if ops.shape[0]:
+            _ep_steps(v, m, np.int64(0), ops, fpar, ipar, buf)
+        _put_row(v, out, m, np.int64(0), okind)
 
 
 @njit(cache=True)
@@ -350,12 +375,15 @@ def _finish(part, out, okind, ops, fpar, ipar, buf):
     for t in prange(M * nb):
         m = t // nb
         n0 = (t % nb) * 256
-        for n in range(n0, min(n0 + 256, N)):
-            v = part[0, m, n]
-            for s in range(1, S):
-                v += part[s, m, n]
-            v = _ep_one(v, m, n, ops, fpar, ipar, buf)
-            _put(out, m, n, v, okind)
+        v = np.empty(min(256, N - n0), np.float32)
+        for j in range(v.shape[0]):
+            v[j] = part[0, m, n0 + j]
+        for s in range(1, S):
+            for j in range(v.shape[0]):
+                v[j] += part[s, m, n0 + j]
+        if ops.shape[0]:
+            _ep_steps(v, m, n0, ops, fpar, ipar, buf)
+        _put_row(v, out, m, n0, okind)
 
 
 # ----------------------------------------------------------- activation prep
