@@ -463,14 +463,7 @@ class CompiledPartition:
         least that many bytes) for the plan's intermediates.  Every check
         happens before the plan runs; a failed check leaves every output untouched.
         """
-        if stream is not None and not isinstance(stream, Stream):
-            raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
-        scratch_memory = self._scratch_memory(scratchpad)
-        ins = self._match(inputs, self.partition.input_ids, "input")
-        if self.partition.bound_ids:
-            ins.update(self._bound_tensors())
-        outs = self._match(outputs, self.request.output_ids, "output")
-        self._check_outputs(outs, ins)
+        scratch_memory, ins, outs = self._checked(stream, inputs, outputs, scratchpad)
         plan_ins, plan_outs = self._stage(ins, "input"), self._stage(outs, "output")
         reference = None
         if settings.check and self.plan.name != "reference":
@@ -520,12 +513,7 @@ class CompiledPartition:
             self.execute(stream, inputs, outputs, scratchpad)
 
         each_call.per_call_work = "execute"
-        scratch_memory = self._scratch_memory(scratchpad)
-        ins = self._match(inputs, self.partition.input_ids, "input")
-        if self.partition.bound_ids:
-            ins.update(self._bound_tensors())
-        outs = self._match(outputs, self.request.output_ids, "output")
-        self._check_outputs(outs, ins)
+        scratch_memory, ins, outs = self._checked(stream, inputs, outputs, scratchpad)
         staged = self._stage(ins, "input")  # constants (unpacked int4 weights) are staged once and kept
         if settings.check or settings.verbose or self._stage(outs, "output") is not outs or \
                 any(staged[t] is not ins[t] and ins[t].lt.property != PropertyType.constant for t in ins):
@@ -546,6 +534,19 @@ class CompiledPartition:
 
         plan_call.per_call_work = "plan"
         return plan_call
+
+    def _checked(self, stream, inputs, outputs, scratchpad):
+        """(scratchpad bytes or None, input Tensors by id with the partition's bound
+        constants, output Tensors by id) after every check of an execute's arguments."""
+        if stream is not None and not isinstance(stream, Stream):
+            raise InvalidArguments(f"execute needs a Stream, got {type(stream).__name__}")
+        scratch_memory = self._scratch_memory(scratchpad)
+        ins = self._match(inputs, self.partition.input_ids, "input")
+        if self.partition.bound_ids:
+            ins.update(self._bound_tensors())
+        outs = self._match(outputs, self.request.output_ids, "output")
+        self._check_outputs(outs, ins)
+        return scratch_memory, ins, outs
 
     def _scratch_memory(self, scratchpad) -> np.ndarray | None:
         """The user's scratchpad as bytes (None when not given), checked for size."""

@@ -919,12 +919,9 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         dest = out if direct else np.empty((B, Hq, Sq, D), np.float32)
         rows = B * Hq * Sq if stats is not None else 1
         rmax, rsum = np.empty(rows, np.float32), np.empty(rows, np.float32)
-        _run_items(sdpa_prefill.prefill_items, B * Hq, *_rows(qk), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
-                   Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal],
-                   *_flat_out(dest),
-                   stats is not None, rmax, rsum, prob_quant is not None,
-                   np.asarray(prob_quant if prob_quant is not None else _NO_PROB_QUANT, np.float32),
-                   score_rnd, work=2 * B * Hq * Sq * S * D)
+        args, work = _prefill_call(qk, k, v, scale, scale_mode, mflat, mstr, has_mask, causal, dest,
+                                   stats is not None, rmax, rsum, prob_quant, score_rnd)
+        _run_items(*args, work=work)
         if not direct:
             out[...] = dest
         if stats is not None:
@@ -1017,6 +1014,19 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
 _NO_PROB_QUANT = (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0)
 
 
+def _prefill_call(q, k: KV, v: KV, scale, scale_mode, mflat, mstr, has_mask, causal, dest, want_rows,
+                  rmax, rsum, prob_quant=None, score_rnd=0):
+    """(:func:`_run_items`' arguments for ``sdpa_prefill.prefill_items``, its work) over
+    f32 Q/K/V (rows read through their strides) into the row-strided f32 ``dest``."""
+    B, Hq, Sq, D = q.shape
+    _, Hkv, S, _ = k.shape
+    args = (sdpa_prefill.prefill_items, B * Hq, *_rows(q), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
+            Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal],
+            *_flat_out(dest), want_rows, rmax, rsum, prob_quant is not None,
+            np.asarray(prob_quant if prob_quant is not None else _NO_PROB_QUANT, np.float32), score_rnd)
+    return args, 2 * B * Hq * Sq * S * D
+
+
 def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=None):
     """:func:`sdpa` on the f32 prefill kernel as a callable on these arrays, for a caller
     that runs the same attention on the same memory again and again (the values may
@@ -1036,11 +1046,8 @@ def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=N
             return None
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
     unused = np.empty(1, np.float32)
-    args = (sdpa_prefill.prefill_items, B * Hq, *_rows(q), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
-            Hkv, S, np.float32(scale), scale_mode == "mul",
-            *_flat_mask(mask), mask is not None, CAUSAL[None], *_flat_out(out), False, unused, unused,
-            False, np.asarray(_NO_PROB_QUANT, np.float32), 0)
-    work = 2 * B * Hq * Sq * S * D
+    args, work = _prefill_call(q, k, v, scale, scale_mode, *_flat_mask(mask), mask is not None, None, out,
+                               False, unused, unused)
 
     def runner() -> None:
         _run_items(*args, work=work)

@@ -408,6 +408,8 @@ def _blk_rows_cvt(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, b
 _M1, _ROWS = (_blk_m1, _blk_rows) if HAS_VPERMPS else (_blk_m1_cvt, _blk_rows_cvt)
 
 
+# Two drivers, not one with an ``M == 1`` branch (as wgemv8's): a process that only decodes
+# one row compiles only the M = 1 block kernel.
 @njit(parallel=True, cache=True)
 def _gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
     S = part.shape[0]

@@ -1361,20 +1361,13 @@ def prefill_runner(xf, spec: WeightSpec, scales, zps, pw, out, ep, head=None):
     the activations) and returns False, having written nothing, when it refuses; the
     caller then runs :func:`wmatmul` (its exact path).  ``head``: an f32 [N] row added
     before the epilogue (:func:`graph_api.kernels.store.store`'s, a bias)."""
-    from graph_api.kernels import openblas, store  # (kernels.store imports this module)
-
     M, K = xf.shape
     if not (isinstance(pw, PreparedWeight) and M > DECODE_MAX_M and xf.dtype == np.float32
-            and xf.flags.c_contiguous and out.dtype == np.float32 and out.shape == (M, spec.N)
-            and out.flags.c_contiguous and openblas.available()):
+            and xf.flags.c_contiguous and out.dtype == np.float32 and out.shape == (M, spec.N)):
         return None
-    dense = dense_copy(pw, 0)
-    if dense is None:
+    gemm = _dense_gemm(xf, pw, 0, out, OUT_F32, ep, head)
+    if gemm is None:
         return None
-    N = spec.N
-    gemm = store.gemm_runner(xf, dense, out.reshape(-1), np.arange(M, dtype=np.int64) * N,
-                             np.arange(N, dtype=np.int64), OUT_F32, ep, N, store.NO_HEAD if head is None else head,
-                             direct=head is None and ep.ops.shape[0] == 0)
 
     def runner() -> bool:
         if not _fast_is_exact(xf, spec, scales, zps, pw):
@@ -1390,15 +1383,24 @@ def _dense_prefill(xf, pw, rnd_w, out, okind, ep) -> bool:
     (single-threaded sgemm per row tile on each thread, the epilogue store while the
     tile is in cache; f32 sums, K terms; tiles with an inf or a NaN redone in float64);
     False (nothing done) without a dense copy, numpy's OpenBLAS or a C-contiguous ``out``."""
+    gemm = _dense_gemm(xf, pw, rnd_w, out, okind, ep)
+    if gemm is None:
+        return False
+    gemm()
+    return True
+
+
+def _dense_gemm(xf, pw, rnd_w, out, okind, ep, head=None):
+    """:func:`_dense_prefill`'s product as a :func:`graph_api.kernels.store.gemm_runner`
+    (``head``: an f32 [N] row added before the epilogue), or None."""
     from graph_api.kernels import openblas, store  # (kernels.store imports this module)
 
     if not (out.flags.c_contiguous and openblas.available()):
-        return False
+        return None
     dense = dense_copy(pw, rnd_w)
     if dense is None:
-        return False
+        return None
     M, N = out.shape
-    direct = okind == OUT_F32 and ep.ops.shape[0] == 0
-    store.gemm_store(xf, dense, out.reshape(-1), np.arange(M, dtype=np.int64) * N, np.arange(N, dtype=np.int64),
-                     okind, ep, N, direct=direct)
-    return True
+    return store.gemm_runner(xf, dense, out.reshape(-1), np.arange(M, dtype=np.int64) * N,
+                             np.arange(N, dtype=np.int64), okind, ep, N, store.NO_HEAD if head is None else head,
+                             direct=head is None and okind == OUT_F32 and ep.ops.shape[0] == 0)
