@@ -135,7 +135,7 @@ def _softmax_row(row, n, ntc, part):
     return mx, s
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part):
     """:func:`_softmax_row` of ``row * scale`` (``smul``; else ``row / scale``) plus the
     mask's contiguous row ``mflat[mo:mo + n]`` (``has_mask``), in two passes instead of
@@ -178,6 +178,17 @@ def _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part):
     for j in range(1, 16):
         s += part[j]
     return mx, s
+
+
+@njit(cache=True, error_model="numpy")
+def _scaled_softmax_rows(sc, Sp, nq, n, ntc, scale, smul, mflat, mo, ms, has_mask, part, rmx, lsum):
+    """:func:`_scaled_softmax_row` of the score rows ``r < nq`` of a block (row ``r`` at
+    ``sc[r * Sp:]``, its mask row at ``mflat[mo + r * ms:]``), each row's max into
+    ``rmx[r]`` and sum of exponentials into ``lsum[r]``.  One call per block: a call per
+    row (three arrays passed, a tuple returned) cost ~40 ns, a third of a 64-key row."""
+    for r in range(nq):
+        rmx[r], lsum[r] = _scaled_softmax_row(sc[r * Sp:r * Sp + ntc], n, ntc, scale, smul, mflat, mo + r * ms,
+                                              has_mask, part)
 
 
 @njit(cache=True, error_model="numpy")
@@ -406,7 +417,11 @@ def _make_items(narrow: bool):
         acc = np.empty(QB * D, np.float32)
         qb = np.zeros(QB * D, np.float32)
         lsum = np.empty(QB, np.float32)
+        rmx = np.empty(QB, np.float32)
         part = np.empty(16, np.float32)
+        # scale, mask and max in one pass, exponentials and sums in another (the separate
+        # row steps stay for rounded scores, causal masks and masks strided along the keys)
+        one_pass = srnd == 0 and causal == 0 and (not has_mask or mstr[3] == 1)
         for it in ids:
             b = it // Hq
             h = it % Hq
@@ -435,23 +450,23 @@ def _make_items(narrow: bool):
                     score_rows16(qb, kT, sc, Rp, D, Sp, ntc)
                 else:
                     score_rows(qb, kT, sc, Rp, D, Sp, ntc)
-                for r in range(Rp):
-                    row = sc[r * Sp:r * Sp + ntc]
-                    if r >= nq:
-                        for t in range(ntc):
-                            row[t] = np.float32(0.0)
-                        continue
-                    i = i0 + r
-                    if srnd == 0 and causal == 0 and (not has_mask or mstr[3] == 1):
-                        mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
-                        mx, lsum[r] = _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part)
+                for r in range(nq, Rp):  # padding rows: zero probabilities
+                    for t in range(ntc):
+                        sc[r * Sp + t] = np.float32(0.0)
+                if one_pass:
+                    _scaled_softmax_rows(sc, Sp, nq, n, ntc, scale, smul, mflat,
+                                         b * mstr[0] + h * mstr[1] + i0 * mstr[2], mstr[2], has_mask, part,
+                                         rmx, lsum)
+                    for r in range(nq):
                         if want_rows:
-                            rmax[it * Sq + i] = mx
-                            rsum[it * Sq + i] = lsum[r]
+                            rmax[it * Sq + i0 + r] = rmx[r]
+                            rsum[it * Sq + i0 + r] = lsum[r]
                         if pq:
-                            _quantize_row(row, n, lsum[r], pq_param)
+                            _quantize_row(sc[r * Sp:r * Sp + ntc], n, lsum[r], pq_param)
                             lsum[r] = np.float32(1.0)
-                        continue
+                for r in range(nq if one_pass else 0, nq):  # the separate row steps
+                    row = sc[r * Sp:r * Sp + ntc]
+                    i = i0 + r
                     if srnd != 0:
                         _round_row(row, n, srnd)
                     if smul:
