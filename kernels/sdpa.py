@@ -6,11 +6,15 @@ Formula, per batch ``b``, query head ``h`` (KV head ``h // rep``), query row ``i
     out[i] = sum_j softmax(s)[j] * v[j]
 
 with ``k[j, d] = (K[.., j, d] - zk) * sk`` dequantized tile by tile (groups of
-``G`` along the head dimension ``D``) and the same for ``v``.  No f32 copy of K
-or V is ever made: each work item dequantizes a tile of ``T = 128`` positions
-into an L2-resident f32 buffer, scores it for all the query rows that share the
-KV head (GQA/MQA: the K/V tile is read once for ``rep * Sq`` rows), and updates
-an online softmax (running max ``m``, sum ``l`` and f32 accumulator).
+``G`` along the head dimension ``D``) and the same for ``v``.  The tiled kernels
+make no f32 copy of K or V: each work item dequantizes a tile of ``T = 128``
+positions into an L2-resident f32 buffer, scores it for all the query rows that
+share the KV head (GQA/MQA: the K/V tile is read once for ``rep * Sq`` rows), and
+updates an online softmax (running max ``m``, sum ``l`` and f32 accumulator).
+A prefill (at least 32 query rows) without fpmath rounding makes one instead: K
+and V widened to f32 once per call (:func:`_widened_prefill`, in bounded chunks),
+then the f32 prefill kernel (:mod:`graph_api.kernels.sdpa_prefill`); the tiled
+kernel would dequantize each tile again for every tile of query rows.
 
 Decode (few query rows): the KV length is split over work items
 ("flash-decoding"), so both threads are busy at batch 1 with one KV head; the
@@ -50,7 +54,7 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -909,6 +913,10 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         # an empty cache (~2.7 s for the prefill kernel), is not compiled for f32 prefill
         k = KV(np.ascontiguousarray(np.asarray(k.data).reshape(B, Hkv, D, S).swapaxes(2, 3)), "f32", k.shape)
         ktr = 0
+    if (prob_quant is None and rnd == 0 and (qkind, kk, vk) != (0, 0, 0) and Sq >= sdpa_prefill.QB
+            and sdpa_prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)):
+        return _widened_prefill(qk if qkind == 0 else _q_f32(qk, qkind, 0), k, v, m if has_mask else None,
+                                okind, out, stats, scale=scale, scale_mode=scale_mode, causal=causal)
     if prob_quant is not None:
         assert sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, 9, rnd, okind), "prob_quant operands"
     assert score_rnd == 0 or prob_quant is not None, "score rounding: the quantized form only"
@@ -1012,6 +1020,156 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
 
 #: prefill_items' probability-quantize parameters when there is none (see _quantize_row)
 _NO_PROB_QUANT = (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0)
+
+
+#: f32 bytes of K and V widened at a time by :func:`_widened_prefill` (batches, or KV heads
+#: of one batch, in chunks of at most this)
+WIDEN_BYTES = 32 << 20
+
+
+def _widened_prefill(qf, k: KV, v: KV, mask, okind, out, stats, **kw):
+    """:func:`sdpa` of a prefill (``Sq >= QB`` query rows) whose K/V are stored as
+    bf16/f16 or int8/int4 with grouped scales (or whose Q is bf16/f16), with no fpmath
+    rounding: K and V widened to f32 once per call (:func:`_widen`, exact conversion and
+    the kernels' dequantization ``(n - z) * s``), then the f32 prefill kernel.
+
+    The tiled kernel dequantizes each K/V tile again for every tile of query rows, so
+    it dequantized K and V ``Sq / QT`` times (S = 2048, s4 K/V: 2.3x the f32 time);
+    here a K/V element is converted once for all the ``rep * Sq`` rows that read it.
+    The f32 copies take at most :data:`WIDEN_BYTES` at a time (batches, or KV heads of
+    one batch, in chunks).  ``out`` f32, or bf16/f16 bits rounded once from the f32
+    result as the other kernels round it."""
+    B, Hq, Sq, D = qf.shape
+    _, Hkv, S, _ = k.shape
+    rep = Hq // Hkv
+    res = out if okind == 0 and out is not None else np.empty((B, Hq, Sq, D), np.float32)
+    per_head = 2 * S * D * 4
+    hc = max(1, min(Hkv, WIDEN_BYTES // per_head))
+    bc = max(1, WIDEN_BYTES // (per_head * Hkv)) if hc == Hkv else 1
+    for b0 in range(0, B, bc):
+        b1 = min(B, b0 + bc)
+        for h0 in range(0, Hkv, hc):
+            h1 = min(Hkv, h0 + hc)
+            part = (b1 - b0, h1 - h0, S, D)
+            kf, vf = (_widen(kv, b0 * Hkv + h0, (b1 - 1) * Hkv + h1, part) for kv in (k, v))
+            qs = (slice(b0, b1), slice(h0 * rep, h1 * rep))
+            ms = None if mask is None else mask[b0:b1 if mask.shape[0] > 1 else 1,
+                                                h0 * rep:h1 * rep if mask.shape[1] > 1 else 1]
+            sdpa(qf[qs], kf, vf, mask=ms, out=res[qs], stats=None if stats is None else stats[qs], **kw)
+    if okind == 0:
+        if out is None:
+            return res
+        return out
+    if out is None:
+        out = np.empty((B, Hq, Sq, D), np.uint16)
+    out[...] = _f32_to_bf16_bits(res) if okind == 1 else res.astype(np.float16).view(np.uint16)
+    return out
+
+
+def _widen(kv: KV, bh0: int, bh1: int, shape) -> KV:
+    """The (batch, head) pairs ``bh0 .. bh1`` (flat, consecutive in storage) of a K/V
+    operand as an f32 KV of ``shape``: integers dequantized by :func:`_widen_ints` into
+    ``[S, D]`` rows; f32 (a view) and bf16/f16 (widened exactly) in the stored layout
+    (a K stored ``[D, S]`` is then copied to rows by :func:`sdpa`)."""
+    B, H, S, D = kv.shape
+    kind = KINDS[kv.kind]
+    n = S * D
+    flat = np.asarray(kv.data).reshape(-1)
+    if kind == 0:
+        x = flat[bh0 * n:bh1 * n]
+    elif kind == 1:
+        x = (flat.view(np.uint16)[bh0 * n:bh1 * n].astype(np.uint32) << 16).view(np.float32)
+    elif kind == 2:
+        x = flat.view(np.uint16)[bh0 * n:bh1 * n].view(np.float16).astype(np.float32)
+    else:
+        buf, _, ktr, G, sc, has_sc, zp, has_zp = _kv_args(kv)
+        x = np.empty((bh1 - bh0) * n, np.float32)
+        _widen_ints(buf.view(np.uint8), kind, G, sc, has_sc, zp, has_zp, ktr, bh0, bh1 - bh0, S, D, x)
+        return KV(x.reshape(shape), "f32", tuple(shape))
+    B2, H2 = shape[:2]
+    stored = (B2, H2, D, S) if kv.transposed else (B2, H2, S, D)
+    return KV(x.reshape(stored), "f32", tuple(shape), kv.transposed)
+
+
+@njit(inline="always", cache=True)
+def _int_row(buf, kind, e0, o):
+    """o[c] = the stored s8/u8/s4/u4 integer (``kind`` 3..6) at flat index ``e0 + c``,
+    as f32 (``buf`` the bytes; 4-bit: two a byte, the even index in the low nibble)."""
+    L = o.shape[0]
+    if kind >= 5 and e0 % 2 == 0 and L % 2 == 0:  # whole bytes
+        src = buf[e0 >> 1:(e0 + L) >> 1]
+        for j in range(L // 2):
+            lo = np.int32(src[j] & 15)
+            hi = np.int32(src[j] >> 4)
+            if kind == 5:  # two's complement nibbles
+                lo -= (lo & 8) << 1
+                hi -= (hi & 8) << 1
+            o[2 * j] = np.float32(lo)
+            o[2 * j + 1] = np.float32(hi)
+    elif kind >= 5:  # a row starting mid-byte (odd S, K stored [D, S])
+        for c in range(L):
+            e = e0 + c
+            n = np.int32(buf[e >> 1] >> 4) if e & 1 else np.int32(buf[e >> 1] & 15)
+            if kind == 5:
+                n -= (n & 8) << 1
+            o[c] = np.float32(n)
+    else:
+        src = buf[e0:e0 + L]
+        for c in range(L):
+            n = np.int32(src[c])
+            if kind == 3:
+                n -= (n & 128) << 1
+            o[c] = np.float32(n)
+
+
+@njit(parallel=True, cache=True)
+def _widen_ints(buf, kind, G, sc, has_sc, zp, has_zp, ktr, bh0, nbh, S, D, out):
+    """out [nbh, S, D] = the stored s8/u8/s4/u4 values (``kind`` 3..6, ``buf`` the bytes)
+    of the (batch, head) pairs ``bh0 .. bh0 + nbh`` dequantized as the kernels do,
+    ``(n - z) * s`` in f32 (``z``, ``s`` of the element's group along D).  The stored
+    rows are ``(bh, s)`` over d, or with ``ktr`` (K stored [D, S]) ``(bh, d)`` over s,
+    written 8 at a time as columns of the pair's [S, D] rows (from L1: a numpy
+    transpose of the f32 copy cost ~7x the whole widening).  Each row: the integers,
+    then the zero points and the scales in passes of their own (loops without
+    branches or divisions vectorise)."""
+    ng = D // G
+    L = S if ktr else D
+    rows = D if ktr else S  # stored rows of a (batch, head) pair
+    for hb in prange(nbh):
+        tmp = np.empty((8, L), np.float32)  # 8 rows over s, then written as 8 columns
+        for rr in range(rows):
+            r = hb * rows + rr
+            o = tmp[rr % 8] if ktr else out[r * L:r * L + L]
+            _int_row(buf, kind, bh0 * S * D + r * L, o)
+            if ktr:  # row (bh, d): its group's zero points and scales run along s
+                p0 = ((bh0 + hb) * ng + rr // G) * S
+                if has_zp:
+                    zr = zp[p0:p0 + S]
+                    for c in range(L):
+                        o[c] = o[c] - zr[c]
+                if has_sc:
+                    sr = sc[p0:p0 + S]
+                    for c in range(L):
+                        o[c] = o[c] * sr[c]
+                if rr % 8 == 7 or rr == rows - 1:  # columns d0 .. rr of the [S, D] rows
+                    d0 = rr - rr % 8
+                    nd = rr - d0 + 1
+                    dst = out[hb * S * D:(hb + 1) * S * D]
+                    for c in range(S):
+                        for i in range(nd):
+                            dst[c * D + d0 + i] = tmp[i, c]
+            else:  # row (bh, s): one zero point and scale per group of G along the row
+                p0 = (bh0 * S + r) * ng
+                for g in range(ng):
+                    og = o[g * G:g * G + G]
+                    if has_zp:
+                        z = zp[p0 + g]
+                        for c in range(G):
+                            og[c] = og[c] - z
+                    if has_sc:
+                        sg = sc[p0 + g]
+                        for c in range(G):
+                            og[c] = og[c] * sg
 
 
 def _prefill_call(q, k: KV, v: KV, scale, scale_mode, mflat, mstr, has_mask, causal, dest, want_rows,

@@ -97,6 +97,66 @@ def test_sdpa_kv_kinds(kind, case):
         assert np.max(np.abs(o - r)) <= 1e-5 * np.max(np.abs(r)), (tr, causal)
 
 
+@pytest.mark.parametrize("kind", ["s4", "u4", "s8", "u8"])
+@pytest.mark.parametrize("transposed", [True, False])
+def test_widen_ints_is_the_f32_dequantization(kind, transposed):
+    """``_widen_ints`` (the prefill's one-time K/V dequantization) gives ``(n - z) * s``
+    evaluated in f32, exactly, as [S, D] rows; S odd, so a K stored [D, S] has int4 rows
+    that start mid-byte; a range of (batch, head) pairs that starts past the first."""
+    B, H, S, D, G = 2, 3, 67, 32, 16
+    rng = np.random.default_rng(abs(hash((kind, transposed))) % 2**32)
+    x = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    K, _ = make(kind, x, G, transposed, rng)
+    stored = K.data  # the stored integers, back from the packed layout:
+    if kind in ("s4", "u4"):
+        nib = np.stack([stored & 15, stored >> 4], -1).reshape(-1)[:B * H * S * D].astype(np.int64)
+        if kind == "s4":
+            nib = np.where(nib >= 8, nib - 16, nib)
+        n = nib.reshape((B, H, D, S) if transposed else (B, H, S, D))
+    else:
+        n = stored.astype(np.int64)
+    sc, zp = K.scales, K.zps
+    if transposed:
+        n, sc = n.swapaxes(-1, -2), sc.swapaxes(-1, -2)
+        zp = None if zp is None else zp.swapaxes(-1, -2)
+    want = n.astype(np.float32)
+    if zp is not None:
+        want = want - np.repeat(zp, G, -1).astype(np.float32)
+    want = want * np.repeat(sc, G, -1).astype(np.float32)
+    got = SD._widen(K, 1, B * H, (1, B * H - 1, S, D))  # pairs 1 .. 5 of 6
+    assert not got.transposed and got.data.dtype == np.float32
+    assert np.array_equal(got.data, want.reshape(B * H, S, D)[1:].reshape(1, B * H - 1, S, D))
+
+
+@pytest.mark.parametrize("kind", ["s4", "u8", "bf16"])
+def test_widened_prefill_chunks_stats_and_bf16_out(kind, monkeypatch):
+    """Prefill with compressed or bf16 K/V runs the f32 prefill kernel on K/V widened once
+    per call (:func:`SD._widened_prefill`), in chunks of at most ``WIDEN_BYTES``: whole,
+    a batch at a time and a KV head at a time give the same bits (outputs and stats),
+    per-head masks and GQA included; the result meets the module's 1e-5 bound against
+    float64; a bf16 output is the f32 result rounded to nearest even."""
+    B, Hq, Hkv, Sq, S, D, G = 2, 6, 3, 40, 67, 32, 16
+    rng = np.random.default_rng({"s4": 1, "u8": 2, "bf16": 3}[kind])
+    x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    y = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    K, kd = make(kind, x, G, kind != "bf16", rng)
+    V, vd = make(kind, y, G, False, rng)
+    mask = rng.standard_normal((B, Hq, Sq, S)).astype(np.float32)
+    head = 2 * S * D * 4  # the f32 bytes of one KV head's K and V
+    runs = []
+    for cap in (SD.WIDEN_BYTES, Hkv * head, head):  # whole, per batch, per KV head
+        monkeypatch.setattr(SD, "WIDEN_BYTES", cap)
+        stats = np.empty((B, Hq, Sq), np.float32)
+        runs.append((SD.sdpa(q, K, V, mask=mask, causal="top_left", stats=stats), stats))
+    for o, st in runs[1:]:
+        assert np.array_equal(o, runs[0][0]) and np.array_equal(st, runs[0][1])
+    r = ref(q, kd, vd, 1 / np.sqrt(D), mask, "top_left")
+    assert np.max(np.abs(runs[0][0] - r)) <= 1e-5 * np.max(np.abs(r))
+    ob = SD.sdpa(q, K, V, mask=mask, causal="top_left", out_dtype="bf16")
+    assert np.array_equal(ob, runs[0][0].astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
 @pytest.mark.parametrize("qdt", ["bf16", "f16"])
 def test_low_precision_q_div_scale_splits_and_out(qdt):
     rng = np.random.default_rng(1)
