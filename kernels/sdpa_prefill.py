@@ -182,13 +182,18 @@ def _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part):
 
 
 @njit(cache=True, error_model="numpy")
-def _scaled_softmax_rows(sc, Sp, nq, n, ntc, scale, smul, mflat, mo, ms, has_mask, part, rmx, lsum):
+def _scaled_softmax_rows(sc, Sp, nq, n, ntc, scale, smul, mflat, mo, ms, has_mask, part, rmx, lsum, diag):
     """:func:`_scaled_softmax_row` of the score rows ``r < nq`` of a block (row ``r`` at
     ``sc[r * Sp:]``, its mask row at ``mflat[mo + r * ms:]``), each row's max into
-    ``rmx[r]`` and sum of exponentials into ``lsum[r]``.  One call per block: a call per
-    row (three arrays passed, a tuple returned) cost ~40 ns, a third of a 64-key row."""
+    ``rmx[r]`` and sum of exponentials into ``lsum[r]``.  Row ``r`` sees the first
+    ``diag + r`` of the ``n`` positions (causal; ``diag = n`` without a causal mask),
+    the rest are -inf (exp 0, as when the separate steps set them after the scale
+    and the mask).  One call per block:
+    a call per row (three arrays passed, a tuple returned) cost ~40 ns, a third of a
+    64-key row."""
     for r in range(nq):
-        rmx[r], lsum[r] = _scaled_softmax_row(sc[r * Sp:r * Sp + ntc], n, ntc, scale, smul, mflat, mo + r * ms,
+        nr = max(0, min(n, diag + r))
+        rmx[r], lsum[r] = _scaled_softmax_row(sc[r * Sp:r * Sp + ntc], nr, ntc, scale, smul, mflat, mo + r * ms,
                                               has_mask, part)
 
 
@@ -435,8 +440,8 @@ def _make_items(narrow: bool):
         rmx = np.empty(QB, np.float32)
         part = np.empty(16, np.float32)
         # scale, mask and max in one pass, exponentials and sums in another (the separate
-        # row steps stay for rounded scores, causal masks and masks strided along the keys)
-        one_pass = srnd == 0 and causal == 0 and (not has_mask or mstr[3] == 1)
+        # row steps stay for rounded scores and masks strided along the keys)
+        one_pass = srnd == 0 and (not has_mask or mstr[3] == 1)
         for it in ids:
             b = it // Hq
             h = it % Hq
@@ -471,7 +476,7 @@ def _make_items(narrow: bool):
                 if one_pass:
                     _scaled_softmax_rows(sc, Sp, nq, n, ntc, scale, smul, mflat,
                                          b * mstr[0] + h * mstr[1] + i0 * mstr[2], mstr[2], has_mask, part,
-                                         rmx, lsum)
+                                         rmx, lsum, i0 + coff + 1 if causal != 0 else n)
                     for r in range(nq):
                         if want_rows:
                             rmax[it * Sq + i0 + r] = rmx[r]

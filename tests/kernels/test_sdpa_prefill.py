@@ -134,19 +134,21 @@ def test_partition_writes_the_output_layout_directly(out_layout):
 @pytest.mark.parametrize("case", CASES)
 def test_one_pass_softmax_rows_equal_the_separate_steps(case, blocks):
     """Rows whose mask row is contiguous (or no mask) take ``_scaled_softmax_row`` (scale,
-    mask and max in one pass, exponentials and sums in another); a mask broadcast along
-    the keys (element stride 0) takes the separate row steps.  The same values through
-    both: equal results."""
+    mask and max in one pass, exponentials and sums in another; a causal row's hidden
+    positions -inf); a mask broadcast along the keys (element stride 0) takes the
+    separate row steps.  The same values through both: equal results (rows a
+    bottom-right causal mask hides entirely are NaN in both)."""
     B, Hq, Hkv, Sq, S, D = case
     rng = np.random.default_rng(sum(case) + 1)
     q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
     k, v = (rng.standard_normal((B, Hkv, S, D)).astype(np.float32) for _ in range(2))
     K, V = SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape)
     per_row = rng.standard_normal((B, 1, Sq, 1)).astype(np.float32)
-    for scale, mode in ((0.125, "mul"), (np.sqrt(D), "div")):
-        fused = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=np.repeat(per_row, S, axis=-1))
-        separate = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=per_row)
-        assert np.array_equal(fused, separate), (scale, mode)
+    for scale, mode, causal in ((0.125, "mul", None), (np.sqrt(D), "div", None), (0.125, "mul", "top_left"),
+                                (0.125, "mul", "bottom_right")):
+        fused = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=np.repeat(per_row, S, axis=-1), causal=causal)
+        separate = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=per_row, causal=causal)
+        assert np.array_equal(fused, separate, equal_nan=True), (scale, mode, causal)
 
 
 def test_prefill_runner_reads_the_arrays_at_each_call(blocks):
