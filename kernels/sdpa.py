@@ -408,9 +408,13 @@ def _attn(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp
 TV = 64  #: KV positions per tile of the register-blocked kernel (multiple of 32)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _vrows(buf, kind, G, sc, hs, zp, hz, rnd, e0, sb0, pos, nt, D, out):
     """out[t*D + dp] = dequantized row pos[t] (rows contiguous over d) for t < nt, vectorised.
+
+    A compiled function (one call per tile), not inlined: :func:`_attn_v` loads K rows
+    and V rows with it, and an inlined copy per site cost ~2 s more compile per
+    signature on an empty cache.
 
     ``e0``: flat element index of row 0 of the (b, h) block; ``sb0``: its flat scale index.
     int4: dp permuted like :func:`_load_v_tile` (even d first); needs G % 32 == 0.
