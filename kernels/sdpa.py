@@ -215,7 +215,9 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
         if rnd != 0:
             _round_rows(kT, D, nt, rnd)
         return
-    if not ktr:  # [S, D] rows: contiguous over d, transposed into kT while converting
+    if not ktr and (kk < 5 or (D % 2 == 0 and kG % 2 == 0)):
+        # [S, D] rows: contiguous over d, transposed into kT while converting (odd int4
+        # shapes take the per-element loop below)
         for t in range(nt):
             s = pos[t]
             row = kb[base + s * D:base + s * D + D] if kk < 5 else kb[:1]
@@ -226,7 +228,7 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                     sc = ksc[sb + g] if khs else np.float32(1.0)
                     for d in range(g * kG, (g + 1) * kG):
                         kT[d, t] = (_cvt(row[d], kk) - z) * sc
-            elif D % 2 == 0 and kG % 2 == 0:
+            else:
                 xm = np.uint8(0x88) if kk == 5 else np.uint8(0)
                 off = np.float32(8.0) if kk == 5 else np.float32(0.0)
                 r0 = (base + s * D) >> 1
@@ -237,10 +239,6 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                         byte = kb[r0 + j]
                         kT[2 * j, t] = (nib_x(byte, xm, False) - z) * sc
                         kT[2 * j + 1, t] = (nib_x(byte, xm, True) - z) * sc
-            else:
-                for d in range(D):
-                    kT[d, t] = _deq(_elem(kb, kk, base + s * D + d), sb + d // kG,
-                                    ksc, khs, kzp, khz)
         if rnd != 0:
             _round_rows(kT, D, nt, rnd)
         return
