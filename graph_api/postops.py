@@ -12,7 +12,7 @@ alternatives).  Everything else derives from this table:
   activation too).
 
 Adding a fusable op is one row here plus its branch in the epilogue
-evaluator (``graph_api.kernels.wmatmul._ep_one``); ``tests/kernels/test_postops.py``
+evaluator (``graph_api.kernels.wmatmul._ep_steps``); ``tests/kernels/test_postops.py``
 checks every row against the reference op.
 
 Codes below 10 are binary (they read an operand); the rest are unary.  Codes

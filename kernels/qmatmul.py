@@ -45,9 +45,9 @@ def _requant(v, qs, qz, lo, hi):
 @njit(inline="always", cache=True)
 def _row(acc, r, colscale, out, base, coff, okind, ops, fpar, ipar, buf, qs, qz, lo, hi, v):
     """Row ``r``: scaled into ``v`` (f32 scratch of length N), the epilogue program run
-    over it by ``_ep_steps`` (one compiled call per row: inlined here, ``_ep_one`` cost
-    ~19 s of compile on an empty cache, ~4x a single inline, through this inlined
-    helper), then requantized or converted into ``out``."""
+    over it by ``_ep_steps`` (one compiled call per row: inlined here, the post-op
+    evaluator cost ~19 s of compile on an empty cache, ~4x a single inline, through
+    this inlined helper), then requantized or converted into ``out``."""
     N = acc.shape[1]
     for n in range(N):
         v[n] = np.float32(acc[r, n] * colscale[n])

@@ -59,6 +59,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from graph_api.kernels import sdpa_bf16, sdpa_prefill
+from graph_api.kernels.sdpa_prefill import _round_row
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
                           f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
@@ -147,12 +148,24 @@ def _cvt(x, kind):
 
 
 @njit(inline="always", cache=True)
-def _deq(v, sidx, sc, has_sc, zp, has_zp, rnd):
+def _deq(v, sidx, sc, has_sc, zp, has_zp):
     if has_zp:
         v = v - zp[sidx]
     if has_sc:
         v = v * sc[sidx]
-    return round_code(v, rnd)
+    return v
+
+
+@njit(cache=True)
+def _round_rows(a, nrows, n, rnd):
+    """a[i, :n] = round_code(a[i, :n], rnd) for the rows i < nrows of the 2-D ``a``.
+
+    The tile loaders round once at the end through this compiled function instead
+    of inlining ``round_code`` (with the bf16, f16 and tf32 roundings it inlines)
+    into each of their paths: ~1 s of compile per inlined copy on an empty cache, for
+    one call per tile."""
+    for i in range(nrows):
+        _round_row(a[i], n, rnd)
 
 
 @njit(cache=True)
@@ -185,9 +198,7 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                     kd[j] = (nib_x(byte, xm, False) - zE[j]) * sE[j]
                     kd[half + j] = (nib_x(byte, xm, True) - zO[j]) * sO[j]
         if rnd != 0:
-            for d in range(D):
-                for t in range(nt):
-                    kT[d, t] = round_code(kT[d, t], rnd)
+            _round_rows(kT, D, nt, rnd)
         return
     if ktr and (kk == 3 or kk == 4 or kk == 0):  # 8-bit / f32 transposed: rows contiguous over s
         zr = np.zeros(nt, np.float32)
@@ -206,11 +217,11 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                 for t in range(nt):
                     kd[t] = (i8_to_f32(row[t]) - zr[t]) * sr[t]
         if rnd != 0:
-            for d in range(D):
-                for t in range(nt):
-                    kT[d, t] = round_code(kT[d, t], rnd)
+            _round_rows(kT, D, nt, rnd)
         return
-    if not ktr:  # [S, D] rows: contiguous over d, transposed into kT while converting
+    if not ktr and (kk < 5 or (D % 2 == 0 and kG % 2 == 0)):
+        # [S, D] rows: contiguous over d, transposed into kT while converting (odd int4
+        # shapes take the per-element loop below)
         for t in range(nt):
             s = pos[t]
             row = kb[base + s * D:base + s * D + D] if kk < 5 else kb[:1]
@@ -221,7 +232,7 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                     sc = ksc[sb + g] if khs else np.float32(1.0)
                     for d in range(g * kG, (g + 1) * kG):
                         kT[d, t] = (_cvt(row[d], kk) - z) * sc
-            elif D % 2 == 0 and kG % 2 == 0:
+            else:
                 xm = np.uint8(0x88) if kk == 5 else np.uint8(0)
                 off = np.float32(8.0) if kk == 5 else np.float32(0.0)
                 r0 = (base + s * D) >> 1
@@ -232,14 +243,8 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                         byte = kb[r0 + j]
                         kT[2 * j, t] = (nib_x(byte, xm, False) - z) * sc
                         kT[2 * j + 1, t] = (nib_x(byte, xm, True) - z) * sc
-            else:
-                for d in range(D):
-                    kT[d, t] = _deq(_elem(kb, kk, base + s * D + d), sb + d // kG,
-                                    ksc, khs, kzp, khz, np.int64(0))
         if rnd != 0:
-            for d in range(D):
-                for t in range(nt):
-                    kT[d, t] = round_code(kT[d, t], rnd)
+            _round_rows(kT, D, nt, rnd)
         return
     for t in range(nt):
         s = pos[t]
@@ -251,7 +256,9 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
             else:
                 idx = base + s * D + d
                 sidx = ((b * H + h) * S + s) * ng + g
-            kT[d, t] = _deq(_elem(kb, kk, idx), sidx, ksc, khs, kzp, khz, rnd)
+            kT[d, t] = _deq(_elem(kb, kk, idx), sidx, ksc, khs, kzp, khz)
+    if rnd != 0:
+        _round_rows(kT, D, nt, rnd)
 
 
 @njit(cache=True)
@@ -281,9 +288,6 @@ def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, 
                     byte = src[j]
                     lo[j] = (nib_x(byte, xm, False) - z) * sc
                     hi[j] = (nib_x(byte, xm, True) - z) * sc
-            if rnd != 0:
-                for d in range(D):
-                    vt[d] = round_code(vt[d], rnd)
         elif vk < 5:
             vt = vf[t]
             for g in range(ng):
@@ -293,12 +297,11 @@ def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, 
                 dst = vt[g * vG:g * vG + vG]
                 for j in range(vG):
                     dst[j] = (_cvt(src[j], vk) - z) * sc
-            if rnd != 0:
-                for d in range(D):
-                    vt[d] = round_code(vt[d], rnd)
         else:
             for d in range(D):
-                vf[t, d] = _deq(_elem(vb, vk, rowbase + d), sbase + d // vG, vsc, vhs, vzp, vhz, rnd)
+                vf[t, d] = _deq(_elem(vb, vk, rowbase + d), sbase + d // vG, vsc, vhs, vzp, vhz)
+    if rnd != 0:
+        _round_rows(vf, nt, D, rnd)
 
 
 @njit(nogil=True, cache=True)
@@ -407,9 +410,13 @@ def _attn(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp
 TV = 64  #: KV positions per tile of the register-blocked kernel (multiple of 32)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _vrows(buf, kind, G, sc, hs, zp, hz, rnd, e0, sb0, pos, nt, D, out):
     """out[t*D + dp] = dequantized row pos[t] (rows contiguous over d) for t < nt, vectorised.
+
+    A compiled function (one call per tile), not inlined: :func:`_attn_v` loads K rows
+    and V rows with it, and an inlined copy per site cost ~2 s more compile per
+    signature on an empty cache.
 
     ``e0``: flat element index of row 0 of the (b, h) block; ``sb0``: its flat scale index.
     int4: dp permuted like :func:`_load_v_tile` (even d first); needs G % 32 == 0.
@@ -439,8 +446,7 @@ def _vrows(buf, kind, G, sc, hs, zp, hz, rnd, e0, sb0, pos, nt, D, out):
                         x = vmul(vsub(x, z), s)
                     vstore(out, o + j, x)
     if rnd != 0:
-        for i in range(nt * D):
-            out[i] = round_code(out[i], rnd)
+        _round_row(out, nt * D, rnd)
 
 
 @njit(inline="always", cache=True)
@@ -526,8 +532,7 @@ def _vkt(buf, kind, G, sc, hs, zp, hz, rnd, base, sbase, S, s0, D, out, pos):
                 vstore(out, o + 32, x2)
                 vstore(out, o + 48, x3)
     if rnd != 0:
-        for i in range(D * TV):
-            out[i] = round_code(out[i], rnd)
+        _round_row(out, D * TV, rnd)
 
 
 @njit(inline="always", cache=True)

@@ -52,13 +52,13 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
     c0 + len(v)`` of the ``[R, N]`` result.
 
     One loop over the row per step (the step's branch is outside the loop, so
-    the loops vectorise), the same f32 formulas as ``wmatmul._ep_one``, except
+    the loops vectorise), the same f32 formulas as ``wmatmul._ep_steps``, except
     GELU's erf and tanh, which are :func:`bits.erf32` and :func:`bits.tanh32`,
     and the exponentials of Exp, Sigmoid and Swish, which are
     :func:`bits.exp32` (<= 2 ulp each, vectorised)
     instead of scalar libm calls (``error_model="numpy"``: IEEE divisions, no
     zero-divisor branch to stop the loops vectorising).  Steps without a loop of their own here run
-    ``wmatmul._ep_one`` element by element (:func:`wmatmul._ep_steps`).  ``orow`` is scratch of length N (a
+    element by element in :func:`wmatmul._ep_steps`.  ``orow`` is scratch of length N (a
     scalar operand broadcast along the row).  Callers pass ``c0`` as an int64
     variable: a literal ``0`` would make Numba compile a second signature
     (``Literal[int](0)``) of this function and of its caller.
@@ -95,7 +95,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
             for n in range(N):
                 x = v[n]
                 v[n] = np.float32(0.5) * x * (np.float32(1.0) + erf32(x * np.float32(0.7071067811865476)))
-        elif op == RELU:  # x * 0 below 0 (NaN at -inf), as _ep_one
+        elif op == RELU:  # x * 0 below 0 (NaN at -inf), as _ep_steps
             # as a product with the comparison, not ``x if x > 0 else x * 0``: LLVM turns
             # that select, which leaves v[n] unchanged when x > 0, into a masked store
             # (vmaskmovps), microcoded on AMD's AVX2 cores: ReLU ran 3.5x slower than

@@ -194,110 +194,95 @@ def _fdiv(a, b):
     return np.float32(math.copysign(np.inf, a) * math.copysign(1.0, b))
 
 
-@njit(inline="always", cache=True)
-def _ep_one(v, m, n, ops, fpar, ipar, buf):
-    for i in range(ops.shape[0]):
-        op = ops[i]
-        if op < 10:
-            o = v if ipar[i, 0] < 0 else buf[ipar[i, 0] + m * ipar[i, 1] + n * ipar[i, 2]]
-            if op == 1:
-                v = v + o
-            elif op == 2:
-                v = v * o
-            elif op == 3:
-                v = v - o
-            elif op == 4:
-                v = _fdiv(v, o)
-            elif op == 5:  # NaN from either side, as the reference's np.maximum
-                v = v if (v > o or v != v) else o
-            elif op == 6:
-                v = v if (v < o or v != v) else o
-            elif op == 7:
-                v = o - v
-            else:
-                v = _fdiv(o, v)
-        elif op == 10:  # oneDNN's relu: x * 0 below 0 (NaN at -inf, as the reference)
-            v = v if v > 0 else v * np.float32(0.0)
-        elif op == 11:
-            v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * np.float32(0.7071067811865476))))
-        elif op == 12:
-            v = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.tanh(
-                np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))))
-        elif op == 13:  # oneDNN's logistic: 0 once exp(-x) overflows, and for NaN
-            v = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-v))) \
-                if -v < np.float32(88.72283172607421875) else np.float32(0.0)
-        elif op == 14:
-            v = v / (np.float32(1.0) + np.float32(math.exp(-fpar[i, 0] * v)))
-        elif op == 15:
-            v = np.float32(math.tanh(v))
-        elif op == 16:  # oneDNN's clip: NaN becomes the min
-            v = v if v > fpar[i, 0] else fpar[i, 0]
-            v = v if v < fpar[i, 1] else fpar[i, 1]
-        elif op == 17:
-            v = fpar[i, 0] * v + fpar[i, 1]
-        elif op == 18:
-            if v < 0:
-                v = fpar[i, 0] * (np.float32(math.exp(v)) - np.float32(1.0))
-        elif op == 19:
-            v = abs(v)
-        elif op == 20:
-            v = np.float32(math.exp(v))
-        elif op == 21:
-            v = v * v
-        elif op == 22:
-            if v < 0:
-                v = v * fpar[i, 0]
-        else:
-            v = _ep_more(v, op, fpar[i, 0], fpar[i, 1])
-    return v
-
-
-@njit(inline="always", cache=True)
-def _ep_more(v, op, a, b):
-    """Unary codes 23.. of graph_api.postops (HardSigmoid .. Reciprocal, roundings)."""
-    one, zero = np.float32(1.0), np.float32(0.0)
-    if op == 23 or op == 24:  # hard_sigmoid(a, b) / hard_swish = x * hard_sigmoid(1/6, 1/2)
-        t = a * v + b if op == 23 else v / np.float32(6.0) + np.float32(0.5)
-        t = zero if t < zero else (one if t > one else t)
-        return t if op == 23 else v * t
-    if op == 25:
-        return np.float32(np.log(v))
-    if op == 26 or op == 27:  # mish = x tanh(softplus(x)); soft_plus(beta)
-        beta = one if op == 26 else a
-        bx = beta * v
-        sp = bx / beta if bx >= np.float32(88.72283172607421875) else \
-            np.float32(math.log1p(math.exp(bx))) / beta
-        return sp if op == 27 else v * np.float32(math.tanh(sp))
-    if op == 28:
-        return np.float32(np.rint(v))
-    if op == 29:
-        return np.float32(np.sqrt(v))
-    if op == 30:
-        return np.float32(np.power(v, a))
-    if op == 31:
-        if v == zero:
-            return np.float32(math.copysign(np.inf, v))
-        return one / v
-    if op == 40:
-        return round_bf16(v)
-    if op == 41:
-        return round_f16(v)
-    return v
-
-
 @njit(cache=True)
 def _ep_steps(v, r, c0, ops, fpar, ipar, buf):
-    """``v[n] = _ep_one(v[n])`` over row ``r``, columns ``c0 ..`` of the result.
+    """``v[n] = epilogue(v[n])`` over row ``r``, columns ``c0 ..`` of the result: the
+    post-op codes of :mod:`graph_api.postops`, in order, in f32.
 
     A compiled function of its own, called once per row (by the stores here, in
-    ``kernels/store.py`` and ``kernels/qmatmul.py``): ``_ep_one`` (every post-op
-    code) is inlined here once instead of in each caller's element loop.  Numba's
-    IR inlining copies a callee's IR per block with its whole scope, so one
-    inlined ``_ep_one`` costs ~2.5 s of compile on an empty cache (AVX2 host, CPU
-    time), and twice inlined through another inlined helper (qmatmul's row store)
-    ~19 s; a call per row costs nothing next to the row."""
+    ``kernels/store.py``, ``kernels/sparse.py`` and ``kernels/qmatmul.py``): a call
+    per row costs nothing next to the row.  The codes are written out here, not in
+    ``inline='always'`` helpers: Numba's IR inlining runs a helper's untyped passes
+    again and deep-copies its IR (with the helpers it inlines itself) at every call
+    site, which made this function cost 3.6 s of compile on an empty cache (AVX2
+    host, CPU time).  A compiled call per element instead costs 2-5x the run time."""
+    one, zero = np.float32(1.0), np.float32(0.0)
     for n in range(v.shape[0]):
-        v[n] = _ep_one(v[n], r, c0 + n, ops, fpar, ipar, buf)
+        x = v[n]
+        for i in range(ops.shape[0]):
+            op = ops[i]
+            a = fpar[i, 0]
+            if op < 10:
+                o = x if ipar[i, 0] < 0 else buf[ipar[i, 0] + r * ipar[i, 1] + (c0 + n) * ipar[i, 2]]
+                if op == 1:
+                    x = x + o
+                elif op == 2:
+                    x = x * o
+                elif op == 3:
+                    x = x - o
+                elif op == 4 or op == 8:  # x / o, o / x
+                    x = _fdiv(x, o) if op == 4 else _fdiv(o, x)
+                elif op == 5:  # NaN from either side, as the reference's np.maximum
+                    x = x if (x > o or x != x) else o
+                elif op == 6:
+                    x = x if (x < o or x != x) else o
+                else:
+                    x = o - x
+            elif op == 10:  # oneDNN's relu: x * 0 below 0 (NaN at -inf, as the reference)
+                x = x if x > 0 else x * zero
+            elif op == 11:
+                x = np.float32(0.5) * x * (one + np.float32(math.erf(x * np.float32(0.7071067811865476))))
+            elif op == 12:
+                x = np.float32(0.5) * x * (one + np.float32(math.tanh(
+                    np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x))))
+            elif op == 13:  # oneDNN's logistic: 0 once exp(-x) overflows, and for NaN
+                x = one / (one + np.float32(math.exp(-x))) if -x < np.float32(88.72283172607421875) else zero
+            elif op == 14:
+                x = x / (one + np.float32(math.exp(-a * x)))
+            elif op == 15:
+                x = np.float32(math.tanh(x))
+            elif op == 16:  # oneDNN's clip: NaN becomes the min
+                x = x if x > a else a
+                x = x if x < fpar[i, 1] else fpar[i, 1]
+            elif op == 17:
+                x = a * x + fpar[i, 1]
+            elif op == 18:
+                if x < 0:
+                    x = a * (np.float32(math.exp(x)) - one)
+            elif op == 19:
+                x = abs(x)
+            elif op == 20:
+                x = np.float32(math.exp(x))
+            elif op == 21:
+                x = x * x
+            elif op == 22:
+                if x < 0:
+                    x = x * a
+            elif op == 23 or op == 24:  # hard_sigmoid(a, b) / hard_swish = x * hard_sigmoid(1/6, 1/2)
+                t = a * x + fpar[i, 1] if op == 23 else x / np.float32(6.0) + np.float32(0.5)
+                t = zero if t < zero else (one if t > one else t)
+                x = t if op == 23 else x * t
+            elif op == 25:
+                x = np.float32(np.log(x))
+            elif op == 26 or op == 27:  # mish = x tanh(softplus(x)); soft_plus(beta)
+                beta = one if op == 26 else a
+                bx = beta * x
+                sp = bx / beta if bx >= np.float32(88.72283172607421875) else \
+                    np.float32(math.log1p(math.exp(bx))) / beta
+                x = sp if op == 27 else x * np.float32(math.tanh(sp))
+            elif op == 28:
+                x = np.float32(np.rint(x))
+            elif op == 29:
+                x = np.float32(np.sqrt(x))
+            elif op == 30:
+                x = np.float32(np.power(x, a))
+            elif op == 31:
+                x = np.float32(math.copysign(np.inf, x)) if x == zero else one / x
+            elif op == 40:
+                x = round_bf16(x)
+            elif op == 41:
+                x = round_f16(x)
+        v[n] = x
 
 
 @njit(inline="always", cache=True)
