@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -59,8 +60,9 @@ from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.kernels import conv as cv
 from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm, store
+from graph_api.kernels import igemm, openblas, store
 from graph_api.kernels import scratch
+from graph_api.kernels.numba_setup import numba
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
@@ -307,6 +309,48 @@ def _view2d(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
     v = a.view()
     v.shape = (rows, cols)
     return v
+
+
+def _int_gemm_into(cols, w2, chunk, y) -> None:
+    """``y[...]`` = the exact integer sums of :func:`graph_api.kernels.conv.int_gemm` (f64)."""
+    y[...] = cv.int_gemm(cols[None], w2, chunk)
+
+
+def _band_call(args: tuple):
+    """A call of :func:`graph_api.kernels.conv_fast.conv_bands` on ``args``: OpenBLAS held at
+    one thread while the bands' single-threaded GEMMs run side by side, then any band
+    whose sums hold an inf or a NaN redone (:func:`_redo_bands`)."""
+    bad = args[-1]
+
+    def run() -> None:
+        with openblas.single_threaded():
+            cf.conv_bands(*args)
+        if bad.any():
+            _redo_bands(args)
+
+    return run
+
+
+def _redo_bands(args: tuple) -> None:
+    """The bands :func:`graph_api.kernels.conv_fast.conv_bands` left (an inf or a NaN in
+    their f32 sums): float64 sums rounded once, as the reference (sgemm gives inf - inf
+    = NaN where the reference has a finite value or an infinity), then the epilogue."""
+    (_, _, xflat, _, w, _, _, _, _, _, _, _, _, oh, ow, rows, cols, _,
+     scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is_int, lo, hi, bad) = args
+    OC, K = w.shape
+    P = oh * ow
+    for b in np.flatnonzero(bad):
+        y0 = b * rows
+        n = (min(oh, y0 + rows) - y0) * ow
+        p0 = y0 * ow
+        cb = xflat.reshape(K, P)[:, p0:p0 + n] if xflat.size else \
+            cols[b * K * rows * ow:b * K * rows * ow + K * n].reshape(K, n)
+        with np.errstate(all="ignore"):
+            y = (w.astype(np.float64) @ cb.astype(np.float64)).astype(np.float32)
+        f = np.ascontiguousarray(full[:, p0:p0 + n]) if full.shape == (OC, P) else full
+        dest = np.empty((OC, n), out.dtype)
+        cf.epilogue(y, scale, bias, codes, srcs, fpar, chan, f, fscale, fzp, dest, is_int, lo, hi)
+        out[:, p0:p0 + n] = dest
 
 
 def _exact_reduction(w2: np.ndarray, int8: dict) -> int:
@@ -591,11 +635,22 @@ class ConvPlan:
         for fn, op, out_lts, ctx in self.pre_steps:
             for lt, value in zip(out_lts, fn(op, [arrays[lt.id] for lt in op.inputs], out_lts, ctx)):
                 arrays[lt.id] = value
+        calls, _ = self._fast_calls(arrays, keys, out, self._buffer)
+        for call in calls:
+            call()
+
+    def _fast_calls(self, arrays: dict, keys: dict, out: np.ndarray, buffer) -> tuple[list, bool]:
+        """(the kernel calls of one execution of the 2-D path, in order, each a
+        callable without arguments; whether they can be bound: no operand is read or
+        converted per call, weights are constant, no call allocates).  ``buffer(name,
+        shape, dtype)`` gives the intermediates.  execute and bind run the same calls."""
+        bindable = not self.pre_steps
         prepared = []
         for seg in self.fast:
             st = seg.stage
             ids = st.param_ids()
             key = tuple(keys[i] for i in ids) if all(i in keys for i in ids) else None
+            bindable = bindable and key is not None and not seg.bind
             w2, bias = st.weights(arrays, key)
             chan, fpar = seg.chan, seg.fpar
             if seg.bind:
@@ -620,6 +675,8 @@ class ConvPlan:
         out_ncx = to_ncx(out, self.fmt)
         dummy_full = np.zeros((1, 1), np.float32)
         last = len(self.fast) - 1
+        bands = openblas.available()
+        calls = []
         for n in range(self.n_images):
             x = x_all[n]
             for s, (seg, (w2, bias, chan, fpar, full, chunk, vnni)) in enumerate(zip(self.fast, prepared)):
@@ -631,50 +688,106 @@ class ConvPlan:
                 oh, ow = geo.out_spatial
                 P, OC = oh * ow, geo.out_channels
                 zp = np.float32(0.0 if st.int8 is None else st.int8["x_zp"])
+                scale = _EMPTY if st.int8 is None else st.int8["scale_vec"]
+                dest = _view2d(out_ncx[n], OC, P) if s == last else buffer(("mid", s), (OC, P), np.float32)
+                f = dummy_full if full is None else full[n].reshape(OC, P)
+                ep = (scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale), np.float32(seg.fzp),
+                      dest, is_int, np.float32(lo), np.float32(hi))
+                x_next = dest.reshape((OC,) + tuple(geo.out_spatial))
+                one_gemm = not st.direct_depthwise and vnni is None and (st.int8 is None or geo.reduction <= chunk)
+                if one_gemm and bands:  # im2col, GEMM and epilogue band by band in one kernel
+                    rows = -(-oh // min(oh, numba.get_num_threads()))
+                    nb = -(-oh // rows)
+                    pointwise = geo.pointwise and st.int8 is None and x.flags.c_contiguous
+                    xflat = x.reshape(-1) if pointwise else _EMPTY
+                    cols = _EMPTY if pointwise else buffer(("cols", s), (nb * geo.reduction * rows * ow,), np.float32)
+                    args = (openblas.sgemm_address(), x, xflat, zp, np.ascontiguousarray(w2[0]), kh, kw, sh, sw,
+                            dh, dw, ph, pw, oh, ow, rows, cols, buffer(("y", s), (nb * OC * rows * ow,), np.float32)) \
+                        + ep + (np.zeros(nb, np.uint8),)
+                    calls.append(_band_call(args))
+                    x = x_next
+                    continue
                 if st.direct_depthwise:
-                    y = self._buffer(("y", s), (OC, P))
-                    cf.depthwise_2d(x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y)
+                    y = buffer(("y", s), (OC, P), np.float32)
+                    calls.append(partial(cf.depthwise_2d, x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y))
                 elif vnni is not None:  # exact int32 sums on the VNNI int8 GEMM
-                    y = self._int8_gemm(s, x, vnni, geo)
+                    y = self._int8_gemm_calls(s, x, vnni, geo, buffer, calls)
                 else:
                     if geo.pointwise and st.int8 is None and x.flags.c_contiguous:
                         cols = x.reshape(geo.in_channels, P)  # the image itself
                     else:
-                        cols = self._buffer(("cols", s), (geo.reduction, P))
-                        cf.im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols)
+                        cols = buffer(("cols", s), (geo.reduction, P), np.float32)
+                        calls.append(partial(cf.im2col_2d, x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols))
                     if st.int8 is not None and geo.reduction > chunk:
-                        y = cv.int_gemm(cols[None], w2, chunk)  # exact integer sums, f64
+                        y = buffer(("y", s), (OC, P), np.float64)
+                        calls.append(partial(_int_gemm_into, cols, w2, chunk, y))  # exact integer sums, f64
+                        bindable = False  # int_gemm's chunks allocate
                     elif st.int8 is not None:  # one f32 GEMM is exact: its integer sums as they are
-                        y = np.matmul(w2[0], cols, out=self._buffer(("y", s), (OC, P)))
+                        y = buffer(("y", s), (OC, P), np.float32)
+                        calls.append(partial(np.matmul, w2[0], cols, out=y))
                     else:
-                        y = self._buffer(("y", s), (OC, P))
-                        store.matmul_into(np.ascontiguousarray(w2[0]), cols, y)
-                scale = _EMPTY if st.int8 is None else st.int8["scale_vec"]
-                dest = _view2d(out_ncx[n], OC, P) if s == last else self._buffer(("mid", s), (OC, P))
-                f = dummy_full if full is None else full[n].reshape(OC, P)
-                cf.epilogue(y, scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale),
-                            np.float32(seg.fzp), dest, is_int, np.float32(lo), np.float32(hi))
-                x = dest.reshape((OC,) + tuple(geo.out_spatial))
+                        y = buffer(("y", s), (OC, P), np.float32)
+                        calls.append(partial(store.matmul_into, np.ascontiguousarray(w2[0]), cols, y))
+                calls.append(partial(cf.epilogue, y, *ep))
+                x = x_next
+        return calls, bindable
 
-    def _int8_gemm(self, s: int, x: np.ndarray, vnni: "Int8Weights", geo: cv.Geometry) -> np.ndarray:
-        """``sum_j w[o, j] * (cols[j, p] - zp)`` as int32 [OC, P] for image ``x`` (u8/s8):
-        the columns are gathered straight into igemm's packed B (8-bit, zero
-        point not subtracted), the packed weights are A, and the row-sum term
-        ``cb * rowsum(w)`` takes the zero point out exactly."""
+    def _int8_gemm_calls(self, s: int, x: np.ndarray, vnni: "Int8Weights", geo: cv.Geometry, buffer,
+                         calls: list) -> np.ndarray:
+        """Appends to ``calls`` the kernels of ``sum_j w[o, j] * (cols[j, p] - zp)`` as
+        int32 [OC, P] for image ``x`` (u8/s8); returns that result's buffer.  The
+        columns are gathered straight into igemm's packed B (8-bit, zero point not
+        subtracted), the packed weights are A, and the row-sum term ``cb * rowsum(w)``
+        takes the zero point out exactly."""
         oh, ow = geo.out_spatial
         P, OC = oh * ow, geo.out_channels
         panels = -(-P // igemm.NR)
-        bp = self._buffer(("bp", s), (panels * vnni.k4 * igemm.NR * 4,), np.uint8)
+        bp = buffer(("bp", s), (panels * vnni.k4 * igemm.NR * 4,), np.uint8)
         C, H, W = x.shape
         if geo.strides == (1, 1) and ow == W and x.flags.c_contiguous:  # one long copy per row of B
-            cf.im2col_packed_2d_flat(x.reshape(C, H * W), H, W, vnni.shift, vnni.pad, *geo.kernel,
-                                     *geo.dilations, *geo.pads_begin, oh, vnni.k4, bp.view(np.uint32))
+            calls.append(partial(cf.im2col_packed_2d_flat, x.reshape(C, H * W), H, W, vnni.shift, vnni.pad,
+                                 *geo.kernel, *geo.dilations, *geo.pads_begin, oh, vnni.k4, bp.view(np.uint32)))
         else:
-            cf.im2col_packed_2d(x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides, *geo.dilations,
-                                *geo.pads_begin, oh, ow, vnni.k4, bp.view(np.uint32))
-        y = self._buffer(("y32", s), (OC, P), np.int32)
-        igemm.driver(True)(vnni.ap, OC, bp, vnni.k4, vnni.colterm, vnni.cb, vnni.rowsum, False, y)
+            calls.append(partial(cf.im2col_packed_2d, x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides,
+                                 *geo.dilations, *geo.pads_begin, oh, ow, vnni.k4, bp.view(np.uint32)))
+        y = buffer(("y32", s), (OC, P), np.int32)
+        calls.append(partial(igemm.driver(True), vnni.ap, OC, bp, vnni.k4, vnni.colterm, vnni.cb, vnni.rowsum,
+                             False, y))
         return y
+
+    def bind(self, inputs: dict, outputs: dict):
+        """A callable that runs this plan on these tensors (see ``CompiledPartition.bind``):
+        the 2-D path's kernel calls with their whole argument lists made once (views of
+        the tensors' memory, intermediates taken now); None where a call needs Python
+        work (the block path, reference pre-steps, per-call operands or weights, an
+        output that is not written in place)."""
+        if self.fast is None:
+            return None
+        tid, tensor = next(iter(outputs.items()))
+        out = tensor.numpy()
+        if out.dtype != dtypes.numpy_dtype(tensor.lt.dtype) or not out.flags.writeable:
+            return None
+        arrays = {i: t.numpy() for i, t in inputs.items()}
+        keys = {i: (t.buffer.__array_interface__["data"][0], t.buffer.nbytes)
+                for i, t in inputs.items() if i in self.constants}
+        taken: dict = {}  # this binding's intermediates, taken once (execute reuses the plan's per-thread pool)
+
+        def buffer(name, shape, dtype):
+            if name not in taken:
+                taken[name] = scratch.empty(shape, dtype)
+            return taken[name]
+
+        calls, bindable = self._fast_calls(arrays, keys, out, buffer)
+        if not bindable:
+            return None
+        if len(calls) == 1:
+            return calls[0]
+
+        def run() -> None:
+            for call in calls:
+                call()
+
+        return run
 
     def execute(self, inputs: dict, outputs: dict) -> None:
         keys = {tid: (t.buffer.__array_interface__["data"][0], t.buffer.nbytes)
