@@ -435,39 +435,96 @@ def _im2col_rows(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, y0, y1, ow, cols):
                     mid[q] = np.float32(src[q]) - zp
 
 
+@njit(cache=True)
+def _shifted_rows(x, zp, kw, dw, ph, pw, r0, nrows, wp, xj):
+    """The stride-1 columns of :func:`conv_bands` (``SHIFTED``): ``xj`` (flat) holds
+    ``[C*kw, nrows*wp]`` row-major, ``xj[(c, j), t] = xp[c, r0 + t // wp, t % wp + j*dw]``
+    with ``xp`` the image less ``zp``, zero-padded by ``ph`` rows and ``pw`` columns and
+    cut to ``wp`` columns (zero where a shifted row leaves them)."""
+    C, H, W = x.shape
+    L = nrows * wp
+    for c in range(C):
+        for j in range(kw):
+            row = xj[(c * kw + j) * L:(c * kw + j + 1) * L]
+            off = j * dw - pw
+            x0, x1 = _inside(wp, 1, off, W)
+            for rr in range(nrows):
+                iy = r0 + rr - ph
+                dst = row[rr * wp:(rr + 1) * wp]
+                if iy < 0 or iy >= H:
+                    dst[:] = 0
+                    continue
+                dst[:x0] = 0
+                dst[x1:] = 0
+                mid = dst[x0:x1]
+                src = x[c, iy, x0 + off:x1 + off]
+                for q in range(x1 - x0):
+                    mid[q] = np.float32(src[q]) - zp
+
+
+#: conv_bands' ways to its GEMM operand B: the image in place (1x1), im2col, shifted rows (stride 1)
+IN_PLACE, IM2COL, SHIFTED = 0, 1, 2
+
+
 @njit(parallel=True, cache=True)
-def conv_bands(fn, x, xflat, zp, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, cols, ybuf,
+def conv_bands(fn, mode, x, xflat, zp, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, wp, cols, ybuf,
                scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is_int, lo, hi, bad):
     """One image's convolution and epilogue, band by band of ``rows`` output rows,
-    each band a task that runs all three steps while its data is in L2:
+    each band a task that runs all its steps while its data is in L2 (``out`` is
+    ``[OC, oh*ow]``; a band has ``n = (y1 - y0)*ow`` positions starting at ``p0``):
 
-    * B: the band's columns gathered by :func:`_im2col_rows` into its own piece of
-      ``cols`` (``[K, n]``, ``n = rows*ow`` positions), or, when ``xflat`` is not empty
-      (a 1x1 stride-1 unpadded f32 image, C-contiguous), ``xflat``'s columns
-      ``[p0, p0 + n)`` read in place (row stride ``oh*ow``);
-    * ``y = w @ B`` [OC, n] by single-threaded ``cblas_sgemm`` at ``fn`` (the caller
-      holds OpenBLAS at one thread) into the band's piece of ``ybuf``;
+    * ``IN_PLACE`` (a 1x1 stride-1 unpadded f32 image, C-contiguous, ``xflat``):
+      ``y = w @ xflat[:, p0:p0 + n]``, B read in place (row stride ``oh*ow``);
+    * ``IM2COL``: the band's columns gathered by :func:`_im2col_rows` into its piece
+      of ``cols`` (``[K, n]``), ``y = w @ cols``;
+    * ``SHIFTED`` (stride 1): output position ``(y, q)`` seen at ``y*wp + q`` in rows of
+      ``wp`` columns, tap ``(i, j)`` reads the padded image at that position plus
+      ``i*dh*wp + j*dw``.  The band's rows, shifted by ``j*dw`` for each ``j``, are
+      gathered once (:func:`_shifted_rows`, ``kw`` copies of the image instead of
+      im2col's ``kh*kw``) and each kernel row ``i`` is one GEMM on them at column
+      offset ``i*dh*wp``, summed into ``y`` (``w`` here is ``[kh*OC, C*kw]``: kernel
+      row ``i``'s weights in rows ``i*OC..``); the ``wp - ow`` extra columns of each
+      row are then dropped (``y`` packed to ``[OC, n]`` in place);
+    * GEMMs by single-threaded ``cblas_sgemm`` at ``fn`` (the caller holds OpenBLAS at
+      one thread) into the band's piece of ``ybuf``;
     * :func:`_ep_row` per channel from ``y`` into ``out[c, p0:p0 + n]``.
 
     A band whose ``y`` holds an inf or a NaN gets ``bad[band] = 1`` and no epilogue
     (the caller redoes it with float64 sums, as the reference).  Splitting the
     image, not the batch, keeps both cores busy at batch 1; one parallel region
     per convolution instead of three (im2col, GEMM, epilogue)."""
-    OC, K = w.shape
+    OC = out.shape[0]
+    K = w.shape[1]
     P = oh * ow
-    nmax = rows * ow
+    ysize = OC * rows * max(ow, wp)
     for bi in prange(bad.shape[0]):
         y0 = bi * rows
         y1 = min(oh, y0 + rows)
         n = (y1 - y0) * ow
         p0 = y0 * ow
-        yb = ybuf[bi * OC * nmax:bi * OC * nmax + OC * n]
-        if xflat.shape[0] > 0:
+        yb = ybuf[bi * ysize:(bi + 1) * ysize]
+        csize = cols.shape[0] // bad.shape[0]
+        if mode == IN_PLACE:
             sgemm(fn, OC, n, K, w, 0, K, xflat, p0, P, np.float32(0.0), yb, 0, n)
-        else:
-            cb = cols[bi * K * nmax:bi * K * nmax + K * n]
+        elif mode == IM2COL:
+            cb = cols[bi * csize:bi * csize + K * n]
             _im2col_rows(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, y0, y1, ow, cb)
             sgemm(fn, OC, n, K, w, 0, K, cb, 0, n, np.float32(0.0), yb, 0, n)
+        else:
+            nrows = y1 - y0 + (kh - 1) * dh
+            L = nrows * wp
+            xj = cols[bi * csize:bi * csize + K * L]
+            _shifted_rows(x, zp, kw, dw, ph, pw, y0, nrows, wp, xj)
+            nw = (y1 - y0) * wp
+            for i in range(kh):
+                sgemm(fn, OC, nw, K, w, i * OC * K, K, xj, i * dh * wp, L,
+                      np.float32(0.0 if i == 0 else 1.0), yb, 0, nw)
+            for c in range(OC):  # drop the extra columns; the target never passes the source
+                for r in range(y1 - y0):
+                    src = yb[c * nw + r * wp:c * nw + r * wp + ow]
+                    dst = yb[c * n + r * ow:c * n + r * ow + ow]
+                    for q in range(ow):
+                        dst[q] = src[q]
         if not _finite(yb, 0, OC * n):
             bad[bi] = 1
             continue

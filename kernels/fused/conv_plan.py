@@ -316,41 +316,59 @@ def _int_gemm_into(cols, w2, chunk, y) -> None:
     y[...] = cv.int_gemm(cols[None], w2, chunk)
 
 
-def _band_call(args: tuple):
+def _band_call(args: tuple, w: np.ndarray):
     """A call of :func:`graph_api.kernels.conv_fast.conv_bands` on ``args``: OpenBLAS held at
     one thread while the bands' single-threaded GEMMs run side by side, then any band
-    whose sums hold an inf or a NaN redone (:func:`_redo_bands`)."""
+    whose sums hold an inf or a NaN redone (:func:`_redo_bands`; ``w`` the [OC, K] weights)."""
     bad = args[-1]
 
     def run() -> None:
         with openblas.single_threaded():
             cf.conv_bands(*args)
         if bad.any():
-            _redo_bands(args)
+            _redo_bands(args, w)
 
     return run
 
 
-def _redo_bands(args: tuple) -> None:
+def _redo_bands(args: tuple, w: np.ndarray) -> None:
     """The bands :func:`graph_api.kernels.conv_fast.conv_bands` left (an inf or a NaN in
     their f32 sums): float64 sums rounded once, as the reference (sgemm gives inf - inf
     = NaN where the reference has a finite value or an infinity), then the epilogue."""
-    (_, _, xflat, _, w, _, _, _, _, _, _, _, _, oh, ow, rows, cols, _,
+    (_, mode, x, xflat, zp, _, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, _, _, _,
      scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is_int, lo, hi, bad) = args
     OC, K = w.shape
     P = oh * ow
+    if mode == cf.IN_PLACE:
+        cols = xflat.reshape(K, P)
+    else:  # the whole image's columns: a rare path
+        cols = np.empty((K, P), np.float32)
+        cf.im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols)
     for b in np.flatnonzero(bad):
         y0 = b * rows
         n = (min(oh, y0 + rows) - y0) * ow
         p0 = y0 * ow
-        cb = xflat.reshape(K, P)[:, p0:p0 + n] if xflat.size else \
-            cols[b * K * rows * ow:b * K * rows * ow + K * n].reshape(K, n)
         with np.errstate(all="ignore"):
-            y = (w.astype(np.float64) @ cb.astype(np.float64)).astype(np.float32)
+            y = (w.astype(np.float64) @ cols[:, p0:p0 + n].astype(np.float64)).astype(np.float32)
         f = np.ascontiguousarray(full[:, p0:p0 + n]) if full.shape == (OC, P) else full
         dest = np.empty((OC, n), out.dtype)
         cf.epilogue(y, scale, bias, codes, srcs, fpar, chan, f, fscale, fzp, dest, is_int, lo, hi)
         out[:, p0:p0 + n] = dest
+
+
+def _shifted_weights(stage: ConvStage, w: np.ndarray, key) -> np.ndarray:
+    """``w`` [OC, C*kh*kw] as conv_bands' ``SHIFTED`` operand [kh*OC, C*kw] (kernel row by
+    kernel row), cached with the weights under the same constant-buffer key."""
+    cached = stage.cache.get(("shifted", key)) if key is not None else None
+    if cached is not None:
+        return cached
+    geo = stage.geo
+    kh, kw = geo.kernel
+    oc = geo.out_channels
+    taps = np.ascontiguousarray(w.reshape(oc, -1, kh, kw).transpose(2, 0, 1, 3).reshape(kh * oc, -1))
+    if key is not None:
+        stage.cache[("shifted", key)] = taps
+    return taps
 
 
 def _exact_reduction(w2: np.ndarray, int8: dict) -> int:
@@ -698,13 +716,22 @@ class ConvPlan:
                 if one_gemm and bands:  # im2col, GEMM and epilogue band by band in one kernel
                     rows = -(-oh // min(oh, numba.get_num_threads()))
                     nb = -(-oh // rows)
-                    pointwise = geo.pointwise and st.int8 is None and x.flags.c_contiguous
-                    xflat = x.reshape(-1) if pointwise else _EMPTY
-                    cols = _EMPTY if pointwise else buffer(("cols", s), (nb * geo.reduction * rows * ow,), np.float32)
-                    args = (openblas.sgemm_address(), x, xflat, zp, np.ascontiguousarray(w2[0]), kh, kw, sh, sw,
-                            dh, dw, ph, pw, oh, ow, rows, cols, buffer(("y", s), (nb * OC * rows * ow,), np.float32)) \
-                        + ep + (np.zeros(nb, np.uint8),)
-                    calls.append(_band_call(args))
+                    w = np.ascontiguousarray(w2[0])
+                    xflat, cols, wp = _EMPTY, _EMPTY, ow
+                    if geo.pointwise and st.int8 is None and x.flags.c_contiguous:
+                        mode = cf.IN_PLACE
+                        xflat = x.reshape(-1)
+                    elif geo.strides == (1, 1):
+                        mode, wp = cf.SHIFTED, ow + (kw - 1) * dw
+                        taps = _shifted_weights(st, w, key)
+                        cols = buffer(("cols", s), (nb * taps.shape[1] * (rows + (kh - 1) * dh) * wp,), np.float32)
+                    else:
+                        mode = cf.IM2COL
+                        cols = buffer(("cols", s), (nb * geo.reduction * rows * ow,), np.float32)
+                    args = (openblas.sgemm_address(), mode, x, xflat, zp, taps if mode == cf.SHIFTED else w,
+                            kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, wp, cols,
+                            buffer(("y", s), (nb * OC * rows * wp,), np.float32)) + ep + (np.zeros(nb, np.uint8),)
+                    calls.append(_band_call(args, w))
                     x = x_next
                     continue
                 if st.direct_depthwise:

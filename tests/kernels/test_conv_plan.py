@@ -438,24 +438,27 @@ def test_variable_weights_are_not_bound():
     np.testing.assert_array_equal(compiled(feeds)[graph.output_ids[0]], 2 * first)
 
 
-def test_band_whose_f32_sums_overflow_is_redone_in_float64():
+@pytest.mark.parametrize("k", [1, 3])
+def test_band_whose_f32_sums_overflow_is_redone_in_float64(k):
     """f32 partial sums 3e38 + 3e38 overflow where the float64 sum (3e38 + 3e38 - 3e38)
     is finite: that band is redone with float64 sums rounded once, as the reference;
-    the other bands keep their BLAS sums."""
+    the other bands keep their BLAS sums.  1x1 reads the image in place, 3x3 (only the
+    centre tap non-zero) the shifted rows."""
     g = cg.G()
     x = g.input((1, 3, 8, 8))
-    w = g.tensor((2, 3, 1, 1), dt.f32, cg.CONST)
-    g.op(K.Convolution, x, w, attrs=cg.conv_attrs(pad=0))
+    w = g.tensor((2, 3, k, k), dt.f32, cg.CONST)
+    g.op(K.Convolution, x, w, attrs=cg.conv_attrs(pad=k // 2))
     graph = g.done()
     xv = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
     xv[0, :, 7, 5] = (3e38, 3e38, -3e38)  # in the last band (rows are split across threads)
-    wv = np.ones((2, 3, 1, 1), np.float32)
-    wv[1, :, 0, 0] = (0.5, 0.25, 0.125)
+    wv = np.zeros((2, 3, k, k), np.float32)
+    wv[0, :, k // 2, k // 2] = 1.0
+    wv[1, :, k // 2, k // 2] = (0.5, 0.25, 0.125)
     from graph_api.kernels.fused.conv_plan import build
     from graph_api.kernels.plan import CompileRequest
     request = CompileRequest("conv_post_ops", graph.get_partitions()[0].ops, dict(graph.tensors), [0, 1], [2],
                              graph.fpmath, {})
     got = build(request).run_arrays({0: xv, 1: wv}, {1: (1, 1)})[2]
-    want = direct_conv(xv.astype(np.float64), wv.astype(np.float64)).astype(np.float32)
+    want = direct_conv(xv.astype(np.float64), wv.astype(np.float64), pad=k // 2).astype(np.float32)
     assert np.isfinite(want).all() and want[0, 0, 7, 5] == np.float32(3e38)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
