@@ -12,13 +12,15 @@ strided view and is read through its strides):
 * :func:`depthwise_2d`: ``y[c, p] = sum_t w[c, t] * (x[c, ...] - zp)`` in f32,
   taps in kernel order (the order of ``graph_api.kernels.conv.conv_depthwise``),
   vectorised along the output row.
+* :func:`conv_bands`: a whole convolution of one image (columns, single-threaded
+  sgemm, epilogue) as one parallel pass over bands of output rows.
 * :func:`epilogue`: the GEMM's ``[OC, P]`` result (f32, the exact f64 integer
   sums of ``conv.int_gemm``, or the exact int32 sums of ``igemm``) -> optional per-channel int8 scale (in f64, then one
   rounding to f32) -> bias -> the post-op program -> stored into the destination
   (f32, or u8/s8 after a Quantize: NaN -> 0, round half to even, saturate, as
   ``graph_api.dtypes.convert``).  Each step is one vectorised loop over an
   L1-resident piece of a channel row, so the whole chain costs one read and one
-  write of the output.
+  write of the output (:func:`conv_bands` runs the same row program, :func:`_ep_row`).
 
 Every step computes in f32 exactly as the reference op does (binary ops, ReLU,
 Clamp and the Quantize formula ``x / scale + zp`` are single f32 operations, so

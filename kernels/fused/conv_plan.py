@@ -29,12 +29,17 @@ The fast 2-D path (:class:`FastSegment`, kernels in :mod:`graph_api.kernels.conv
 takes every partition whose convolutions are 2-D, ungrouped or depthwise, f32
 (or the exact int8 form above), and whose post-ops are ReLU, Clamp, binary ops
 with a scalar, per-channel or full-shape operand, BiasAdd, and a final Quantize
-(strict fpmath, one output).  Per image and convolution: a Numba im2col (zero
-padding, zero point and conversion to f32 in one pass; none for a float 1x1),
-one f32 BLAS GEMM (int8: exact, see ``_exact_reduction``) or the Numba
-depthwise kernel, then one Numba epilogue pass that applies the int8 scale,
-the bias and the whole post-op program and stores into the output tensor
-(or into the next fused convolution's input).  A full-shape operand that is
+(strict fpmath, one output).  Per image and convolution whose sums are one f32
+BLAS GEMM (float, or int8 exact in any order, see ``_exact_reduction``): one
+parallel Numba kernel, :func:`graph_api.kernels.conv_fast.conv_bands`, whose
+tasks are bands of output rows (batch 1 keeps both cores busy), each gathering
+its columns (zero padding, zero point and conversion to f32 in one pass; a float
+1x1 reads the image in place; stride 1 gathers ``kw`` shifted copies of the rows
+and runs one GEMM per kernel row), multiplying them by single-threaded sgemm and
+running the epilogue (the int8 scale, the bias and the whole post-op program)
+on the band's L2-resident result, stored into the output tensor (or into the
+next fused convolution's input).  Depthwise convolutions run the Numba
+depthwise kernel, then one epilogue pass.  A full-shape operand that is
 a per-tensor Dequantize of an int8 partition input (the int8 residual) is
 read and dequantized inside the epilogue.  int8 convolutions whose sums fit
 int32 (all of ResNet's and MobileNet's) skip the f32 columns: the 8-bit columns
@@ -42,7 +47,11 @@ are gathered straight into the packed B of the exact VNNI int8 GEMM
 (:mod:`graph_api.kernels.igemm`, A = the packed s8 weights, kept across
 executions), whose int32 sums the epilogue scales in f64 as it does the f32
 ones; the zero point comes out through igemm's row-sum term, exactly.  Every
-other partition runs the block path above.  Known slow spot: NXC data runs the same channels-first
+other partition runs the block path above.
+
+The fast path's kernel calls are one list built per execution (:meth:`ConvPlan._fast_calls`);
+:meth:`ConvPlan.bind` builds it once for a compiled graph's tensors (constant weights,
+no per-call operands), so its calls run the same kernels on the same arguments.  Known slow spot: NXC data runs the same channels-first
 kernels through strided views (correct, not blocked for channels last).
 """
 from __future__ import annotations
