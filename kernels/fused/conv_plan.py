@@ -51,8 +51,10 @@ other partition runs the block path above.
 
 The fast path's kernel calls are one list built per execution (:meth:`ConvPlan._fast_calls`);
 :meth:`ConvPlan.bind` builds it once for a compiled graph's tensors (constant weights,
-no per-call operands), so its calls run the same kernels on the same arguments.  Known slow spot: NXC data runs the same channels-first
-kernels through strided views (correct, not blocked for channels last).
+no per-call operands), so its calls run the same kernels on the same arguments.
+
+Known slow spot: NXC data runs the same channels-first kernels through strided
+views (correct, not blocked for channels last).
 """
 from __future__ import annotations
 
