@@ -310,6 +310,31 @@ def test_fast_path_post_op_chains_match_the_reference(fmt, k, stride, post):
     _fast_vs_reference(graph, feeds)
 
 
+@pytest.mark.parametrize("fmt,k,dilation,pad", [("NCX", 3, 2, 1), ("NXC", 3, 2, 2), ("NCX", 5, 1, 1)])
+def test_fast_path_stride_one_shifted_rows_match_the_direct_sum(fmt, k, dilation, pad):
+    """Stride 1 runs conv_bands' shifted rows: dilated taps, padding narrower or wider than
+    the kernel's reach (outputs smaller than the input), channels last read through strides.
+    Against the float64 direct sum (the debug policy's lone Convolution runs this plan too)."""
+    wfmt = "OIX" if fmt == "NCX" else "XIO"
+    graph = cg.conv(fmt=fmt, wfmt=wfmt, k=k, pad=pad, dilation=dilation, post=("relu",))
+    xi, wi, bi = _inputs(graph)
+    x = RNG.standard_normal(graph.tensors[xi].shape).astype(np.float32)
+    w = RNG.standard_normal(graph.tensors[wi].shape).astype(np.float32)
+    b = RNG.standard_normal(cg.C).astype(np.float32)
+    run = ga.run_graph(graph, {xi: x, wi: w, bi: b})
+    plan = run.partitions[0].compiled.plan
+    assert plan.fast is not None and plan.gemm_paths == ("f32_blas",)
+    xn = x if fmt == "NCX" else x.transpose(0, 3, 1, 2)
+    wo = w if fmt == "NCX" else w.transpose(3, 2, 0, 1)
+    want = direct_conv(xn.astype(np.float64), wo.astype(np.float64), 1, pad, dilation)
+    want = np.maximum(want + b.reshape(1, -1, 1, 1), 0)
+    if fmt == "NXC":
+        want = want.transpose(0, 2, 3, 1)
+    # f32 sums of <= 200 O(1) terms: the f32 rule, as test_float_conv_bias_relu_matches_the_direct_sum
+    verdict = compare(want, run.outputs[graph.output_ids[0]], dt.f32)
+    assert verdict.ok, verdict.message
+
+
 def test_fast_path_folds_batchnorm_and_runs_the_fused_depthwise_stage():
     graph = cg.conv(bias="op", bn=True, post=("relu",))
     _fast_vs_reference(graph, fill_inputs(graph, 4))
