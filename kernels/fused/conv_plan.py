@@ -724,7 +724,8 @@ class ConvPlan:
                       dest, is_int, np.float32(lo), np.float32(hi))
                 x_next = dest.reshape((OC,) + tuple(geo.out_spatial))
                 one_gemm = not st.direct_depthwise and vnni is None and (st.int8 is None or geo.reduction <= chunk)
-                if one_gemm and bands:  # im2col, GEMM and epilogue band by band in one kernel
+                if one_gemm and bands and P * OC * geo.reduction > 0:  # im2col, GEMM and epilogue band
+                    # by band in one kernel (empty products take numpy's matmul below)
                     rows = -(-oh // min(oh, numba.get_num_threads()))
                     nb = -(-oh // rows)
                     w = np.ascontiguousarray(w2[0])
