@@ -12,13 +12,15 @@ strided view and is read through its strides):
 * :func:`depthwise_2d`: ``y[c, p] = sum_t w[c, t] * (x[c, ...] - zp)`` in f32,
   taps in kernel order (the order of ``graph_api.kernels.conv.conv_depthwise``),
   vectorised along the output row.
+* :func:`conv_bands`: a whole convolution of one image (columns, single-threaded
+  sgemm, epilogue) as one parallel pass over bands of output rows.
 * :func:`epilogue`: the GEMM's ``[OC, P]`` result (f32, the exact f64 integer
   sums of ``conv.int_gemm``, or the exact int32 sums of ``igemm``) -> optional per-channel int8 scale (in f64, then one
   rounding to f32) -> bias -> the post-op program -> stored into the destination
   (f32, or u8/s8 after a Quantize: NaN -> 0, round half to even, saturate, as
   ``graph_api.dtypes.convert``).  Each step is one vectorised loop over an
   L1-resident piece of a channel row, so the whole chain costs one read and one
-  write of the output.
+  write of the output (:func:`conv_bands` runs the same row program, :func:`_ep_row`).
 
 Every step computes in f32 exactly as the reference op does (binary ops, ReLU,
 Clamp and the Quantize formula ``x / scale + zp`` are single f32 operations, so
@@ -36,6 +38,8 @@ from numba import njit, prange
 
 from graph_api.kernels import igemm
 from graph_api.kernels.igemm import NR
+from graph_api.kernels.openblas import sgemm
+from graph_api.kernels.store import _finite
 
 # ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)) ----
 RELU, CLAMP, ADD, SUB, RSUB, MUL, DIV, RDIV, MAX, MIN, QUANTIZE = range(1, 12)
@@ -289,101 +293,249 @@ def epilogue(y, scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is
 
     ``scale`` / ``bias`` of length 0 are skipped; ``full`` is the full-shape
     operand ``[C, P]`` (any dtype: an integer one is dequantized as
-    ``(v - fzp) * fscale`` in f32, the Dequantize formula); ``is_int``: ``out``
-    holds integers in ``[lo, hi]``."""
+    ``(v - fzp) * fscale`` in f32, the Dequantize formula; a [1, 1] placeholder
+    when the program has no full-shape step); ``is_int``: ``out`` holds integers
+    in ``[lo, hi]``."""
     C, P = y.shape
-    has_scale = scale.shape[0] > 0
-    has_bias = bias.shape[0] > 0
-    full_int = fscale != np.float32(1.0) or fzp != np.float32(0.0)
-    zero = np.float32(0.0)
     for c in prange(C):
         vb = np.empty(_PIECE, np.float32)
         ob = np.empty(_PIECE, np.float32)
         tb = np.empty(_PIECE, np.float32)
-        for p0 in range(0, P, _PIECE):
-            n = min(P - p0, _PIECE)
-            v = vb[:n]
-            o = ob[:n]
-            t = tb[:n]
-            yr = y[c, p0:p0 + n]
-            if has_scale:
-                s = scale[c]
+        fr = full[c] if full.shape[0] == C and full.shape[1] == P else full[0, :0]
+        _ep_row(y[c], c, scale, bias, codes, srcs, fpar, chan, fr, fscale, fzp, out[c], is_int, lo, hi, vb, ob, tb)
+
+
+@njit(cache=True)
+def _ep_row(yr, c, scale, bias, codes, srcs, fpar, chan, fr, fscale, fzp, dst_row, is_int, lo, hi, vb, ob, tb):
+    """:func:`epilogue` on one piece of channel ``c``'s row: ``yr`` -> ``dst_row``
+    (``fr``: the full-shape operand's matching piece), in L1-sized pieces through
+    the work buffers ``vb``, ``ob``, ``tb`` (``_PIECE`` floats each).  A compiled
+    function of its own: called once per row, by :func:`epilogue` and :func:`conv_bands`."""
+    P = yr.shape[0]
+    has_scale = scale.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    full_int = fscale != np.float32(1.0) or fzp != np.float32(0.0)
+    zero = np.float32(0.0)
+    for p0 in range(0, P, _PIECE):
+        n = min(P - p0, _PIECE)
+        v = vb[:n]
+        o = ob[:n]
+        t = tb[:n]
+        yp = yr[p0:p0 + n]
+        if has_scale:
+            s = scale[c]
+            for q in range(n):
+                v[q] = np.float32(yp[q] * s)
+        else:
+            for q in range(n):
+                v[q] = np.float32(yp[q])
+        if has_bias:
+            b = bias[c]
+            for q in range(n):
+                v[q] += b
+        for i in range(codes.shape[0]):
+            code = codes[i]
+            a = fpar[i, 0]
+            if code == RELU:  # as a product with the comparison (see kernels/store.py:
+                # ``x if x > 0 else x * 0`` became a masked store, microcoded on AMD)
                 for q in range(n):
-                    v[q] = np.float32(yr[q] * s)
-            else:
+                    x = v[q]
+                    v[q] = x * np.float32(x > zero)
+                continue
+            if code == CLAMP:  # NaN becomes the min (oneDNN's clip)
+                bb = fpar[i, 1]
                 for q in range(n):
-                    v[q] = np.float32(yr[q])
-            if has_bias:
-                b = bias[c]
+                    w = v[q] if v[q] > a else a
+                    v[q] = w if w < bb else bb
+                continue
+            if code == QUANTIZE:  # x / scale + zp in f32; rounding happens at the store
+                s = chan[i, c]
                 for q in range(n):
-                    v[q] += b
-            for i in range(codes.shape[0]):
-                code = codes[i]
-                a = fpar[i, 0]
-                if code == RELU:  # as a product with the comparison (see kernels/store.py:
-                    # ``x if x > 0 else x * 0`` became a masked store, microcoded on AMD)
+                    v[q] = v[q] / s + a
+                continue
+            src = srcs[i]
+            if src == FULL:
+                fp = fr[p0:p0 + n]
+                if full_int:
                     for q in range(n):
-                        x = v[q]
-                        v[q] = x * np.float32(x > zero)
-                    continue
-                if code == CLAMP:  # NaN becomes the min (oneDNN's clip)
-                    bb = fpar[i, 1]
-                    for q in range(n):
-                        w = v[q] if v[q] > a else a
-                        v[q] = w if w < bb else bb
-                    continue
-                if code == QUANTIZE:  # x / scale + zp in f32; rounding happens at the store
-                    s = chan[i, c]
-                    for q in range(n):
-                        v[q] = v[q] / s + a
-                    continue
-                src = srcs[i]
-                if src == FULL:
-                    fr = full[c, p0:p0 + n]
-                    if full_int:
-                        for q in range(n):
-                            o[q] = (np.float32(fr[q]) - fzp) * fscale
-                    else:
-                        for q in range(n):
-                            o[q] = np.float32(fr[q])
+                        o[q] = (np.float32(fp[q]) - fzp) * fscale
                 else:
-                    r = a if src == SCALAR else chan[i, c]
                     for q in range(n):
-                        o[q] = r
-                if code == ADD:
-                    for q in range(n):
-                        v[q] = v[q] + o[q]
-                elif code == SUB:
-                    for q in range(n):
-                        v[q] = v[q] - o[q]
-                elif code == RSUB:
-                    for q in range(n):
-                        v[q] = o[q] - v[q]
-                elif code == MUL:
-                    for q in range(n):
-                        v[q] = v[q] * o[q]
-                elif code == DIV:
-                    for q in range(n):
-                        v[q] = _fdiv(v[q], o[q])
-                elif code == RDIV:
-                    for q in range(n):
-                        v[q] = _fdiv(o[q], v[q])
-                elif code == MAX:  # into a third buffer: a select that keeps an operand
-                    # in place compiled to a masked store (microcoded on AMD)
-                    for q in range(n):
-                        t[q] = _max(v[q], o[q])
-                    v, t = t, v
-                elif code == MIN:
-                    for q in range(n):
-                        t[q] = _min(v[q], o[q])
-                    v, t = t, v
-            dst = out[c, p0:p0 + n]
-            if is_int:
-                for q in range(n):
-                    w = v[q]
-                    w = zero if w != w else w
-                    w = lo if w < lo else (hi if w > hi else w)
-                    dst[q] = np.rint(w)
+                        o[q] = np.float32(fp[q])
             else:
+                r = a if src == SCALAR else chan[i, c]
                 for q in range(n):
-                    dst[q] = v[q]
+                    o[q] = r
+            if code == ADD:
+                for q in range(n):
+                    v[q] = v[q] + o[q]
+            elif code == SUB:
+                for q in range(n):
+                    v[q] = v[q] - o[q]
+            elif code == RSUB:
+                for q in range(n):
+                    v[q] = o[q] - v[q]
+            elif code == MUL:
+                for q in range(n):
+                    v[q] = v[q] * o[q]
+            elif code == DIV:
+                for q in range(n):
+                    v[q] = _fdiv(v[q], o[q])
+            elif code == RDIV:
+                for q in range(n):
+                    v[q] = _fdiv(o[q], v[q])
+            elif code == MAX:  # into a third buffer: a select that keeps an operand
+                # in place compiled to a masked store (microcoded on AMD)
+                for q in range(n):
+                    t[q] = _max(v[q], o[q])
+                v, t = t, v
+            elif code == MIN:
+                for q in range(n):
+                    t[q] = _min(v[q], o[q])
+                v, t = t, v
+        dst = dst_row[p0:p0 + n]
+        if is_int:
+            for q in range(n):
+                w = v[q]
+                w = zero if w != w else w
+                w = lo if w < lo else (hi if w > hi else w)
+                dst[q] = np.rint(w)
+        else:
+            for q in range(n):
+                dst[q] = v[q]
+
+
+@njit(cache=True)
+def _im2col_rows(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, y0, y1, ow, cols):
+    """:func:`im2col_2d` for output rows ``[y0, y1)`` only: ``cols`` (flat) holds
+    ``[C*kh*kw, (y1 - y0)*ow]`` row-major."""
+    C, H, W = x.shape
+    n = (y1 - y0) * ow
+    for r in range(C * kh * kw):
+        c = r // (kh * kw)
+        i = (r // kw) % kh
+        j = r % kw
+        off = j * dw - pw
+        x0, x1 = _inside(ow, sw, off, W)
+        row = cols[r * n:(r + 1) * n]
+        for y in range(y0, y1):
+            iy = y * sh - ph + i * dh
+            dst = row[(y - y0) * ow:(y - y0 + 1) * ow]
+            if iy < 0 or iy >= H:
+                dst[:] = 0
+                continue
+            dst[:x0] = 0
+            dst[x1:] = 0
+            mid = dst[x0:x1]
+            if sw == 1:
+                src = x[c, iy, x0 + off:x1 + off]
+                for q in range(x1 - x0):
+                    mid[q] = np.float32(src[q]) - zp
+            else:
+                src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
+                for q in range(x1 - x0):
+                    mid[q] = np.float32(src[q]) - zp
+
+
+@njit(cache=True)
+def _shifted_rows(x, zp, kw, dw, ph, pw, r0, nrows, wp, xj):
+    """The stride-1 columns of :func:`conv_bands` (``SHIFTED``): ``xj`` (flat) holds
+    ``[C*kw, nrows*wp]`` row-major, ``xj[(c, j), t] = xp[c, r0 + t // wp, t % wp + j*dw]``
+    with ``xp`` the image less ``zp``, zero-padded by ``ph`` rows and ``pw`` columns and
+    cut to ``wp`` columns (zero where a shifted row leaves them)."""
+    C, H, W = x.shape
+    L = nrows * wp
+    for c in range(C):
+        for j in range(kw):
+            row = xj[(c * kw + j) * L:(c * kw + j + 1) * L]
+            off = j * dw - pw
+            x0, x1 = _inside(wp, 1, off, W)
+            for rr in range(nrows):
+                iy = r0 + rr - ph
+                dst = row[rr * wp:(rr + 1) * wp]
+                if iy < 0 or iy >= H:
+                    dst[:] = 0
+                    continue
+                dst[:x0] = 0
+                dst[x1:] = 0
+                mid = dst[x0:x1]
+                src = x[c, iy, x0 + off:x1 + off]
+                for q in range(x1 - x0):
+                    mid[q] = np.float32(src[q]) - zp
+
+
+#: conv_bands' ways to its GEMM operand B: the image in place (1x1), im2col, shifted rows (stride 1)
+IN_PLACE, IM2COL, SHIFTED = 0, 1, 2
+
+
+@njit(parallel=True, cache=True)
+def conv_bands(fn, mode, x, xflat, zp, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, wp, cols, ybuf,
+               scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is_int, lo, hi, bad):
+    """One image's convolution and epilogue, band by band of ``rows`` output rows,
+    each band a task that runs all its steps while its data is in L2 (``out`` is
+    ``[OC, oh*ow]``; a band has ``n = (y1 - y0)*ow`` positions starting at ``p0``):
+
+    * ``IN_PLACE`` (a 1x1 stride-1 unpadded f32 image, C-contiguous, ``xflat``):
+      ``y = w @ xflat[:, p0:p0 + n]``, B read in place (row stride ``oh*ow``);
+    * ``IM2COL``: the band's columns gathered by :func:`_im2col_rows` into its piece
+      of ``cols`` (``[K, n]``), ``y = w @ cols``;
+    * ``SHIFTED`` (stride 1): output position ``(y, q)`` seen at ``y*wp + q`` in rows of
+      ``wp`` columns, tap ``(i, j)`` reads the padded image at that position plus
+      ``i*dh*wp + j*dw``.  The band's rows, shifted by ``j*dw`` for each ``j``, are
+      gathered once (:func:`_shifted_rows`, ``kw`` copies of the image instead of
+      im2col's ``kh*kw``) and each kernel row ``i`` is one GEMM on them at column
+      offset ``i*dh*wp``, summed into ``y`` (``w`` here is ``[kh*OC, C*kw]``: kernel
+      row ``i``'s weights in rows ``i*OC..``); the ``wp - ow`` extra columns of each
+      row are then dropped (``y`` packed to ``[OC, n]`` in place);
+    * GEMMs by single-threaded ``cblas_sgemm`` at ``fn`` (the caller holds OpenBLAS at
+      one thread) into the band's piece of ``ybuf``;
+    * :func:`_ep_row` per channel from ``y`` into ``out[c, p0:p0 + n]``.
+
+    A band whose ``y`` holds an inf or a NaN gets ``bad[band] = 1`` and no epilogue
+    (the caller redoes it with float64 sums, as the reference).  Splitting the
+    image, not the batch, keeps both cores busy at batch 1; one parallel region
+    per convolution instead of three (im2col, GEMM, epilogue)."""
+    OC = out.shape[0]
+    K = w.shape[1]
+    P = oh * ow
+    ysize = OC * rows * max(ow, wp)
+    for bi in prange(bad.shape[0]):
+        y0 = bi * rows
+        y1 = min(oh, y0 + rows)
+        n = (y1 - y0) * ow
+        p0 = y0 * ow
+        yb = ybuf[bi * ysize:(bi + 1) * ysize]
+        csize = cols.shape[0] // bad.shape[0]
+        if mode == IN_PLACE:
+            sgemm(fn, OC, n, K, w, 0, K, xflat, p0, P, np.float32(0.0), yb, 0, n)
+        elif mode == IM2COL:
+            cb = cols[bi * csize:bi * csize + K * n]
+            _im2col_rows(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, y0, y1, ow, cb)
+            sgemm(fn, OC, n, K, w, 0, K, cb, 0, n, np.float32(0.0), yb, 0, n)
+        else:
+            nrows = y1 - y0 + (kh - 1) * dh
+            L = nrows * wp
+            xj = cols[bi * csize:bi * csize + K * L]
+            _shifted_rows(x, zp, kw, dw, ph, pw, y0, nrows, wp, xj)
+            nw = (y1 - y0) * wp
+            for i in range(kh):
+                sgemm(fn, OC, nw, K, w, i * OC * K, K, xj, i * dh * wp, L,
+                      np.float32(0.0 if i == 0 else 1.0), yb, 0, nw)
+            for c in range(OC):  # drop the extra columns; the target never passes the source
+                for r in range(y1 - y0):
+                    src = yb[c * nw + r * wp:c * nw + r * wp + ow]
+                    dst = yb[c * n + r * ow:c * n + r * ow + ow]
+                    for q in range(ow):
+                        dst[q] = src[q]
+        if not _finite(yb, 0, OC * n):
+            bad[bi] = 1
+            continue
+        bad[bi] = 0
+        vb = np.empty(_PIECE, np.float32)
+        ob = np.empty(_PIECE, np.float32)
+        tb = np.empty(_PIECE, np.float32)
+        has_full = full.shape[0] == OC and full.shape[1] == P
+        for c in range(OC):
+            fr = full[c, p0:p0 + n] if has_full else full[0, :0]
+            _ep_row(yb[c * n:(c + 1) * n], c, scale, bias, codes, srcs, fpar, chan, fr, fscale, fzp,
+                    out[c, p0:p0 + n], is_int, lo, hi, vb, ob, tb)

@@ -29,12 +29,17 @@ The fast 2-D path (:class:`FastSegment`, kernels in :mod:`graph_api.kernels.conv
 takes every partition whose convolutions are 2-D, ungrouped or depthwise, f32
 (or the exact int8 form above), and whose post-ops are ReLU, Clamp, binary ops
 with a scalar, per-channel or full-shape operand, BiasAdd, and a final Quantize
-(strict fpmath, one output).  Per image and convolution: a Numba im2col (zero
-padding, zero point and conversion to f32 in one pass; none for a float 1x1),
-one f32 BLAS GEMM (int8: exact, see ``_exact_reduction``) or the Numba
-depthwise kernel, then one Numba epilogue pass that applies the int8 scale,
-the bias and the whole post-op program and stores into the output tensor
-(or into the next fused convolution's input).  A full-shape operand that is
+(strict fpmath, one output).  Per image and convolution whose sums are one f32
+BLAS GEMM (float, or int8 exact in any order, see ``_exact_reduction``): one
+parallel Numba kernel, :func:`graph_api.kernels.conv_fast.conv_bands`, whose
+tasks are bands of output rows (batch 1 keeps both cores busy), each gathering
+its columns (zero padding, zero point and conversion to f32 in one pass; a float
+1x1 reads the image in place; stride 1 gathers ``kw`` shifted copies of the rows
+and runs one GEMM per kernel row), multiplying them by single-threaded sgemm and
+running the epilogue (the int8 scale, the bias and the whole post-op program)
+on the band's L2-resident result, stored into the output tensor (or into the
+next fused convolution's input).  Depthwise convolutions run the Numba
+depthwise kernel, then one epilogue pass.  A full-shape operand that is
 a per-tensor Dequantize of an int8 partition input (the int8 residual) is
 read and dequantized inside the epilogue.  int8 convolutions whose sums fit
 int32 (all of ResNet's and MobileNet's) skip the f32 columns: the 8-bit columns
@@ -42,13 +47,20 @@ are gathered straight into the packed B of the exact VNNI int8 GEMM
 (:mod:`graph_api.kernels.igemm`, A = the packed s8 weights, kept across
 executions), whose int32 sums the epilogue scales in f64 as it does the f32
 ones; the zero point comes out through igemm's row-sum term, exactly.  Every
-other partition runs the block path above.  Known slow spot: NXC data runs the same channels-first
-kernels through strided views (correct, not blocked for channels last).
+other partition runs the block path above.
+
+The fast path's kernel calls are one list built per execution (:meth:`ConvPlan._fast_calls`);
+:meth:`ConvPlan.bind` builds it once for a compiled graph's tensors (constant weights,
+no per-call operands), so its calls run the same kernels on the same arguments.
+
+Known slow spot: NXC data runs the same channels-first kernels through strided
+views (correct, not blocked for channels last).
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -59,8 +71,9 @@ from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.kernels import conv as cv
 from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm, store
+from graph_api.kernels import igemm, openblas, store
 from graph_api.kernels import scratch
+from graph_api.kernels.numba_setup import numba
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
@@ -307,6 +320,66 @@ def _view2d(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
     v = a.view()
     v.shape = (rows, cols)
     return v
+
+
+def _int_gemm_into(cols, w2, chunk, y) -> None:
+    """``y[...]`` = the exact integer sums of :func:`graph_api.kernels.conv.int_gemm` (f64)."""
+    y[...] = cv.int_gemm(cols[None], w2, chunk)
+
+
+def _band_call(args: tuple, w: np.ndarray):
+    """A call of :func:`graph_api.kernels.conv_fast.conv_bands` on ``args``: OpenBLAS held at
+    one thread while the bands' single-threaded GEMMs run side by side, then any band
+    whose sums hold an inf or a NaN redone (:func:`_redo_bands`; ``w`` the [OC, K] weights)."""
+    bad = args[-1]
+
+    def run() -> None:
+        with openblas.single_threaded():
+            cf.conv_bands(*args)
+        if bad.any():
+            _redo_bands(args, w)
+
+    return run
+
+
+def _redo_bands(args: tuple, w: np.ndarray) -> None:
+    """The bands :func:`graph_api.kernels.conv_fast.conv_bands` left (an inf or a NaN in
+    their f32 sums): float64 sums rounded once, as the reference (sgemm gives inf - inf
+    = NaN where the reference has a finite value or an infinity), then the epilogue."""
+    (_, mode, x, xflat, zp, _, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, _, _, _,
+     scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is_int, lo, hi, bad) = args
+    OC, K = w.shape
+    P = oh * ow
+    if mode == cf.IN_PLACE:
+        cols = xflat.reshape(K, P)
+    else:  # the whole image's columns: a rare path
+        cols = np.empty((K, P), np.float32)
+        cf.im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols)
+    for b in np.flatnonzero(bad):
+        y0 = b * rows
+        n = (min(oh, y0 + rows) - y0) * ow
+        p0 = y0 * ow
+        with np.errstate(all="ignore"):
+            y = (w.astype(np.float64) @ cols[:, p0:p0 + n].astype(np.float64)).astype(np.float32)
+        f = np.ascontiguousarray(full[:, p0:p0 + n]) if full.shape == (OC, P) else full
+        dest = np.empty((OC, n), out.dtype)
+        cf.epilogue(y, scale, bias, codes, srcs, fpar, chan, f, fscale, fzp, dest, is_int, lo, hi)
+        out[:, p0:p0 + n] = dest
+
+
+def _shifted_weights(stage: ConvStage, w: np.ndarray, key) -> np.ndarray:
+    """``w`` [OC, C*kh*kw] as conv_bands' ``SHIFTED`` operand [kh*OC, C*kw] (kernel row by
+    kernel row), cached with the weights under the same constant-buffer key."""
+    cached = stage.cache.get(("shifted", key)) if key is not None else None
+    if cached is not None:
+        return cached
+    geo = stage.geo
+    kh, kw = geo.kernel
+    oc = geo.out_channels
+    taps = np.ascontiguousarray(w.reshape(oc, -1, kh, kw).transpose(2, 0, 1, 3).reshape(kh * oc, -1))
+    if key is not None:
+        stage.cache[("shifted", key)] = taps
+    return taps
 
 
 def _exact_reduction(w2: np.ndarray, int8: dict) -> int:
@@ -591,11 +664,22 @@ class ConvPlan:
         for fn, op, out_lts, ctx in self.pre_steps:
             for lt, value in zip(out_lts, fn(op, [arrays[lt.id] for lt in op.inputs], out_lts, ctx)):
                 arrays[lt.id] = value
+        calls, _ = self._fast_calls(arrays, keys, out, self._buffer)
+        for call in calls:
+            call()
+
+    def _fast_calls(self, arrays: dict, keys: dict, out: np.ndarray, buffer) -> tuple[list, bool]:
+        """(the kernel calls of one execution of the 2-D path, in order, each a
+        callable without arguments; whether they can be bound: no operand is read or
+        converted per call, weights are constant, no call allocates).  ``buffer(name,
+        shape, dtype)`` gives the intermediates.  execute and bind run the same calls."""
+        bindable = not self.pre_steps
         prepared = []
         for seg in self.fast:
             st = seg.stage
             ids = st.param_ids()
             key = tuple(keys[i] for i in ids) if all(i in keys for i in ids) else None
+            bindable = bindable and key is not None and not seg.bind
             w2, bias = st.weights(arrays, key)
             chan, fpar = seg.chan, seg.fpar
             if seg.bind:
@@ -620,6 +704,8 @@ class ConvPlan:
         out_ncx = to_ncx(out, self.fmt)
         dummy_full = np.zeros((1, 1), np.float32)
         last = len(self.fast) - 1
+        bands = openblas.available()
+        calls = []
         for n in range(self.n_images):
             x = x_all[n]
             for s, (seg, (w2, bias, chan, fpar, full, chunk, vnni)) in enumerate(zip(self.fast, prepared)):
@@ -631,50 +717,116 @@ class ConvPlan:
                 oh, ow = geo.out_spatial
                 P, OC = oh * ow, geo.out_channels
                 zp = np.float32(0.0 if st.int8 is None else st.int8["x_zp"])
+                scale = _EMPTY if st.int8 is None else st.int8["scale_vec"]
+                dest = _view2d(out_ncx[n], OC, P) if s == last else buffer(("mid", s), (OC, P), np.float32)
+                f = dummy_full if full is None else full[n].reshape(OC, P)
+                ep = (scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale), np.float32(seg.fzp),
+                      dest, is_int, np.float32(lo), np.float32(hi))
+                x_next = dest.reshape((OC,) + tuple(geo.out_spatial))
+                one_gemm = not st.direct_depthwise and vnni is None and (st.int8 is None or geo.reduction <= chunk)
+                if one_gemm and bands and P * OC * geo.reduction > 0:  # im2col, GEMM and epilogue band
+                    # by band in one kernel (empty products take numpy's matmul below)
+                    rows = -(-oh // min(oh, numba.get_num_threads()))
+                    nb = -(-oh // rows)
+                    w = np.ascontiguousarray(w2[0])
+                    xflat, cols, wp = _EMPTY, _EMPTY, ow
+                    if geo.pointwise and st.int8 is None and x.flags.c_contiguous:
+                        mode = cf.IN_PLACE
+                        xflat = x.reshape(-1)
+                    elif geo.strides == (1, 1):
+                        mode, wp = cf.SHIFTED, ow + (kw - 1) * dw
+                        taps = _shifted_weights(st, w, key)
+                        cols = buffer(("cols", s), (nb * taps.shape[1] * (rows + (kh - 1) * dh) * wp,), np.float32)
+                    else:
+                        mode = cf.IM2COL
+                        cols = buffer(("cols", s), (nb * geo.reduction * rows * ow,), np.float32)
+                    args = (openblas.sgemm_address(), mode, x, xflat, zp, taps if mode == cf.SHIFTED else w,
+                            kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, wp, cols,
+                            buffer(("y", s), (nb * OC * rows * wp,), np.float32)) + ep + (np.zeros(nb, np.uint8),)
+                    calls.append(_band_call(args, w))
+                    x = x_next
+                    continue
                 if st.direct_depthwise:
-                    y = self._buffer(("y", s), (OC, P))
-                    cf.depthwise_2d(x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y)
+                    y = buffer(("y", s), (OC, P), np.float32)
+                    calls.append(partial(cf.depthwise_2d, x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y))
                 elif vnni is not None:  # exact int32 sums on the VNNI int8 GEMM
-                    y = self._int8_gemm(s, x, vnni, geo)
+                    y = self._int8_gemm_calls(s, x, vnni, geo, buffer, calls)
                 else:
                     if geo.pointwise and st.int8 is None and x.flags.c_contiguous:
                         cols = x.reshape(geo.in_channels, P)  # the image itself
                     else:
-                        cols = self._buffer(("cols", s), (geo.reduction, P))
-                        cf.im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols)
+                        cols = buffer(("cols", s), (geo.reduction, P), np.float32)
+                        calls.append(partial(cf.im2col_2d, x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols))
                     if st.int8 is not None and geo.reduction > chunk:
-                        y = cv.int_gemm(cols[None], w2, chunk)  # exact integer sums, f64
+                        y = buffer(("y", s), (OC, P), np.float64)
+                        calls.append(partial(_int_gemm_into, cols, w2, chunk, y))  # exact integer sums, f64
+                        bindable = False  # int_gemm's chunks allocate
                     elif st.int8 is not None:  # one f32 GEMM is exact: its integer sums as they are
-                        y = np.matmul(w2[0], cols, out=self._buffer(("y", s), (OC, P)))
+                        y = buffer(("y", s), (OC, P), np.float32)
+                        calls.append(partial(np.matmul, w2[0], cols, out=y))
                     else:
-                        y = self._buffer(("y", s), (OC, P))
-                        store.matmul_into(np.ascontiguousarray(w2[0]), cols, y)
-                scale = _EMPTY if st.int8 is None else st.int8["scale_vec"]
-                dest = _view2d(out_ncx[n], OC, P) if s == last else self._buffer(("mid", s), (OC, P))
-                f = dummy_full if full is None else full[n].reshape(OC, P)
-                cf.epilogue(y, scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale),
-                            np.float32(seg.fzp), dest, is_int, np.float32(lo), np.float32(hi))
-                x = dest.reshape((OC,) + tuple(geo.out_spatial))
+                        y = buffer(("y", s), (OC, P), np.float32)
+                        calls.append(partial(store.matmul_into, np.ascontiguousarray(w2[0]), cols, y))
+                calls.append(partial(cf.epilogue, y, *ep))
+                x = x_next
+        return calls, bindable
 
-    def _int8_gemm(self, s: int, x: np.ndarray, vnni: "Int8Weights", geo: cv.Geometry) -> np.ndarray:
-        """``sum_j w[o, j] * (cols[j, p] - zp)`` as int32 [OC, P] for image ``x`` (u8/s8):
-        the columns are gathered straight into igemm's packed B (8-bit, zero
-        point not subtracted), the packed weights are A, and the row-sum term
-        ``cb * rowsum(w)`` takes the zero point out exactly."""
+    def _int8_gemm_calls(self, s: int, x: np.ndarray, vnni: "Int8Weights", geo: cv.Geometry, buffer,
+                         calls: list) -> np.ndarray:
+        """Appends to ``calls`` the kernels of ``sum_j w[o, j] * (cols[j, p] - zp)`` as
+        int32 [OC, P] for image ``x`` (u8/s8); returns that result's buffer.  The
+        columns are gathered straight into igemm's packed B (8-bit, zero point not
+        subtracted), the packed weights are A, and the row-sum term ``cb * rowsum(w)``
+        takes the zero point out exactly."""
         oh, ow = geo.out_spatial
         P, OC = oh * ow, geo.out_channels
         panels = -(-P // igemm.NR)
-        bp = self._buffer(("bp", s), (panels * vnni.k4 * igemm.NR * 4,), np.uint8)
+        bp = buffer(("bp", s), (panels * vnni.k4 * igemm.NR * 4,), np.uint8)
         C, H, W = x.shape
         if geo.strides == (1, 1) and ow == W and x.flags.c_contiguous:  # one long copy per row of B
-            cf.im2col_packed_2d_flat(x.reshape(C, H * W), H, W, vnni.shift, vnni.pad, *geo.kernel,
-                                     *geo.dilations, *geo.pads_begin, oh, vnni.k4, bp.view(np.uint32))
+            calls.append(partial(cf.im2col_packed_2d_flat, x.reshape(C, H * W), H, W, vnni.shift, vnni.pad,
+                                 *geo.kernel, *geo.dilations, *geo.pads_begin, oh, vnni.k4, bp.view(np.uint32)))
         else:
-            cf.im2col_packed_2d(x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides, *geo.dilations,
-                                *geo.pads_begin, oh, ow, vnni.k4, bp.view(np.uint32))
-        y = self._buffer(("y32", s), (OC, P), np.int32)
-        igemm.driver(True)(vnni.ap, OC, bp, vnni.k4, vnni.colterm, vnni.cb, vnni.rowsum, False, y)
+            calls.append(partial(cf.im2col_packed_2d, x, vnni.shift, vnni.pad, *geo.kernel, *geo.strides,
+                                 *geo.dilations, *geo.pads_begin, oh, ow, vnni.k4, bp.view(np.uint32)))
+        y = buffer(("y32", s), (OC, P), np.int32)
+        calls.append(partial(igemm.driver(True), vnni.ap, OC, bp, vnni.k4, vnni.colterm, vnni.cb, vnni.rowsum,
+                             False, y))
         return y
+
+    def bind(self, inputs: dict, outputs: dict):
+        """A callable that runs this plan on these tensors (see ``CompiledPartition.bind``):
+        the 2-D path's kernel calls with their whole argument lists made once (views of
+        the tensors' memory, intermediates taken now); None where a call needs Python
+        work (the block path, reference pre-steps, per-call operands or weights, an
+        output that is not written in place)."""
+        if self.fast is None:
+            return None
+        tid, tensor = next(iter(outputs.items()))
+        out = tensor.numpy()
+        if out.dtype != dtypes.numpy_dtype(tensor.lt.dtype) or not out.flags.writeable:
+            return None
+        arrays = {i: t.numpy() for i, t in inputs.items()}
+        keys = {i: (t.buffer.__array_interface__["data"][0], t.buffer.nbytes)
+                for i, t in inputs.items() if i in self.constants}
+        taken: dict = {}  # this binding's intermediates, taken once (execute reuses the plan's per-thread pool)
+
+        def buffer(name, shape, dtype):
+            if name not in taken:
+                taken[name] = scratch.empty(shape, dtype)
+            return taken[name]
+
+        calls, bindable = self._fast_calls(arrays, keys, out, buffer)
+        if not bindable:
+            return None
+        if len(calls) == 1:
+            return calls[0]
+
+        def run() -> None:
+            for call in calls:
+                call()
+
+        return run
 
     def execute(self, inputs: dict, outputs: dict) -> None:
         keys = {tid: (t.buffer.__array_interface__["data"][0], t.buffer.nbytes)

@@ -310,6 +310,31 @@ def test_fast_path_post_op_chains_match_the_reference(fmt, k, stride, post):
     _fast_vs_reference(graph, feeds)
 
 
+@pytest.mark.parametrize("fmt,k,dilation,pad", [("NCX", 3, 2, 1), ("NXC", 3, 2, 2), ("NCX", 5, 1, 1)])
+def test_fast_path_stride_one_shifted_rows_match_the_direct_sum(fmt, k, dilation, pad):
+    """Stride 1 runs conv_bands' shifted rows: dilated taps, padding narrower or wider than
+    the kernel's reach (outputs smaller than the input), channels last read through strides.
+    Against the float64 direct sum (the debug policy's lone Convolution runs this plan too)."""
+    wfmt = "OIX" if fmt == "NCX" else "XIO"
+    graph = cg.conv(fmt=fmt, wfmt=wfmt, k=k, pad=pad, dilation=dilation, post=("relu",))
+    xi, wi, bi = _inputs(graph)
+    x = RNG.standard_normal(graph.tensors[xi].shape).astype(np.float32)
+    w = RNG.standard_normal(graph.tensors[wi].shape).astype(np.float32)
+    b = RNG.standard_normal(cg.C).astype(np.float32)
+    run = ga.run_graph(graph, {xi: x, wi: w, bi: b})
+    plan = run.partitions[0].compiled.plan
+    assert plan.fast is not None and plan.gemm_paths == ("f32_blas",)
+    xn = x if fmt == "NCX" else x.transpose(0, 3, 1, 2)
+    wo = w if fmt == "NCX" else w.transpose(3, 2, 0, 1)
+    want = direct_conv(xn.astype(np.float64), wo.astype(np.float64), 1, pad, dilation)
+    want = np.maximum(want + b.reshape(1, -1, 1, 1), 0)
+    if fmt == "NXC":
+        want = want.transpose(0, 2, 3, 1)
+    # f32 sums of <= 200 O(1) terms: the f32 rule, as test_float_conv_bias_relu_matches_the_direct_sum
+    verdict = compare(want, run.outputs[graph.output_ids[0]], dt.f32)
+    assert verdict.ok, verdict.message
+
+
 def test_fast_path_folds_batchnorm_and_runs_the_fused_depthwise_stage():
     graph = cg.conv(bias="op", bn=True, post=("relu",))
     _fast_vs_reference(graph, fill_inputs(graph, 4))
@@ -341,3 +366,124 @@ def test_exact_reduction_bound_uses_the_weights_absolute_sums():
     cols = np.full((1, 576, 5), 255.0, np.float32)
     got = np.matmul(small[0], cols[0]).astype(np.float64)
     assert (got == 576 * 100 * 255).all()
+
+
+# ---------------------------------------------------------------- the bound form (ConvPlan.bind)
+def _bottleneck(n, c=16, mid=8, hw=12, fmt="NCX"):
+    """A ResNet bottleneck: 1x1 + bias + ReLU, 3x3 + bias + ReLU, 1x1 + bias + residual Add + ReLU."""
+    g = cg.G()
+    x = g.input(cg._shape(fmt, c, hw, n))
+    wfmt = "OIX" if fmt == "NCX" else "XIO"
+    h = x
+    for oc, icg, k in ((mid, c, 1), (mid, mid, 3), (c, mid, 1)):
+        h = g.op(K.Convolution, h, cg._weights(g, oc, icg, k, wfmt), g.tensor((oc,), dt.f32, cg.CONST),
+                 attrs=cg.conv_attrs(fmt, pad=k // 2, wfmt=wfmt))
+        if oc == c:
+            h = g.op(K.Add, h, x)
+        h = g.op(K.ReLU, h)
+    return g.done()
+
+
+def _bottleneck_reference(graph, feeds, fmt="NCX"):
+    """float64: the three convolutions by the direct sum, the residual, the ReLUs."""
+    ids = sorted(graph.input_ids)
+    f = {i: feeds[i].astype(np.float64) for i in ids}
+    to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if fmt == "NXC" else (lambda a: a)
+    to_oihw = (lambda a: a.transpose(3, 2, 0, 1)) if fmt == "NXC" else (lambda a: a)
+    x = h = to_nchw(f[ids[0]])
+    for layer in range(3):
+        w, b = f[ids[1 + 2 * layer]], f[ids[2 + 2 * layer]]
+        k = w.shape[-1] if fmt == "NCX" else w.shape[0]
+        h = direct_conv(h, to_oihw(w), pad=k // 2) + b.reshape(1, -1, 1, 1)
+        h = np.maximum(h + x if layer == 2 else h, 0)
+    return h.transpose(0, 2, 3, 1) if fmt == "NXC" else h
+
+
+@pytest.mark.parametrize("n,fmt", [(1, "NCX"), (3, "NCX"), (2, "NXC")])
+def test_bound_bottleneck_equals_execute_reads_new_values_and_rebinds(n, fmt):
+    """A compiled graph's calls run each convolution partition bound (ConvPlan.bind: the
+    band kernel's argument lists made once): bit for bit the per-call execute path, the
+    float64 reference within the f32 rule; values changed in place are read, another
+    array is bound again."""
+    graph = _bottleneck(n, fmt=fmt)
+    ids = sorted(graph.input_ids)
+    feeds = {i: RNG.standard_normal(graph.tensors[i].shape).astype(np.float32) for i in ids}
+    y_id = graph.output_ids[0]
+    compiled = ga.compile_graph(graph, feeds)
+    out = compiled(feeds)[y_id].copy()
+    runners = compiled._runners[1]
+    assert len(runners) == 3 and not [r for r in runners if hasattr(r, "per_call_work")]
+    compiled.run(feeds)  # every step through CompiledPartition.execute
+    np.testing.assert_array_equal(out, compiled.produced[y_id].numpy())
+    # f32 sums of <= 72 O(1) terms through three layers (the scale-aware f32 rule, as above)
+    verdict = compare(_bottleneck_reference(graph, feeds, fmt), out, dt.f32)
+    assert verdict.ok, verdict.message
+    feeds[ids[0]] *= -0.5  # the same array, new values: the bound steps read them
+    got = compiled(feeds)[y_id]
+    assert compiled._runners[1] is runners
+    verdict = compare(_bottleneck_reference(graph, feeds, fmt), got, dt.f32)
+    assert verdict.ok, verdict.message
+    other = dict(feeds)
+    other[ids[0]] = np.ascontiguousarray(feeds[ids[0]][::-1])  # another array: bound again
+    got = compiled(other)[y_id]
+    assert compiled._runners[1] is not runners
+    verdict = compare(_bottleneck_reference(graph, other, fmt), got, dt.f32)
+    assert verdict.ok, verdict.message
+
+
+def test_bound_int8_conv_with_residual_and_quantize_equals_execute():
+    """The int8 form (exact sums, the residual's Dequantize and the Quantize in the epilogue)
+    bound: bit for bit the execute path, which the reference comparison above covers."""
+    graph = cg.quantized_conv(residual=True, post=("relu",))
+    feeds = fill_inputs(graph, 3)
+    y_id = graph.output_ids[0]
+    compiled = ga.compile_graph(graph, feeds)
+    out = compiled(feeds)[y_id].copy()
+    assert not [r for r in compiled._runners[1] if hasattr(r, "per_call_work")]
+    compiled.run(feeds)
+    np.testing.assert_array_equal(out, compiled.produced[y_id].numpy())
+    x_id = min(graph.input_ids)
+    feeds[x_id][...] = 255 - feeds[x_id]  # new values in place
+    want = ga.run_graph(graph, feeds).outputs[y_id]  # execute on the new values
+    np.testing.assert_array_equal(compiled(feeds)[y_id], want)
+
+
+def test_variable_weights_are_not_bound():
+    """Weights that may change between calls are prepared per call: no bound form."""
+    g = cg.G()
+    x = g.input((1, 4, 6, 6))
+    w = g.tensor((4, 4, 3, 3), dt.f32)
+    g.op(K.ReLU, g.op(K.Convolution, x, w, attrs=cg.conv_attrs()))
+    graph = g.done()
+    feeds = {i: RNG.standard_normal(graph.tensors[i].shape).astype(np.float32) for i in sorted(graph.input_ids)}
+    compiled = ga.compile_graph(graph, feeds)
+    first = compiled(feeds)[graph.output_ids[0]].copy()
+    assert [getattr(r, "per_call_work", "bound") for r in compiled._runners[1]] == ["plan"]
+    feeds[1] *= 2.0  # read again: ReLU(2 conv) = 2 ReLU(conv), exactly (scaling by 2 is exact)
+    np.testing.assert_array_equal(compiled(feeds)[graph.output_ids[0]], 2 * first)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_band_whose_f32_sums_overflow_is_redone_in_float64(k):
+    """f32 partial sums 3e38 + 3e38 overflow where the float64 sum (3e38 + 3e38 - 3e38)
+    is finite: that band is redone with float64 sums rounded once, as the reference;
+    the other bands keep their BLAS sums.  1x1 reads the image in place, 3x3 (only the
+    centre tap non-zero) the shifted rows."""
+    g = cg.G()
+    x = g.input((1, 3, 8, 8))
+    w = g.tensor((2, 3, k, k), dt.f32, cg.CONST)
+    g.op(K.Convolution, x, w, attrs=cg.conv_attrs(pad=k // 2))
+    graph = g.done()
+    xv = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    xv[0, :, 7, 5] = (3e38, 3e38, -3e38)  # in the last band (rows are split across threads)
+    wv = np.zeros((2, 3, k, k), np.float32)
+    wv[0, :, k // 2, k // 2] = 1.0
+    wv[1, :, k // 2, k // 2] = (0.5, 0.25, 0.125)
+    from graph_api.kernels.fused.conv_plan import build
+    from graph_api.kernels.plan import CompileRequest
+    request = CompileRequest("conv_post_ops", graph.get_partitions()[0].ops, dict(graph.tensors), [0, 1], [2],
+                             graph.fpmath, {})
+    got = build(request).run_arrays({0: xv, 1: wv}, {1: (1, 1)})[2]
+    want = direct_conv(xv.astype(np.float64), wv.astype(np.float64), pad=k // 2).astype(np.float32)
+    assert np.isfinite(want).all() and want[0, 0, 7, 5] == np.float32(3e38)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
