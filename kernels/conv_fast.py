@@ -64,34 +64,43 @@ def _inside(ow, sw, off, width):
 
 # Loops below index 1-D slices from 0 with the loop variable: Numba's negative-index
 # wraparound then folds away and LLVM sees unit-stride loads it can vectorise.
+@njit(cache=True)
+def _im2col_row(x, zp, r, kh, kw, sh, sw, dh, dw, ph, pw, y0, y1, ow, row):
+    """Row ``r = (c, i, j)`` of the columns for output rows ``[y0, y1)``: ``row[(y - y0)*ow
+    + q] = x[c, y*sh - ph + i*dh, q*sw - pw + j*dw] - zp`` (0 outside the image)."""
+    C, H, W = x.shape
+    c = r // (kh * kw)
+    i = (r // kw) % kh
+    j = r % kw
+    off = j * dw - pw
+    x0, x1 = _inside(ow, sw, off, W)
+    for y in range(y0, y1):
+        iy = y * sh - ph + i * dh
+        dst = row[(y - y0) * ow:(y - y0 + 1) * ow]
+        if iy < 0 or iy >= H:
+            dst[:] = 0
+            continue
+        dst[:x0] = 0
+        dst[x1:] = 0
+        mid = dst[x0:x1]
+        if sw == 1:
+            src = x[c, iy, x0 + off:x1 + off]
+            for q in range(x1 - x0):
+                mid[q] = np.float32(src[q]) - zp
+        else:
+            src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
+            for q in range(x1 - x0):
+                mid[q] = np.float32(src[q]) - zp
+
+
 @njit(parallel=True, cache=True)
 def im2col_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, cols):
     """``cols`` [C*kh*kw, oh*ow] f32 from image ``x`` [C, H, W] (any dtype, any strides)."""
-    C, H, W = x.shape
+    C = x.shape[0]
     for r in prange(C * kh * kw):
-        c = r // (kh * kw)
-        i = (r // kw) % kh
-        j = r % kw
-        off = j * dw - pw
-        x0, x1 = _inside(ow, sw, off, W)
-        row = cols[r]
-        for y in range(oh):
-            iy = y * sh - ph + i * dh
-            dst = row[y * ow:(y + 1) * ow]
-            if iy < 0 or iy >= H:
-                dst[:] = 0
-                continue
-            dst[:x0] = 0
-            dst[x1:] = 0
-            mid = dst[x0:x1]
-            if sw == 1:
-                src = x[c, iy, x0 + off:x1 + off]
-                for q in range(x1 - x0):
-                    mid[q] = np.float32(src[q]) - zp
-            else:
-                src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
-                for q in range(x1 - x0):
-                    mid[q] = np.float32(src[q]) - zp
+        # int64 row and first output row: prange's unsigned index or a literal 0 would
+        # compile a second signature of _im2col_row (the band kernel calls it too)
+        _im2col_row(x, zp, np.int64(r), kh, kw, sh, sw, dh, dw, ph, pw, np.int64(0), oh, ow, cols[r])
 
 
 @njit(inline="always", cache=True)
@@ -409,32 +418,9 @@ def _ep_row(yr, c, scale, bias, codes, srcs, fpar, chan, fr, fscale, fzp, dst_ro
 def _im2col_rows(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, y0, y1, ow, cols):
     """:func:`im2col_2d` for output rows ``[y0, y1)`` only: ``cols`` (flat) holds
     ``[C*kh*kw, (y1 - y0)*ow]`` row-major."""
-    C, H, W = x.shape
     n = (y1 - y0) * ow
-    for r in range(C * kh * kw):
-        c = r // (kh * kw)
-        i = (r // kw) % kh
-        j = r % kw
-        off = j * dw - pw
-        x0, x1 = _inside(ow, sw, off, W)
-        row = cols[r * n:(r + 1) * n]
-        for y in range(y0, y1):
-            iy = y * sh - ph + i * dh
-            dst = row[(y - y0) * ow:(y - y0 + 1) * ow]
-            if iy < 0 or iy >= H:
-                dst[:] = 0
-                continue
-            dst[:x0] = 0
-            dst[x1:] = 0
-            mid = dst[x0:x1]
-            if sw == 1:
-                src = x[c, iy, x0 + off:x1 + off]
-                for q in range(x1 - x0):
-                    mid[q] = np.float32(src[q]) - zp
-            else:
-                src = x[c, iy, x0 * sw + off:(x1 - 1) * sw + off + 1:sw]
-                for q in range(x1 - x0):
-                    mid[q] = np.float32(src[q]) - zp
+    for r in range(x.shape[0] * kh * kw):
+        _im2col_row(x, zp, r, kh, kw, sh, sw, dh, dw, ph, pw, y0, y1, ow, cols[r * n:(r + 1) * n])
 
 
 @njit(cache=True)
