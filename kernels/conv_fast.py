@@ -428,26 +428,12 @@ def _shifted_rows(x, zp, kw, dw, ph, pw, r0, nrows, wp, xj):
     """The stride-1 columns of :func:`conv_bands` (``SHIFTED``): ``xj`` (flat) holds
     ``[C*kw, nrows*wp]`` row-major, ``xj[(c, j), t] = xp[c, r0 + t // wp, t % wp + j*dw]``
     with ``xp`` the image less ``zp``, zero-padded by ``ph`` rows and ``pw`` columns and
-    cut to ``wp`` columns (zero where a shifted row leaves them)."""
-    C, H, W = x.shape
+    cut to ``wp`` columns (zero where a shifted row leaves them): the im2col rows of a
+    1 x kw kernel at stride 1 over output rows ``[r0, r0 + nrows)``, ``wp`` wide."""
     L = nrows * wp
-    for c in range(C):
-        for j in range(kw):
-            row = xj[(c * kw + j) * L:(c * kw + j + 1) * L]
-            off = j * dw - pw
-            x0, x1 = _inside(wp, 1, off, W)
-            for rr in range(nrows):
-                iy = r0 + rr - ph
-                dst = row[rr * wp:(rr + 1) * wp]
-                if iy < 0 or iy >= H:
-                    dst[:] = 0
-                    continue
-                dst[:x0] = 0
-                dst[x1:] = 0
-                mid = dst[x0:x1]
-                src = x[c, iy, x0 + off:x1 + off]
-                for q in range(x1 - x0):
-                    mid[q] = np.float32(src[q]) - zp
+    one = np.int64(1)  # int64, not literals: one signature of _im2col_row
+    for r in range(x.shape[0] * kw):
+        _im2col_row(x, zp, r, one, kw, one, one, one, dw, ph, pw, r0, r0 + nrows, wp, xj[r * L:(r + 1) * L])
 
 
 #: conv_bands' ways to its GEMM operand B: the image in place (1x1), im2col, shifted rows (stride 1)

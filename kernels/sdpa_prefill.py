@@ -106,6 +106,26 @@ def score_rows(qb, kT, sc, Rp, D, Sp, ntc):
 # an empty cache (AVX2 host, CPU time), 8.4 s without, and the calls cost no run time
 # (A/B interleaved, BERT-like shapes: 0.98-0.99x).  score_rows stays inlined: sdpa's tiled
 # kernel inlines it too, and there a non-inlined tile step measured slower.
+@njit(inline="always", cache=True)
+def _lanes_max(v, part):
+    """max of the 16 lanes of ``v``, lane 0 first (``part``: 16 floats of scratch)."""
+    vstore(part, 0, v)
+    mx = part[0]
+    for j in range(1, 16):
+        mx = max(mx, part[j])
+    return mx
+
+
+@njit(inline="always", cache=True)
+def _lanes_sum(v, part):
+    """sum of the 16 lanes of ``v`` in lane order (``part``: 16 floats of scratch)."""
+    vstore(part, 0, v)
+    s = part[0]
+    for j in range(1, 16):
+        s += part[j]
+    return s
+
+
 @njit(cache=True, error_model="numpy")
 def _softmax_row(row, n, ntc, part):
     """exp(row - max) in place over ``ntc`` entries (those from ``n`` on are set to -inf,
@@ -116,10 +136,7 @@ def _softmax_row(row, n, ntc, part):
     mv = vsplat(NEG_INF)
     for t in range(0, ntc, 16):
         mv = vmax(mv, vload(row, t))
-    vstore(part, 0, mv)
-    mx = part[0]
-    for j in range(1, 16):
-        mx = max(mx, part[j])
+    mx = _lanes_max(mv, part)
     if mx == NEG_INF:
         for t in range(ntc):
             row[t] = np.float32(0.0)
@@ -129,10 +146,7 @@ def _softmax_row(row, n, ntc, part):
     ls = vsplat(np.float32(0.0))
     for t in range(0, ntc, 16):
         ls = vadd(ls, vload(row, t))
-    vstore(part, 0, ls)
-    s = part[0]
-    for j in range(1, 16):
-        s += part[j]
+    s = _lanes_sum(ls, part)
     return mx, s
 
 
@@ -160,10 +174,7 @@ def _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part):
         row[t] = NEG_INF
     for t in range(n16, ntc, 16):
         mv = vmax(mv, vload(row, t))
-    vstore(part, 0, mv)
-    mx = part[0]
-    for j in range(1, 16):
-        mx = max(mx, part[j])
+    mx = _lanes_max(mv, part)
     if mx == NEG_INF:
         for t in range(ntc):
             row[t] = np.float32(0.0)
@@ -174,10 +185,7 @@ def _scaled_softmax_row(row, n, ntc, scale, smul, mflat, mo, has_mask, part):
         e = vexp(vsub(vload(row, t), mxv))
         vstore(row, t, e)
         ls = vadd(ls, e)
-    vstore(part, 0, ls)
-    s = part[0]
-    for j in range(1, 16):
-        s += part[j]
+    s = _lanes_sum(ls, part)
     return mx, s
 
 
