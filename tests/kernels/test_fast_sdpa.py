@@ -157,6 +157,30 @@ def test_widened_prefill_chunks_stats_and_bf16_out(kind, monkeypatch):
     assert np.array_equal(ob, runs[0][0].astype(ml_dtypes.bfloat16).view(np.uint16))
 
 
+@pytest.mark.parametrize("okind", [1, 2])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_store_out_rounds_to_nearest_even_as_ml_dtypes_and_numpy(okind, contiguous):
+    """The kernels' bf16/f16 output store (``_store_out``, one compiled pass) gives the
+    bits of ml_dtypes' bf16 and numpy's f16 rounding (nearest even; overflow to inf;
+    subnormals; NaN stays NaN), into a fresh, a C-contiguous or a strided ``out``."""
+    rng = np.random.default_rng(okind)
+    res = (rng.standard_normal((2, 3, 5, 32)) * np.exp2(rng.integers(-30, 30, (2, 3, 5, 32)))).astype(np.float32)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 65519.0, 65520.0, 1e-7, -3e-8, 6e-5,
+                        1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 3.4e38, 1e-40], np.float32)
+    res.reshape(-1)[:special.size] = special
+    want = (res.astype(ml_dtypes.bfloat16) if okind == 1 else res.astype(np.float16)).view(np.uint16)
+    nan = np.isnan(res)
+    if contiguous:
+        out = SD._store_out(res, okind, None)
+    else:
+        out = np.zeros((2, 3, 5, 64), np.uint16)[..., ::2]
+        assert SD._store_out(res, okind, out) is out
+    assert out.dtype == np.uint16 and out.shape == res.shape
+    wide = (out.astype(np.uint32) << 16).view(np.float32) if okind == 1 else out.view(np.float16)
+    assert np.isnan(wide[nan]).all()
+    assert np.array_equal(out[~nan], want[~nan])
+
+
 @pytest.mark.parametrize("qdt", ["bf16", "f16"])
 def test_low_precision_q_div_scale_splits_and_out(qdt):
     rng = np.random.default_rng(1)
