@@ -41,6 +41,22 @@ def test_gallery_runs_prints_a_summary_and_writes_the_page(tmp_path, capsys):
     assert "First graph" in page and "def main" in page  # its description and its code
 
 
+def test_gallery_runs_samples_in_worker_processes_and_keeps_gallery_order(tmp_path, capsys):
+    """``--jobs 2``: each sample runs in a worker process, its whole output printed when it
+    ends; the table and the page keep the gallery's order, with the workers' records."""
+    names = ["11_composite_ops", "09_why_not_fused"]
+    assert gallery_main(["--small", "--jobs", "2", "--out", str(tmp_path), *names]) == 0
+    out = capsys.readouterr().out
+    assert "samples: 2 ok, 0 skipped, 0 failed" in out
+    assert all(f"{name} ok in" in out and out.count(f"] {name}\n") == 1 for name in names)
+    table = out[out.index("sample  "):]
+    assert table.index(names[0]) < table.index(names[1])
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:3]}
+    assert all(rows[name][1] == "ok" and int(rows[name][2]) > 0 for name in names)  # the workers' records
+    page = (tmp_path / "index.html").read_text()
+    assert page.index(f"id='{names[0]}'") < page.index(f"id='{names[1]}'") and page.count("<svg") >= 2
+
+
 def test_a_failing_sample_fails_the_gallery(tmp_path, capsys, monkeypatch):
     module = load("01_first_graph")
 
