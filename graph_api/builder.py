@@ -41,12 +41,13 @@ from .engine import Engine, Stream
 from .enums import EngineKind, FPMathMode, OpKind, PartitionPolicy, PropertyType
 from .errors import InvalidArguments, InvalidGraphOp, Unimplemented
 from .graph import Graph
-from .logical_tensor import LogicalTensor, dense_strides
+from .logical_tensor import LogicalTensor
 from .op import Op
 from .opset import OP_SCHEMAS
+from .config import get_memory_budget, settings
 from .runner import compile_graph
 from .schema import NO_DEFAULT, REQUIRED, check_attrs
-from .tensor import Tensor, make_scalar_tensor
+from .tensor import Tensor
 
 #: CamelCase pieces that read as one word in a method name
 _WORDS = {"PReLU": "Prelu", "ReLU": "Relu", "SoftMax": "Softmax", "MatMul": "Matmul"}
@@ -344,6 +345,9 @@ class CompiledModel:
                            for tid, array in constants.items() if tid in graph.input_ids}
         #: partition id -> the kernel (plan) it runs, for the shapes compiled last
         self.kernels: dict[int, str] = {}
+        #: feed signature -> CompiledGraph (:meth:`_compiled_for`), and the one run last
+        self._graphs: dict = {}
+        self._last = None
 
     def __call__(self, *arrays):
         if len(arrays) != len(self.inputs):
@@ -361,26 +365,52 @@ class CompiledModel:
             lt = self.graph.tensors.get(tid)
             if lt is None or tid not in self.graph.input_ids:
                 raise InvalidArguments(f"tensor {tid} is not an input of the graph")
-            values[tid] = _input_tensor(lt, array, self.engine)
+            values[tid] = _input_array(lt, array)
         values.update(self._constants)
         missing = [t for t in self.graph.input_ids if t not in values]
         if missing:
             raise InvalidArguments(f"no value for graph inputs {missing}")
-        compiled = compile_graph(self.graph, values, self.policy, self.partitions)
-        compiled.run(values)
-        self.kernels = {part.id: comp.plan.name for part, comp, _, _ in compiled.steps}
+        compiled = self._compiled_for(values)
+        compiled(values)  # the steps bound once per set of input arrays (CompiledGraph.__call__)
         return {v.id: compiled.produced[v.id].numpy().copy() if v.id in compiled.produced
-                else values[v.id].numpy().copy() for v in self.outputs}
+                else np.array(_array_of(values[v.id])) for v in self.outputs}
+
+    def _compiled_for(self, values: dict):
+        """The CompiledGraph for these feeds' shapes and types, looked up by a key made of
+        what the arrays already say (shape, dtype), the reference switch and the memory
+        budget: :func:`compile_graph`'s own key (new logical tensors, the partitions'
+        descriptions) cost more than running a decode step's small partitions."""
+        key = (tuple((tid, _signature(v)) for tid, v in values.items()), settings.reference, get_memory_budget())
+        compiled = self._graphs.get(key)
+        if compiled is None:
+            if len(self._graphs) > 8:
+                self._graphs.clear()
+            compiled = self._graphs[key] = compile_graph(self.graph, values, self.policy, self.partitions)
+        if compiled is not self._last:
+            self._last = compiled
+            self.kernels = {part.id: comp.plan.name for part, comp, _, _ in compiled.steps}
+        return compiled
 
 
-def _input_tensor(lt: LogicalTensor, array, engine) -> Tensor:
+def _signature(value) -> tuple:
+    """What of a feed decides the compiled graph: its logical tensor (a Tensor), or the
+    shape and dtype of an array (fed dense: :func:`_input_array`)."""
+    if isinstance(value, Tensor):
+        return value.get_logical_tensor().key()
+    return tuple(np.shape(value)), str(getattr(value, "dtype", type(value).__name__))
+
+
+def _array_of(value):
+    return value.numpy() if isinstance(value, Tensor) else value
+
+
+def _input_array(lt: LogicalTensor, array):
+    """A feed as the array the graph's input takes: its data type (converted), dense."""
     if lt.property == PropertyType.host_scalar:
-        return make_scalar_tensor(lt, array)
+        return array
     array = np.asarray(array)
     if array.dtype != dtypes.numpy_dtype(lt.dtype):
         array = dtypes.convert(array, lt.dtype)
     if lt.shape is not None and len(lt.shape) != array.ndim:
         raise InvalidArguments(f"input {lt.id} has rank {len(lt.shape)}, got an array of shape {array.shape}")
-    concrete = LogicalTensor(lt.id, lt.dtype, array.shape, dense_strides(array.shape),
-                             property=lt.property)
-    return Tensor(concrete, engine, np.ascontiguousarray(array))
+    return np.ascontiguousarray(array)

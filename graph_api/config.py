@@ -25,6 +25,7 @@ changed at run time through :data:`settings`.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -76,8 +77,11 @@ def progress(message: str) -> None:
 
 
 # ====================================================================== memory budget
+@functools.lru_cache(maxsize=1)
 def usable_memory() -> int | None:
-    """Bytes this process may use: physical memory, or a lower cgroup limit; None if unknown."""
+    """Bytes this process may use: physical memory, or a lower cgroup limit; None if unknown.
+    Read once per process (every graph run's cache key holds the budget: reading the
+    cgroup files each time cost ~1 ms a run)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

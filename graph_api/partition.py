@@ -105,7 +105,11 @@ class Partition:
     @property
     def pattern_name(self) -> str | None:
         pattern = self.fusion.pattern
-        return None if pattern is None else getattr(pattern, "name", str(pattern))
+        if pattern is None:
+            return None
+        # not getattr(pattern, "name", str(pattern)): that formats the whole pattern on every call
+        name = getattr(pattern, "name", None)
+        return str(pattern) if name is None else name
 
     def get_id(self) -> int:
         return self.id
