@@ -71,7 +71,7 @@ from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.kernels import conv as cv
 from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm, openblas, store
+from graph_api.kernels import igemm, igemm16, openblas, store
 from graph_api.kernels import scratch
 from graph_api.kernels.numba_setup import numba
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
@@ -406,39 +406,55 @@ class Int8Weights:
     cb: np.ndarray  # int32 [P]: zp + shift in every column; igemm subtracts cb[p] * rowsum[o]
 
 
-def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8Weights | None:
-    """The int8 GEMM form of ``stage``'s weights, or None where it does not apply: the
-    sums must fit int32 (:func:`igemm.exact_in_int32`: |w| <= 128, |x - zp| <= x_range)
-    and the zero point must be a value of the data's dtype (padded positions hold it).
-    Cached with the weights under the same constant-buffer key."""
+@dataclass
+class PairWeights:
+    """A convolution's s8 weights [OC, K] as the int16 pairs of the AVX2 int8 GEMM
+    (:mod:`graph_api.kernels.igemm16`); the data's zero point leaves with the columns."""
+
+    ap: np.ndarray  # igemm16.pack_a of the weights, kept across executions
+    k2: int  # K / 2 rounded up
+
+
+def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8Weights | PairWeights | None:
+    """The int8 GEMM form of ``stage``'s weights, or None where no int8 GEMM applies.
+
+    With AVX-512 VNNI, igemm's packed s8 weights: the sums must fit int32
+    (:func:`igemm.exact_in_int32`: |w| <= 128, |x - zp| <= x_range) and the zero point
+    must be a value of the data's dtype (padded positions hold it).  Else, on AVX2,
+    igemm16's int16 pairs (:func:`igemm16.exact`; any zero point whose ``x - zp`` fits
+    int16).  Cached with the weights under the same constant-buffer key."""
     geo, int8 = stage.geo, stage.int8
-    if not igemm.HAVE_VNNI:
-        # without VNNI the int8 GEMM runs its portable tile, which LLVM vectorises poorly:
-        # the ResNet-50 int8 block took 74 ms on a Zen 3 core pair against 8 ms for the
-        # f32 one; the exact f32 BLAS products (whole or in chunks) take about the f32 time
-        return None
     if geo.groups != 1 or len(geo.kernel) != 2 or x_dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
         return None
     lo, hi = (0, 255) if x_dtype == np.uint8 else (-128, 127)
     zp = int8["x_zp"]
-    if not lo <= zp <= hi or not igemm.exact_in_int32(geo.reduction, 128, int8["x_range"]):
+    vnni = igemm.HAVE_VNNI and lo <= zp <= hi and igemm.exact_in_int32(geo.reduction, 128, int8["x_range"])
+    pairs = not vnni and igemm16.HAVE_AVX2 and igemm16.exact(geo.reduction, 128, int8["x_range"])
+    if not (vnni or pairs):
+        # no int8 GEMM: the exact f32 BLAS products (whole or in chunks); igemm's portable
+        # tile compiles to scalar code on AVX2 (the ResNet-50 int8 block took 74 ms on a
+        # Zen 3 core pair against 8 ms for the f32 one)
         return None
-    cached = stage.cache.get(("int8_gemm", key, x_dtype)) if key is not None else None
+    cache_key = ("int8_gemm", key, x_dtype, vnni)
+    cached = stage.cache.get(cache_key) if key is not None else None
     if cached is not None:
         return cached
     w8 = w2[0].astype(np.int8)  # s8 weights held in f32: exact
-    k4 = -(-w8.shape[1] // 4)
-    rowsum = np.zeros(w8.shape[0], np.int32)
-    ap = np.array(igemm._pack_a(w8, k4, rowsum, True))  # a copy: _pack_a returns scratch memory
-    shift = 128 if x_dtype == np.int8 else 0
-    # sum_j w (x + shift - (zp + shift)): the products of the shifted bytes minus
-    # (zp + shift) * rowsum(w), igemm's row term; int32 wrapping is exact because the
-    # final sums fit (the guard above)
-    P = geo.positions
-    out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), rowsum, np.zeros(P, np.int32),
-                      np.full(P, zp + shift, np.int32))
+    if pairs:
+        out = PairWeights(igemm16.pack_a(w8), -(-w8.shape[1] // 2))
+    else:
+        k4 = -(-w8.shape[1] // 4)
+        rowsum = np.zeros(w8.shape[0], np.int32)
+        ap = np.array(igemm._pack_a(w8, k4, rowsum, True))  # a copy: _pack_a returns scratch memory
+        shift = 128 if x_dtype == np.int8 else 0
+        # sum_j w (x + shift - (zp + shift)): the products of the shifted bytes minus
+        # (zp + shift) * rowsum(w), igemm's row term; int32 wrapping is exact because the
+        # final sums fit (the guard above)
+        P = geo.positions
+        out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), rowsum, np.zeros(P, np.int32),
+                          np.full(P, zp + shift, np.int32))
     if key is not None:
-        stage.cache[("int8_gemm", key, x_dtype)] = out
+        stage.cache[cache_key] = out
     return out
 
 
@@ -446,6 +462,8 @@ def _gemm_path(stage: ConvStage, chunk: int, vnni) -> str:
     """The name of the kernel a fast segment's convolution runs on."""
     if stage.direct_depthwise:
         return "depthwise"
+    if isinstance(vnni, PairWeights):
+        return "int8_pairs_gemm"
     if vnni is not None:
         return "int8_vnni_gemm"
     if stage.int8 is not None:
@@ -749,6 +767,8 @@ class ConvPlan:
                 if st.direct_depthwise:
                     y = buffer(("y", s), (OC, P), np.float32)
                     calls.append(partial(cf.depthwise_2d, x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y))
+                elif isinstance(vnni, PairWeights):  # exact int32 sums on the AVX2 int8 GEMM
+                    y = self._pairs_gemm_calls(s, x, zp, vnni, geo, buffer, calls)
                 elif vnni is not None:  # exact int32 sums on the VNNI int8 GEMM
                     y = self._int8_gemm_calls(s, x, vnni, geo, buffer, calls)
                 else:
@@ -792,6 +812,25 @@ class ConvPlan:
         y = buffer(("y32", s), (OC, P), np.int32)
         calls.append(partial(igemm.driver(True), vnni.ap, OC, bp, vnni.k4, vnni.colterm, vnni.cb, vnni.rowsum,
                              False, y))
+        return y
+
+    def _pairs_gemm_calls(self, s: int, x: np.ndarray, zp, pw: PairWeights, geo: cv.Geometry, buffer,
+                          calls: list) -> np.ndarray:
+        """Appends to ``calls`` the kernels of ``sum_j w[o, j] * (cols[j, p] - zp)`` as
+        int32 [OC, P] on the AVX2 int8 GEMM: the columns less the zero point gathered
+        straight into igemm16's int16-pair panels, the paired weights as A."""
+        oh, ow = geo.out_spatial
+        P, OC = oh * ow, geo.out_channels
+        bp = buffer(("bp16", s), (-(-P // igemm16.NR) * pw.k2 * igemm16.NR,), np.uint32)
+        C, H, W = x.shape
+        if geo.strides == (1, 1) and ow == W and x.flags.c_contiguous:  # one long copy per row of B
+            calls.append(partial(cf.im2col_pairs_2d_flat, x.reshape(C, H * W), H, W, int(zp), *geo.kernel,
+                                 *geo.dilations, *geo.pads_begin, oh, pw.k2, bp))
+        else:
+            calls.append(partial(cf.im2col_pairs_2d, x, zp, *geo.kernel, *geo.strides, *geo.dilations,
+                                 *geo.pads_begin, oh, ow, pw.k2, bp))
+        y = buffer(("y32", s), (OC, P), np.int32)
+        calls.append(partial(igemm16.gemm, pw.ap, OC, bp, pw.k2, y))
         return y
 
     def bind(self, inputs: dict, outputs: dict):
