@@ -161,36 +161,51 @@ def _tile(a, a_off, bp, b_off, k2, c, c_off, ldc, first, mr):
 
 
 @njit(parallel=True, cache=True)
-def gemm(ap, M, bp, k2, c):
-    """``c[m, n] = sum_k A[m, k] * B[k, n]`` (int32 [M, N], C-contiguous) from ``ap``
-    (:func:`pack_a`) and the panels ``bp`` (:func:`pack_b`, or gathered in that layout).
+def gemm(ap, M, bp, k2, taps, tap_panels, wp, ow, c):
+    """``c[m, y*ow + q] = sum_t sum_k A_t[m, k] * B[k, (y + t*tap_rows)*wp + q]`` for
+    ``q < ow`` (int32, ``c`` C-contiguous [M, rows*ow]) from ``ap`` (``taps`` copies of
+    :func:`pack_a`'s layout, one after the other) and the panels ``bp`` (:func:`pack_b`,
+    or gathered in that layout), ``tap_panels = tap_rows * wp / NR``.
 
-    Tasks are (panel, row block) pairs, panel-major, so a thread keeps its panel in
-    L1 while it walks the row blocks.  A whole panel's tile is stored straight into C
-    (C-contiguous); the last, partial panel sums into a [MB, NR] tile of its own, copied
-    into C's columns."""
+    A plain GEMM is ``taps = 1``, ``wp = ow = N``.  Several taps are a stride-1
+    convolution on rows of ``wp`` columns (a multiple of NR): tap ``t`` (kernel row ``t``)
+    reads B ``t*tap_rows`` rows of the image further, so a panel's ``taps`` products
+    are one accumulation; of each row's ``wp`` columns only the first ``ow`` are kept
+    (panels wholly past ``ow`` are skipped).
+
+    Tasks are (panel, row block) pairs, panel-major, so a thread keeps its panels in
+    L1/L2 while it walks the row blocks.  A panel of ``NR`` kept columns is stored
+    straight into C; one partly kept sums into a [MB, NR] tile of its own, then copied."""
     N = c.shape[1]
-    panels = (N + NR - 1) // NR
+    nrows = N // ow  # output rows
+    row_panels = (wp + NR - 1) // NR
+    panels = nrows * row_panels
     mblocks = (M + MB - 1) // MB
+    a_tap = ((M + MR - 1) // MR) * MR * k2 * 4  # bytes of one tap's packed A
     cflat = c.reshape(-1)
     for task in prange(panels * mblocks):
         p = task // mblocks
         m0 = (task % mblocks) * MB
         m1 = min(m0 + MB, M)
-        n0 = p * NR
-        nn = min(NR, N - n0)
+        y = p // row_panels
+        q0 = (p % row_panels) * NR
+        if q0 >= ow:
+            continue
+        nn = min(NR, ow - q0)
+        n0 = y * ow + q0  # the panel's first column in C
         direct = nn == NR
         ct = cflat if direct else np.empty(MB * NR, np.int32)
-        for q0 in range(0, k2, KC2):
-            q1 = min(q0 + KC2, k2)
-            b_off = (p * k2 + q0) * NR * 4
-            first = 1 if q0 == 0 else 0
-            for r in range(m0, m1, MR):
-                a_off = (r // MR * k2 + q0) * MR * 4
-                if direct:
-                    _tile(ap, a_off, bp, b_off, q1 - q0, ct, r * N + n0, N, first, min(MR, m1 - r))
-                else:
-                    _tile(ap, a_off, bp, b_off, q1 - q0, ct, (r - m0) * NR, NR, first, min(MR, m1 - r))
+        for t in range(taps):
+            for k0 in range(0, k2, KC2):
+                k1 = min(k0 + KC2, k2)
+                b_off = ((p + t * tap_panels) * k2 + k0) * NR * 4
+                first = 1 if t == 0 and k0 == 0 else 0
+                for r in range(m0, m1, MR):
+                    a_off = t * a_tap + (r // MR * k2 + k0) * MR * 4
+                    if direct:
+                        _tile(ap, a_off, bp, b_off, k1 - k0, ct, r * N + n0, N, first, min(MR, m1 - r))
+                    else:
+                        _tile(ap, a_off, bp, b_off, k1 - k0, ct, (r - m0) * NR, NR, first, min(MR, m1 - r))
         if not direct:
             for m in range(m0, m1):
                 src = ct[(m - m0) * NR:(m - m0) * NR + nn]
@@ -222,6 +237,7 @@ def pack_b(b: np.ndarray) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` as int32 [M, N], exact when :func:`exact` holds for the operands' bounds."""
     M, K = a.shape
-    c = np.empty((M, b.shape[1]), np.int32)
-    gemm(pack_a(a), M, pack_b(b), -(-K // 2), c)
+    N = b.shape[1]
+    c = np.empty((M, N), np.int32)
+    gemm(pack_a(a), M, pack_b(b), -(-K // 2), 1, 0, max(N, 1), max(N, 1), c)
     return c

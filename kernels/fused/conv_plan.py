@@ -411,8 +411,21 @@ class PairWeights:
     """A convolution's s8 weights [OC, K] as the int16 pairs of the AVX2 int8 GEMM
     (:mod:`graph_api.kernels.igemm16`); the data's zero point leaves with the columns."""
 
-    ap: np.ndarray  # igemm16.pack_a of the weights, kept across executions
-    k2: int  # K / 2 rounded up
+    ap: np.ndarray  # igemm16.pack_a of the weights (of each kernel row when shifted), kept across executions
+    k2: int  # K / 2 rounded up (K of one kernel row when shifted)
+    taps: int = 1  # kernel rows summed by the GEMM (the shifted form), else 1
+    wp: int = 0  # the shifted form's row width (a multiple of igemm16.NR); 0: im2col columns
+
+
+def _shifted_pairs_pay(geo: cv.Geometry) -> bool:
+    """Whether a stride-1 kxk convolution runs on the int16-pair GEMM's shifted rows: the
+    gather writes ``kw`` copies of the image instead of im2col's ``kh*kw`` (for ResNet's
+    3x3 at 56x56, 1.4 MB of pairs instead of 3.6 MB); the GEMM computes whole panels of
+    each output row, ``ceil(ow / NR) * NR`` columns for ``ow``: taken while that is at most
+    8/7 of the work (ow = 14, 28, 56 exactly; not 7)."""
+    oh, ow = geo.out_spatial
+    return (geo.strides == (1, 1) and geo.kernel[0] > 1 and ow * oh > 0
+            and -(-ow // igemm16.NR) * igemm16.NR * 7 <= ow * 8)
 
 
 def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8Weights | PairWeights | None:
@@ -440,7 +453,14 @@ def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8We
     if cached is not None:
         return cached
     w8 = w2[0].astype(np.int8)  # s8 weights held in f32: exact
-    if pairs:
+    if pairs and _shifted_pairs_pay(geo):
+        kh, kw = geo.kernel
+        oc, ow = geo.out_channels, geo.out_spatial[1]
+        rows = _shifted_weights(stage, w2[0], key).astype(np.int8)  # [kh*OC, C*kw], kernel row by row
+        ap = np.concatenate([igemm16.pack_a(rows[i * oc:(i + 1) * oc]) for i in range(kh)])
+        wp = -(-(ow + (kw - 1) * geo.dilations[1]) // igemm16.NR) * igemm16.NR
+        out = PairWeights(ap, -(-rows.shape[1] // 2), kh, wp)
+    elif pairs:
         out = PairWeights(igemm16.pack_a(w8), -(-w8.shape[1] // 2))
     else:
         k4 = -(-w8.shape[1] // 4)
@@ -463,7 +483,7 @@ def _gemm_path(stage: ConvStage, chunk: int, vnni) -> str:
     if stage.direct_depthwise:
         return "depthwise"
     if isinstance(vnni, PairWeights):
-        return "int8_pairs_gemm"
+        return "int8_pairs_gemm_shifted" if vnni.wp else "int8_pairs_gemm"
     if vnni is not None:
         return "int8_vnni_gemm"
     if stage.int8 is not None:
@@ -814,23 +834,35 @@ class ConvPlan:
                              False, y))
         return y
 
-    def _pairs_gemm_calls(self, s: int, x: np.ndarray, zp, pw: PairWeights, geo: cv.Geometry, buffer,
+    def _pairs_gemm_calls(self, s: int, x: np.ndarray, zp, pair: PairWeights, geo: cv.Geometry, buffer,
                           calls: list) -> np.ndarray:
         """Appends to ``calls`` the kernels of ``sum_j w[o, j] * (cols[j, p] - zp)`` as
-        int32 [OC, P] on the AVX2 int8 GEMM: the columns less the zero point gathered
-        straight into igemm16's int16-pair panels, the paired weights as A."""
+        int32 [OC, P] on the AVX2 int8 GEMM; returns that result's buffer.  The columns
+        less the zero point are gathered straight into igemm16's int16-pair panels: im2col
+        columns, or (``pair.wp``) the image's rows shifted by each kernel column, ``pair.wp``
+        wide, which the GEMM reads once per kernel row (its ``taps``) with that row's weights."""
         oh, ow = geo.out_spatial
         P, OC = oh * ow, geo.out_channels
-        bp = buffer(("bp16", s), (-(-P // igemm16.NR) * pw.k2 * igemm16.NR,), np.uint32)
         C, H, W = x.shape
+        NR = igemm16.NR
+        y = buffer(("y32", s), (OC, P), np.int32)
+        if pair.wp:
+            kh, kw = geo.kernel
+            dh, dw = geo.dilations
+            rows = oh + (kh - 1) * dh  # image rows the kernel rows read, padding included
+            bp = buffer(("bp16", s), (rows * pair.wp // NR * pair.k2 * NR,), np.uint32)
+            calls.append(partial(cf.im2col_pairs_2d, x, zp, 1, kw, 1, 1, 1, dw, *geo.pads_begin, rows, pair.wp,
+                                 pair.k2, bp))
+            calls.append(partial(igemm16.gemm, pair.ap, OC, bp, pair.k2, kh, dh * pair.wp // NR, pair.wp, ow, y))
+            return y
+        bp = buffer(("bp16", s), (-(-P // NR) * pair.k2 * NR,), np.uint32)
         if geo.strides == (1, 1) and ow == W and x.flags.c_contiguous:  # one long copy per row of B
             calls.append(partial(cf.im2col_pairs_2d_flat, x.reshape(C, H * W), H, W, int(zp), *geo.kernel,
-                                 *geo.dilations, *geo.pads_begin, oh, pw.k2, bp))
+                                 *geo.dilations, *geo.pads_begin, oh, pair.k2, bp))
         else:
             calls.append(partial(cf.im2col_pairs_2d, x, zp, *geo.kernel, *geo.strides, *geo.dilations,
-                                 *geo.pads_begin, oh, ow, pw.k2, bp))
-        y = buffer(("y32", s), (OC, P), np.int32)
-        calls.append(partial(igemm16.gemm, pw.ap, OC, bp, pw.k2, y))
+                                 *geo.pads_begin, oh, ow, pair.k2, bp))
+        calls.append(partial(igemm16.gemm, pair.ap, OC, bp, pair.k2, 1, 0, P, P, y))
         return y
 
     def bind(self, inputs: dict, outputs: dict):

@@ -195,6 +195,46 @@ def test_conv_clamp_block_shortcut_equals_the_reference_bit_for_bit():
     np.testing.assert_array_equal(next(iter(fused.outputs[t] for t in graph.output_ids)), want)
 
 
+# ow = 14, 16, 28: whole 16-column panels cost at most 8/7 of the work, so the shifted rows
+# serve (wp = 16 or 32, and for ow = 16 a row width past the 16 kept columns); dilation,
+# a 5x5 kernel, padding wider than the kernel's reach, channels last, s8 data
+@pytest.mark.parametrize("fmt,src,hw,k,pad,dilation,zp", [
+    ("NCX", np.uint8, 14, 3, 1, 1, 3), ("NCX", np.uint8, 16, 3, 2, 2, 255), ("NXC", np.int8, 30, 3, 0, 1, -5),
+    ("NCX", np.int8, 14, 5, 2, 1, 127), ("NXC", np.uint8, 14, 3, 3, 2, 0)])
+def test_int8_conv_on_the_pair_gemm_shifted_rows_is_exact(monkeypatch, fmt, src, hw, k, pad, dilation, zp):
+    """Stride-1 kxk on the AVX2 int16-pair GEMM reading the image rows shifted by each kernel
+    column once per kernel row: exact integer sums (int64 direct sum), scaled once."""
+    from graph_api.kernels import igemm, igemm16
+    if not igemm16.HAVE_AVX2:
+        pytest.skip("no AVX2 on this CPU")
+    monkeypatch.setattr(igemm, "HAVE_VNNI", False)
+    c = 6
+    g = cg.G()
+    x_shape = (2, c, hw, hw) if fmt == "NCX" else (2, hw, hw, c)
+    x8 = g.input(x_shape, dt.u8 if src == np.uint8 else dt.s8)
+    x = g.op(K.Dequantize, x8, dtype=dt.f32, attrs=cg._qattrs((0.25,), (zp,)))
+    wfmt = "OIX" if fmt == "NCX" else "XIO"
+    w_shape = (c, c, k, k) if fmt == "NCX" else (k, k, c, c)
+    scales = [0.5 * (1 + i % 3) for i in range(c)]
+    w = g.op(K.Dequantize, g.tensor(w_shape, dt.s8, cg.CONST), dtype=dt.f32,
+             attrs=cg._qattrs(scales, [0] * c, "per_channel", 0 if fmt == "NCX" else 3))
+    g.op(K.ReLU, g.op(K.Convolution, x, w, attrs=cg.conv_attrs(fmt, pad=pad, wfmt=wfmt, dilation=dilation)))
+    graph = g.done()
+    x_id, w_id = _inputs(graph)
+    lo, hi = (0, 255) if src == np.uint8 else (-128, 127)
+    xv = RNG.integers(lo, hi + 1, x_shape).astype(src)
+    wv = RNG.integers(-128, 128, w_shape).astype(np.int8)
+    run = ga.run_graph(graph, {x_id: xv, w_id: wv})
+    assert run.partitions[0].compiled.plan.gemm_paths == ("int8_pairs_gemm_shifted",)
+    to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if fmt == "NXC" else (lambda a: a)
+    w_oihw = wv.transpose(3, 2, 0, 1) if fmt == "NXC" else wv
+    acc = direct_conv(to_nchw(xv).astype(np.int64) - zp, w_oihw.astype(np.int64), pad=pad, dilation=dilation)
+    sc = np.float64(np.float32(0.25)) * np.array(scales, np.float32).astype(np.float64)
+    # ReLU of the f32 rounding of the exactly scaled sums: bit for bit
+    want = np.maximum((acc * sc.reshape(1, -1, 1, 1)).astype(np.float32), 0)
+    np.testing.assert_array_equal(to_nchw(run.outputs[graph.output_ids[0]]), want)
+
+
 def test_int8_depthwise_conv_on_the_tap_kernel_is_exact():
     """9 taps of |(x - zp) w| <= 252 * 128: every f32 partial sum is an exact integer."""
     graph = cg.quantized_conv(src_dt=dt.u8, src_zp=3, per_channel=True, bias=False, post=(),
