@@ -46,8 +46,12 @@ int32 (all of ResNet's and MobileNet's) skip the f32 columns: the 8-bit columns
 are gathered straight into the packed B of the exact VNNI int8 GEMM
 (:mod:`graph_api.kernels.igemm`, A = the packed s8 weights, kept across
 executions), whose int32 sums the epilogue scales in f64 as it does the f32
-ones; the zero point comes out through igemm's row-sum term, exactly.  Every
-other partition runs the block path above.
+ones; the zero point comes out through igemm's row-sum term, exactly.  CPUs
+without VNNI (AVX2) gather the columns less the zero point as int16 into the
+panels of :mod:`graph_api.kernels.igemm16` (``vpmaddwd``, exact, about twice
+the f32 GEMM's rate); a stride-1 kxk convolution there gathers the image rows
+shifted by each kernel column (``kw`` copies instead of ``kh*kw``) and the GEMM
+reads them once per kernel row.  Every other partition runs the block path above.
 
 The fast path's kernel calls are one list built per execution (:meth:`ConvPlan._fast_calls`);
 :meth:`ConvPlan.bind` builds it once for a compiled graph's tensors (constant weights,
@@ -478,13 +482,13 @@ def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8We
     return out
 
 
-def _gemm_path(stage: ConvStage, chunk: int, vnni) -> str:
-    """The name of the kernel a fast segment's convolution runs on."""
+def _gemm_path(stage: ConvStage, chunk: int, int_w) -> str:
+    """The name of the kernel a fast segment's convolution runs on (``int_w``: its int8 GEMM weights or None)."""
     if stage.direct_depthwise:
         return "depthwise"
-    if isinstance(vnni, PairWeights):
-        return "int8_pairs_gemm_shifted" if vnni.wp else "int8_pairs_gemm"
-    if vnni is not None:
+    if isinstance(int_w, PairWeights):
+        return "int8_pairs_gemm_shifted" if int_w.wp else "int8_pairs_gemm"
+    if int_w is not None:
         return "int8_vnni_gemm"
     if stage.int8 is not None:
         return "f32_blas_exact" if stage.geo.reduction <= chunk else "f32_blas_exact_chunks"
@@ -730,10 +734,10 @@ class ConvPlan:
                         chan[step] = value
             full = None if seg.full_id is None else to_ncx(arrays[seg.full_id], self.fmt)
             int8_gemm = st.int8 is not None and not st.direct_depthwise
-            vnni = _int8_gemm_weights(st, w2, key, arrays[st.x_id].dtype) if int8_gemm else None
+            int_w = _int8_gemm_weights(st, w2, key, arrays[st.x_id].dtype) if int8_gemm else None
             # the f32 path's exact reduction length (a pass over the weights: not on the int8 GEMM path)
-            chunk = _exact_reduction(w2, st.int8) if int8_gemm and vnni is None else 0
-            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk, vnni))
+            chunk = _exact_reduction(w2, st.int8) if int8_gemm and int_w is None else 0
+            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk, int_w))
         #: per segment, the kernel that computed its convolution (tests read it)
         self.gemm_paths = tuple(_gemm_path(seg.stage, p[5], p[6]) for seg, p in zip(self.fast, prepared))
         is_int = out.dtype != np.float32
@@ -746,7 +750,7 @@ class ConvPlan:
         calls = []
         for n in range(self.n_images):
             x = x_all[n]
-            for s, (seg, (w2, bias, chan, fpar, full, chunk, vnni)) in enumerate(zip(self.fast, prepared)):
+            for s, (seg, (w2, bias, chan, fpar, full, chunk, int_w)) in enumerate(zip(self.fast, prepared)):
                 st, geo = seg.stage, seg.stage.geo
                 kh, kw = geo.kernel
                 sh, sw = geo.strides
@@ -761,7 +765,7 @@ class ConvPlan:
                 ep = (scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale), np.float32(seg.fzp),
                       dest, is_int, np.float32(lo), np.float32(hi))
                 x_next = dest.reshape((OC,) + tuple(geo.out_spatial))
-                one_gemm = not st.direct_depthwise and vnni is None and (st.int8 is None or geo.reduction <= chunk)
+                one_gemm = not st.direct_depthwise and int_w is None and (st.int8 is None or geo.reduction <= chunk)
                 if one_gemm and bands and P * OC * geo.reduction > 0:  # im2col, GEMM and epilogue band
                     # by band in one kernel (empty products take numpy's matmul below)
                     rows = -(-oh // min(oh, numba.get_num_threads()))
@@ -787,10 +791,10 @@ class ConvPlan:
                 if st.direct_depthwise:
                     y = buffer(("y", s), (OC, P), np.float32)
                     calls.append(partial(cf.depthwise_2d, x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y))
-                elif isinstance(vnni, PairWeights):  # exact int32 sums on the AVX2 int8 GEMM
-                    y = self._pairs_gemm_calls(s, x, zp, vnni, geo, buffer, calls)
-                elif vnni is not None:  # exact int32 sums on the VNNI int8 GEMM
-                    y = self._int8_gemm_calls(s, x, vnni, geo, buffer, calls)
+                elif isinstance(int_w, PairWeights):  # exact int32 sums on the AVX2 int8 GEMM
+                    y = self._pairs_gemm_calls(s, x, zp, int_w, geo, buffer, calls)
+                elif int_w is not None:  # exact int32 sums on the VNNI int8 GEMM
+                    y = self._int8_gemm_calls(s, x, int_w, geo, buffer, calls)
                 else:
                     if geo.pointwise and st.int8 is None and x.flags.c_contiguous:
                         cols = x.reshape(geo.in_channels, P)  # the image itself
