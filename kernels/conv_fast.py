@@ -8,7 +8,9 @@ strided view and is read through its strides):
   one parallel pass (padding, the integer zero point and the conversion to f32
   included; no padded copy of the image).
 * :func:`im2col_packed_2d`: the same columns of 8-bit data as bytes, written
-  straight into the int8 GEMM's packed B panels (``kernels/igemm.py``).
+  straight into the int8 GEMM's packed B panels (``kernels/igemm.py``);
+  :func:`im2col_pairs_2d`: as int16 pairs in the AVX2 int8 GEMM's panels
+  (``kernels/igemm16.py``).
 * :func:`depthwise_2d`: ``y[c, p] = sum_t w[c, t] * (x[c, ...] - zp)`` in f32,
   taps in kernel order (the order of ``graph_api.kernels.conv.conv_depthwise``),
   vectorised along the output row.
@@ -38,6 +40,7 @@ from numba import njit, prange
 
 from graph_api.kernels import igemm
 from graph_api.kernels.igemm import NR
+from graph_api.kernels.igemm16 import NR as NR16
 from graph_api.kernels.openblas import sgemm
 from graph_api.kernels.store import _finite
 
@@ -210,6 +213,96 @@ def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, 
                 for q in range(x1, ow):
                     dst[y * ow + q] = pad
         _interleave(rows, kk, k4, P, out32)
+
+
+@njit(parallel=True, cache=True)
+def im2col_pairs_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, k2, out32):
+    """The im2col columns of 8-bit image ``x`` [C, H, W] (any strides) less the zero
+    point, as the int16 pairs of :mod:`graph_api.kernels.igemm16`'s panels:
+    ``out32[(p*k2 + kk)*NR16 + j]`` holds ``cols[2*kk, p*NR16 + j]`` in its low and
+    ``cols[2*kk + 1, p*NR16 + j]`` in its high 16 bits (``x - zp``, within [-255, 255]
+    for 8-bit data and zero point; 0 where the window leaves the image and past K and P).
+
+    A task is one pair of rows of B, gathered whole by :func:`_im2col_row` (the f32
+    columns' gatherer: integers below 2^24, exact) then interleaved into every panel."""
+    C = x.shape[0]
+    K = C * kh * kw
+    P = oh * ow
+    for kk in prange(k2):
+        rows = np.zeros((2, P), np.float32)
+        for t in range(2):
+            r = np.int64(2 * kk + t)
+            if r < K:
+                _im2col_row(x, zp, r, kh, kw, sh, sw, dh, dw, ph, pw, np.int64(0), oh, ow, rows[t])
+        r0, r1 = rows[0], rows[1]
+        for p in range((P + NR16 - 1) // NR16):
+            n0 = p * NR16
+            nn = min(NR16, P - n0)
+            o = out32[(p * k2 + kk) * NR16:(p * k2 + kk + 1) * NR16]
+            a0, a1 = r0[n0:n0 + nn], r1[n0:n0 + nn]
+            for q in range(nn):
+                o[q] = (np.uint32(np.int32(a0[q])) & np.uint32(0xFFFF)) | (np.uint32(np.int32(a1[q])) << np.uint32(16))
+            for q in range(nn, NR16):
+                o[q] = 0
+
+
+@njit(inline="always", cache=True)
+def _interleave_pairs(r0, r1, kk, k2, P, out32):
+    """Rows ``2*kk`` and ``2*kk + 1`` of B (int16 [P] each) -> the 32-bit words of pair ``kk``
+    in every igemm16 panel (``r0`` in the low half), zeros past P."""
+    for p in range((P + NR16 - 1) // NR16):
+        n0 = p * NR16
+        nn = min(NR16, P - n0)
+        o = out32[(p * k2 + kk) * NR16:(p * k2 + kk + 1) * NR16]
+        a0, a1 = r0[n0:n0 + nn], r1[n0:n0 + nn]
+        for q in range(nn):
+            o[q] = np.uint32(np.uint16(a0[q])) | (np.uint32(np.uint16(a1[q])) << np.uint32(16))
+        for q in range(nn, NR16):
+            o[q] = 0
+
+
+@njit(parallel=True, cache=True)
+def im2col_pairs_2d_flat(x2, H, W, zp, kh, kw, dh, dw, ph, pw, oh, k2, out32):
+    """:func:`im2col_pairs_2d` for stride 1 and ``ow == W`` (1x1 without padding,
+    "same"-padded kxk), ``x2`` the image as C-contiguous [C, H*W] and ``zp`` an int:
+    each row of B is one long copy less the zero point (as :func:`im2col_packed_2d_flat`),
+    into int16, the positions the window leaves set to 0 afterwards, then interleaved."""
+    C = x2.shape[0]
+    K = C * kh * kw
+    ow = W
+    P = oh * ow
+    HW = H * W
+    for kk in prange(k2):
+        rows = np.empty((2, P), np.int16)
+        for t in range(2):
+            r = 2 * kk + t
+            dst = rows[t]
+            if r >= K:
+                dst[:] = 0
+                continue
+            c = r // (kh * kw)
+            i = (r // kw) % kh
+            j = r % kw
+            off = j * dw - pw
+            x0, x1 = _inside(ow, 1, off, W)
+            ya = min(oh, max(0, ph - i * dh))  # output rows whose input row lies inside
+            yb = max(ya, min(oh, H + ph - i * dh))
+            dst[:ya * ow] = 0
+            dst[yb * ow:] = 0
+            s0 = (ya - ph + i * dh) * W + off
+            qa = max(0, -s0)
+            qb = min((yb - ya) * ow, HW - s0)
+            if qa < qb:
+                m = dst[ya * ow + qa:ya * ow + qb]
+                src = x2[c, s0 + qa:s0 + qb]
+                for q in range(qb - qa):
+                    m[q] = np.int16(np.int32(src[q]) - zp)
+            for y in range(ya, yb):  # the columns outside the image (also the ends the copy skipped)
+                for q in range(x0):
+                    dst[y * ow + q] = 0
+                for q in range(x1, ow):
+                    dst[y * ow + q] = 0
+        _interleave_pairs(rows[0], rows[1], kk, k2, P, out32)
 
 
 @njit(parallel=True, cache=True)

@@ -46,8 +46,12 @@ int32 (all of ResNet's and MobileNet's) skip the f32 columns: the 8-bit columns
 are gathered straight into the packed B of the exact VNNI int8 GEMM
 (:mod:`graph_api.kernels.igemm`, A = the packed s8 weights, kept across
 executions), whose int32 sums the epilogue scales in f64 as it does the f32
-ones; the zero point comes out through igemm's row-sum term, exactly.  Every
-other partition runs the block path above.
+ones; the zero point comes out through igemm's row-sum term, exactly.  CPUs
+without VNNI (AVX2) gather the columns less the zero point as int16 into the
+panels of :mod:`graph_api.kernels.igemm16` (``vpmaddwd``, exact, about twice
+the f32 GEMM's rate); a stride-1 kxk convolution there gathers the image rows
+shifted by each kernel column (``kw`` copies instead of ``kh*kw``) and the GEMM
+reads them once per kernel row.  Every other partition runs the block path above.
 
 The fast path's kernel calls are one list built per execution (:meth:`ConvPlan._fast_calls`);
 :meth:`ConvPlan.bind` builds it once for a compiled graph's tensors (constant weights,
@@ -71,7 +75,7 @@ from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.kernels import conv as cv
 from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm, openblas, store
+from graph_api.kernels import igemm, igemm16, openblas, store
 from graph_api.kernels import scratch
 from graph_api.kernels.numba_setup import numba
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
@@ -406,47 +410,85 @@ class Int8Weights:
     cb: np.ndarray  # int32 [P]: zp + shift in every column; igemm subtracts cb[p] * rowsum[o]
 
 
-def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8Weights | None:
-    """The int8 GEMM form of ``stage``'s weights, or None where it does not apply: the
-    sums must fit int32 (:func:`igemm.exact_in_int32`: |w| <= 128, |x - zp| <= x_range)
-    and the zero point must be a value of the data's dtype (padded positions hold it).
-    Cached with the weights under the same constant-buffer key."""
+@dataclass
+class PairWeights:
+    """A convolution's s8 weights [OC, K] as the int16 pairs of the AVX2 int8 GEMM
+    (:mod:`graph_api.kernels.igemm16`); the data's zero point leaves with the columns."""
+
+    ap: np.ndarray  # igemm16.pack_a of the weights (of each kernel row when shifted), kept across executions
+    k2: int  # K / 2 rounded up (K of one kernel row when shifted)
+    taps: int = 1  # kernel rows summed by the GEMM (the shifted form), else 1
+    wp: int = 0  # the shifted form's row width (a multiple of igemm16.NR); 0: im2col columns
+
+
+def _shifted_pairs_pay(geo: cv.Geometry) -> bool:
+    """Whether a stride-1 kxk convolution runs on the int16-pair GEMM's shifted rows: the
+    gather writes ``kw`` copies of the image instead of im2col's ``kh*kw`` (for ResNet's
+    3x3 at 56x56, 1.4 MB of pairs instead of 3.6 MB); the GEMM computes whole panels of
+    each output row, ``ceil(ow / NR) * NR`` columns for ``ow``: taken while that is at most
+    8/7 of the work (ow = 14, 28, 56 exactly; not 7)."""
+    oh, ow = geo.out_spatial
+    return (geo.strides == (1, 1) and geo.kernel[0] > 1 and ow * oh > 0
+            and -(-ow // igemm16.NR) * igemm16.NR * 7 <= ow * 8)
+
+
+def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8Weights | PairWeights | None:
+    """The int8 GEMM form of ``stage``'s weights, or None where no int8 GEMM applies.
+
+    With AVX-512 VNNI, igemm's packed s8 weights: the sums must fit int32
+    (:func:`igemm.exact_in_int32`: |w| <= 128, |x - zp| <= x_range) and the zero point
+    must be a value of the data's dtype (padded positions hold it).  Else, on AVX2,
+    igemm16's int16 pairs (:func:`igemm16.exact`; any zero point whose ``x - zp`` fits
+    int16).  Cached with the weights under the same constant-buffer key."""
     geo, int8 = stage.geo, stage.int8
-    if not igemm.HAVE_VNNI:
-        # without VNNI the int8 GEMM runs its portable tile, which LLVM vectorises poorly:
-        # the ResNet-50 int8 block took 74 ms on a Zen 3 core pair against 8 ms for the
-        # f32 one; the exact f32 BLAS products (whole or in chunks) take about the f32 time
-        return None
     if geo.groups != 1 or len(geo.kernel) != 2 or x_dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
         return None
     lo, hi = (0, 255) if x_dtype == np.uint8 else (-128, 127)
     zp = int8["x_zp"]
-    if not lo <= zp <= hi or not igemm.exact_in_int32(geo.reduction, 128, int8["x_range"]):
+    vnni = igemm.HAVE_VNNI and lo <= zp <= hi and igemm.exact_in_int32(geo.reduction, 128, int8["x_range"])
+    pairs = not vnni and igemm16.HAVE_AVX2 and igemm16.exact(geo.reduction, 128, int8["x_range"])
+    if not (vnni or pairs):
+        # no int8 GEMM: the exact f32 BLAS products (whole or in chunks); igemm's portable
+        # tile compiles to scalar code on AVX2 (the ResNet-50 int8 block took 74 ms on a
+        # Zen 3 core pair against 8 ms for the f32 one)
         return None
-    cached = stage.cache.get(("int8_gemm", key, x_dtype)) if key is not None else None
+    cache_key = ("int8_gemm", key, x_dtype, vnni)
+    cached = stage.cache.get(cache_key) if key is not None else None
     if cached is not None:
         return cached
     w8 = w2[0].astype(np.int8)  # s8 weights held in f32: exact
-    k4 = -(-w8.shape[1] // 4)
-    rowsum = np.zeros(w8.shape[0], np.int32)
-    ap = np.array(igemm._pack_a(w8, k4, rowsum, True))  # a copy: _pack_a returns scratch memory
-    shift = 128 if x_dtype == np.int8 else 0
-    # sum_j w (x + shift - (zp + shift)): the products of the shifted bytes minus
-    # (zp + shift) * rowsum(w), igemm's row term; int32 wrapping is exact because the
-    # final sums fit (the guard above)
-    P = geo.positions
-    out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), rowsum, np.zeros(P, np.int32),
-                      np.full(P, zp + shift, np.int32))
+    if pairs and _shifted_pairs_pay(geo):
+        kh, kw = geo.kernel
+        oc, ow = geo.out_channels, geo.out_spatial[1]
+        rows = _shifted_weights(stage, w2[0], key).astype(np.int8)  # [kh*OC, C*kw], kernel row by row
+        ap = np.concatenate([igemm16.pack_a(rows[i * oc:(i + 1) * oc]) for i in range(kh)])
+        wp = -(-(ow + (kw - 1) * geo.dilations[1]) // igemm16.NR) * igemm16.NR
+        out = PairWeights(ap, -(-rows.shape[1] // 2), kh, wp)
+    elif pairs:
+        out = PairWeights(igemm16.pack_a(w8), -(-w8.shape[1] // 2))
+    else:
+        k4 = -(-w8.shape[1] // 4)
+        rowsum = np.zeros(w8.shape[0], np.int32)
+        ap = np.array(igemm._pack_a(w8, k4, rowsum, True))  # a copy: _pack_a returns scratch memory
+        shift = 128 if x_dtype == np.int8 else 0
+        # sum_j w (x + shift - (zp + shift)): the products of the shifted bytes minus
+        # (zp + shift) * rowsum(w), igemm's row term; int32 wrapping is exact because the
+        # final sums fit (the guard above)
+        P = geo.positions
+        out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), rowsum, np.zeros(P, np.int32),
+                          np.full(P, zp + shift, np.int32))
     if key is not None:
-        stage.cache[("int8_gemm", key, x_dtype)] = out
+        stage.cache[cache_key] = out
     return out
 
 
-def _gemm_path(stage: ConvStage, chunk: int, vnni) -> str:
-    """The name of the kernel a fast segment's convolution runs on."""
+def _gemm_path(stage: ConvStage, chunk: int, int_w) -> str:
+    """The name of the kernel a fast segment's convolution runs on (``int_w``: its int8 GEMM weights or None)."""
     if stage.direct_depthwise:
         return "depthwise"
-    if vnni is not None:
+    if isinstance(int_w, PairWeights):
+        return "int8_pairs_gemm_shifted" if int_w.wp else "int8_pairs_gemm"
+    if int_w is not None:
         return "int8_vnni_gemm"
     if stage.int8 is not None:
         return "f32_blas_exact" if stage.geo.reduction <= chunk else "f32_blas_exact_chunks"
@@ -692,10 +734,10 @@ class ConvPlan:
                         chan[step] = value
             full = None if seg.full_id is None else to_ncx(arrays[seg.full_id], self.fmt)
             int8_gemm = st.int8 is not None and not st.direct_depthwise
-            vnni = _int8_gemm_weights(st, w2, key, arrays[st.x_id].dtype) if int8_gemm else None
+            int_w = _int8_gemm_weights(st, w2, key, arrays[st.x_id].dtype) if int8_gemm else None
             # the f32 path's exact reduction length (a pass over the weights: not on the int8 GEMM path)
-            chunk = _exact_reduction(w2, st.int8) if int8_gemm and vnni is None else 0
-            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk, vnni))
+            chunk = _exact_reduction(w2, st.int8) if int8_gemm and int_w is None else 0
+            prepared.append((w2, _EMPTY if bias is None else bias.reshape(-1), chan, fpar, full, chunk, int_w))
         #: per segment, the kernel that computed its convolution (tests read it)
         self.gemm_paths = tuple(_gemm_path(seg.stage, p[5], p[6]) for seg, p in zip(self.fast, prepared))
         is_int = out.dtype != np.float32
@@ -708,7 +750,7 @@ class ConvPlan:
         calls = []
         for n in range(self.n_images):
             x = x_all[n]
-            for s, (seg, (w2, bias, chan, fpar, full, chunk, vnni)) in enumerate(zip(self.fast, prepared)):
+            for s, (seg, (w2, bias, chan, fpar, full, chunk, int_w)) in enumerate(zip(self.fast, prepared)):
                 st, geo = seg.stage, seg.stage.geo
                 kh, kw = geo.kernel
                 sh, sw = geo.strides
@@ -723,7 +765,7 @@ class ConvPlan:
                 ep = (scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale), np.float32(seg.fzp),
                       dest, is_int, np.float32(lo), np.float32(hi))
                 x_next = dest.reshape((OC,) + tuple(geo.out_spatial))
-                one_gemm = not st.direct_depthwise and vnni is None and (st.int8 is None or geo.reduction <= chunk)
+                one_gemm = not st.direct_depthwise and int_w is None and (st.int8 is None or geo.reduction <= chunk)
                 if one_gemm and bands and P * OC * geo.reduction > 0:  # im2col, GEMM and epilogue band
                     # by band in one kernel (empty products take numpy's matmul below)
                     rows = -(-oh // min(oh, numba.get_num_threads()))
@@ -749,8 +791,10 @@ class ConvPlan:
                 if st.direct_depthwise:
                     y = buffer(("y", s), (OC, P), np.float32)
                     calls.append(partial(cf.depthwise_2d, x, zp, w2, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, y))
-                elif vnni is not None:  # exact int32 sums on the VNNI int8 GEMM
-                    y = self._int8_gemm_calls(s, x, vnni, geo, buffer, calls)
+                elif isinstance(int_w, PairWeights):  # exact int32 sums on the AVX2 int8 GEMM
+                    y = self._pairs_gemm_calls(s, x, zp, int_w, geo, buffer, calls)
+                elif int_w is not None:  # exact int32 sums on the VNNI int8 GEMM
+                    y = self._int8_gemm_calls(s, x, int_w, geo, buffer, calls)
                 else:
                     if geo.pointwise and st.int8 is None and x.flags.c_contiguous:
                         cols = x.reshape(geo.in_channels, P)  # the image itself
@@ -792,6 +836,37 @@ class ConvPlan:
         y = buffer(("y32", s), (OC, P), np.int32)
         calls.append(partial(igemm.driver(True), vnni.ap, OC, bp, vnni.k4, vnni.colterm, vnni.cb, vnni.rowsum,
                              False, y))
+        return y
+
+    def _pairs_gemm_calls(self, s: int, x: np.ndarray, zp, pair: PairWeights, geo: cv.Geometry, buffer,
+                          calls: list) -> np.ndarray:
+        """Appends to ``calls`` the kernels of ``sum_j w[o, j] * (cols[j, p] - zp)`` as
+        int32 [OC, P] on the AVX2 int8 GEMM; returns that result's buffer.  The columns
+        less the zero point are gathered straight into igemm16's int16-pair panels: im2col
+        columns, or (``pair.wp``) the image's rows shifted by each kernel column, ``pair.wp``
+        wide, which the GEMM reads once per kernel row (its ``taps``) with that row's weights."""
+        oh, ow = geo.out_spatial
+        P, OC = oh * ow, geo.out_channels
+        C, H, W = x.shape
+        NR = igemm16.NR
+        y = buffer(("y32", s), (OC, P), np.int32)
+        if pair.wp:
+            kh, kw = geo.kernel
+            dh, dw = geo.dilations
+            rows = oh + (kh - 1) * dh  # image rows the kernel rows read, padding included
+            bp = buffer(("bp16", s), (rows * pair.wp // NR * pair.k2 * NR,), np.uint32)
+            calls.append(partial(cf.im2col_pairs_2d, x, zp, 1, kw, 1, 1, 1, dw, *geo.pads_begin, rows, pair.wp,
+                                 pair.k2, bp))
+            calls.append(partial(igemm16.gemm, pair.ap, OC, bp, pair.k2, kh, dh * pair.wp // NR, pair.wp, ow, y))
+            return y
+        bp = buffer(("bp16", s), (-(-P // NR) * pair.k2 * NR,), np.uint32)
+        if geo.strides == (1, 1) and ow == W and x.flags.c_contiguous:  # one long copy per row of B
+            calls.append(partial(cf.im2col_pairs_2d_flat, x.reshape(C, H * W), H, W, int(zp), *geo.kernel,
+                                 *geo.dilations, *geo.pads_begin, oh, pair.k2, bp))
+        else:
+            calls.append(partial(cf.im2col_pairs_2d, x, zp, *geo.kernel, *geo.strides, *geo.dilations,
+                                 *geo.pads_begin, oh, ow, pair.k2, bp))
+        calls.append(partial(igemm16.gemm, pair.ap, OC, bp, pair.k2, 1, 0, P, P, y))
         return y
 
     def bind(self, inputs: dict, outputs: dict):

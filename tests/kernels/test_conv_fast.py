@@ -1,13 +1,14 @@
 """The int8 kernels of the fast convolution path (kernels/conv_fast.py): the columns
-gathered straight into the int8 GEMM's packed B, and the convolution's int8 GEMM,
-against igemm's own packing and int64 numpy, bit for bit (integers: no tolerance)."""
+gathered straight into the int8 GEMMs' packed B (igemm's bytes, igemm16's int16 pairs), and
+the convolution's int8 GEMM, against the GEMMs' own packing and int64 numpy, bit for bit
+(integers: no tolerance)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm
+from graph_api.kernels import igemm, igemm16
 
 RNG = np.random.default_rng(11)
 
@@ -74,4 +75,29 @@ def test_int8_gemm_on_packed_columns_subtracts_the_zero_point_exactly(monkeypatc
     # the convolution's form of igemm's driver: no column term, the zero point in every column
     igemm.driver(True)(ap, M, bp, k4, np.zeros(P, np.int32), np.full(P, zp, np.int32), rowsum, False, got)
     want = w.astype(np.int64) @ (x[:, 0].astype(np.int64) - zp)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,zp", [(np.uint8, 3), (np.int8, -5), (np.uint8, 300), (np.int8, 127)])
+@pytest.mark.parametrize("C,H,W,k,stride,dilation,pad", [
+    (3, 9, 11, 3, 1, 1, 1), (5, 13, 10, 3, 2, 1, 1), (2, 12, 12, 3, 1, 2, 2), (7, 9, 9, 1, 1, 1, 0),
+    (6, 17, 15, 5, 2, 1, 2), (4, 10, 9, 5, 1, 1, 2), (3, 6, 70, 3, 1, 3, 3), (2, 3, 5, 5, 1, 1, 2)])
+def test_pair_im2col_equals_igemm16_packing_of_the_columns(dtype, zp, C, H, W, k, stride, dilation, pad):
+    """The columns less the zero point (0 in the padding), K odd or even, P ragged
+    against the 16-column panel; a zero point outside the data range (300) included."""
+    lo, hi = (0, 255) if dtype == np.uint8 else (-128, 127)
+    x = RNG.integers(lo, hi + 1, (C, H, W)).astype(dtype)
+    cols, oh, ow = _cols(x, zp, k, stride, dilation, pad)
+    want = igemm16.pack_b(cols - zp).view(np.uint32)
+    k2 = -(-cols.shape[0] // 2)
+    got = np.full_like(want, 0xDEADBEEF)
+    cf.im2col_pairs_2d(x, np.float32(zp), k, k, stride, stride, dilation, dilation, pad, pad, oh, ow, k2, got)
+    np.testing.assert_array_equal(got, want)
+    if stride == 1 and ow == W:  # the one-copy-per-row form for C-contiguous images
+        got[:] = 0xDEADBEEF
+        cf.im2col_pairs_2d_flat(x.reshape(C, H * W), H, W, zp, k, k, dilation, dilation, pad, pad, oh, k2, got)
+        np.testing.assert_array_equal(got, want)
+    x_nxc = np.ascontiguousarray(x.transpose(1, 2, 0)).transpose(2, 0, 1)  # channels last: strided
+    got[:] = 0xDEADBEEF
+    cf.im2col_pairs_2d(x_nxc, np.float32(zp), k, k, stride, stride, dilation, dilation, pad, pad, oh, ow, k2, got)
     np.testing.assert_array_equal(got, want)

@@ -43,6 +43,21 @@ def _inputs(graph):
     return sorted(graph.input_ids)
 
 
+def _reference_run(graph, feeds):
+    """The graph's ops one by one on the numpy reference kernels (``kernels/reference``:
+    float64 sums, nothing shared with ConvPlan).  The debug policy alone is no reference
+    here: its lone Convolution partition runs ConvPlan too."""
+    from graph_api.config import settings
+    saved = settings.reference
+    settings.reference = True
+    try:
+        run = ga.run_graph(graph, feeds, ga.PartitionPolicy.debug)
+    finally:
+        settings.reference = saved
+    assert {r.compiled.plan.name for r in run.partitions} == {"reference"}
+    return run
+
+
 # f32 sums of up to 72 terms of magnitude ~1 in BLAS order: the scale-aware f32 rule
 # of graph_api.check (2e-5 of max|y|) is ~100x the expected error (sqrt(72) * 6e-8)
 @pytest.mark.parametrize("fmt,stride,dilation,groups", [("NCX", 1, 1, 1), ("NXC", 2, 1, 1),
@@ -107,17 +122,29 @@ def test_int8_conv_accumulates_exactly_then_scales_once():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("vnni", [True, False])
+#: the int8 GEMM a test asks for -> (igemm.HAVE_VNNI, igemm16.HAVE_AVX2, the plan's gemm path)
+INT8_GEMMS = {"vnni": (True, True, "int8_vnni_gemm"), "pairs": (False, True, "int8_pairs_gemm"),
+              "f32": (False, False, "f32_blas_exact")}
+
+
+@pytest.fixture(params=sorted(INT8_GEMMS))
+def int8_gemm(request, monkeypatch):
+    """Runs a test on each int8 convolution GEMM this CPU can run; returns its path name."""
+    from graph_api.kernels import igemm, igemm16
+    vnni, avx2, path = INT8_GEMMS[request.param]
+    if vnni and not igemm.HAVE_VNNI or avx2 and not igemm16.HAVE_AVX2:
+        pytest.skip(f"this CPU cannot run the {request.param} int8 GEMM")
+    monkeypatch.setattr(igemm, "HAVE_VNNI", vnni)
+    monkeypatch.setattr(igemm16, "HAVE_AVX2", avx2)
+    return path
+
+
 @pytest.mark.parametrize("fmt,src_dt,zp", [("NCX", dt.u8, 3), ("NXC", dt.u8, 0), ("NCX", dt.s8, -5),
                                            ("NXC", dt.s8, 127)])
-def test_int8_conv_runs_on_the_int8_gemm_exactly(monkeypatch, vnni, fmt, src_dt, zp):
-    """The 8-bit columns go straight to the VNNI int8 GEMM (without VNNI: the exact f32 BLAS
-    products, whole or in chunks, as the int8 GEMM's portable tile is slower): exact sums,
+def test_int8_conv_runs_on_the_int8_gemm_exactly(int8_gemm, fmt, src_dt, zp):
+    """The 8-bit columns go straight to the VNNI int8 GEMM, or less the zero point into
+    the AVX2 int16-pair GEMM, or (neither) the exact f32 BLAS products: exact sums,
     scaled once in f64 then rounded to f32 (equal to the exact value's rounding)."""
-    from graph_api.kernels import igemm
-    if vnni and not igemm.HAVE_VNNI:
-        pytest.skip("no AVX-512 VNNI on this CPU")
-    monkeypatch.setattr(igemm, "HAVE_VNNI", vnni)
     graph = cg.quantized_conv(fmt=fmt, src_dt=src_dt, src_zp=zp, per_channel=True, bias=False, post=(),
                               quant_out=False)
     x_id, w_id = _inputs(graph)
@@ -126,7 +153,7 @@ def test_int8_conv_runs_on_the_int8_gemm_exactly(monkeypatch, vnni, fmt, src_dt,
     w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
     run = ga.run_graph(graph, {x_id: x, w_id: w})
     (path,) = run.partitions[0].compiled.plan.gemm_paths
-    assert path == "int8_vnni_gemm" if vnni else path.startswith("f32_blas_exact")
+    assert path == int8_gemm
     got = run.outputs[next(iter(graph.output_ids))]
     to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if fmt == "NXC" else (lambda a: a)
     w_oihw = w.transpose(3, 2, 0, 1) if fmt == "NXC" else w  # XIO -> OIX
@@ -136,15 +163,18 @@ def test_int8_conv_runs_on_the_int8_gemm_exactly(monkeypatch, vnni, fmt, src_dt,
 
 
 @pytest.mark.parametrize("zp", [300, -7])
-def test_int8_conv_with_a_zero_point_outside_the_data_range_stays_on_the_exact_f32_path(zp):
-    """The int8 GEMM's padding holds the zero point as a data byte: a zero point no u8
-    can hold keeps the f32 BLAS path (exact: |x - zp| * sum|w| < 2^24 here), same results."""
+def test_int8_conv_with_a_zero_point_outside_the_data_range_stays_exact(int8_gemm, zp):
+    """The VNNI GEMM's padding holds the zero point as a data byte: a zero point no u8
+    can hold leaves it (for the int16-pair GEMM, whose columns hold ``x - zp``, where
+    AVX2 runs, else the f32 BLAS path: exact, |x - zp| * sum|w| < 2^24 here), same results."""
     graph = cg.quantized_conv(src_dt=dt.u8, src_zp=zp, per_channel=True, bias=False, post=(), quant_out=False)
     x_id, w_id = _inputs(graph)
     x = RNG.integers(0, 256, graph.tensors[x_id].shape).astype(np.uint8)
     w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
     run = ga.run_graph(graph, {x_id: x, w_id: w})
-    assert run.partitions[0].compiled.plan.gemm_paths == ("f32_blas_exact",)
+    from graph_api.kernels import igemm16
+    want_path = "int8_pairs_gemm" if igemm16.HAVE_AVX2 else "f32_blas_exact"
+    assert run.partitions[0].compiled.plan.gemm_paths == (want_path,)
     acc = direct_conv(x.astype(np.int64) - zp, w.astype(np.int64), pad=1)
     scales = np.array([0.5 * (1 + i % 3) for i in range(cg.C)]) * 0.25
     got = run.outputs[next(iter(graph.output_ids))]
@@ -163,6 +193,46 @@ def test_conv_clamp_block_shortcut_equals_the_reference_bit_for_bit():
     want = np.where(want < 2.0, want, np.float32(2.0))
     assert (want == -1.0).any() and (want == 2.0).any()
     np.testing.assert_array_equal(next(iter(fused.outputs[t] for t in graph.output_ids)), want)
+
+
+# ow = 14, 16, 28: whole 16-column panels cost at most 8/7 of the work, so the shifted rows
+# serve (wp = 16 or 32, and for ow = 16 a row width past the 16 kept columns); dilation,
+# a 5x5 kernel, padding wider than the kernel's reach, channels last, s8 data
+@pytest.mark.parametrize("fmt,src,hw,k,pad,dilation,zp", [
+    ("NCX", np.uint8, 14, 3, 1, 1, 3), ("NCX", np.uint8, 16, 3, 2, 2, 255), ("NXC", np.int8, 30, 3, 0, 1, -5),
+    ("NCX", np.int8, 14, 5, 2, 1, 127), ("NXC", np.uint8, 14, 3, 3, 2, 0)])
+def test_int8_conv_on_the_pair_gemm_shifted_rows_is_exact(monkeypatch, fmt, src, hw, k, pad, dilation, zp):
+    """Stride-1 kxk on the AVX2 int16-pair GEMM reading the image rows shifted by each kernel
+    column once per kernel row: exact integer sums (int64 direct sum), scaled once."""
+    from graph_api.kernels import igemm, igemm16
+    if not igemm16.HAVE_AVX2:
+        pytest.skip("no AVX2 on this CPU")
+    monkeypatch.setattr(igemm, "HAVE_VNNI", False)
+    c = 6
+    g = cg.G()
+    x_shape = (2, c, hw, hw) if fmt == "NCX" else (2, hw, hw, c)
+    x8 = g.input(x_shape, dt.u8 if src == np.uint8 else dt.s8)
+    x = g.op(K.Dequantize, x8, dtype=dt.f32, attrs=cg._qattrs((0.25,), (zp,)))
+    wfmt = "OIX" if fmt == "NCX" else "XIO"
+    w_shape = (c, c, k, k) if fmt == "NCX" else (k, k, c, c)
+    scales = [0.5 * (1 + i % 3) for i in range(c)]
+    w = g.op(K.Dequantize, g.tensor(w_shape, dt.s8, cg.CONST), dtype=dt.f32,
+             attrs=cg._qattrs(scales, [0] * c, "per_channel", 0 if fmt == "NCX" else 3))
+    g.op(K.ReLU, g.op(K.Convolution, x, w, attrs=cg.conv_attrs(fmt, pad=pad, wfmt=wfmt, dilation=dilation)))
+    graph = g.done()
+    x_id, w_id = _inputs(graph)
+    lo, hi = (0, 255) if src == np.uint8 else (-128, 127)
+    xv = RNG.integers(lo, hi + 1, x_shape).astype(src)
+    wv = RNG.integers(-128, 128, w_shape).astype(np.int8)
+    run = ga.run_graph(graph, {x_id: xv, w_id: wv})
+    assert run.partitions[0].compiled.plan.gemm_paths == ("int8_pairs_gemm_shifted",)
+    to_nchw = (lambda a: a.transpose(0, 3, 1, 2)) if fmt == "NXC" else (lambda a: a)
+    w_oihw = wv.transpose(3, 2, 0, 1) if fmt == "NXC" else wv
+    acc = direct_conv(to_nchw(xv).astype(np.int64) - zp, w_oihw.astype(np.int64), pad=pad, dilation=dilation)
+    sc = np.float64(np.float32(0.25)) * np.array(scales, np.float32).astype(np.float64)
+    # ReLU of the f32 rounding of the exactly scaled sums: bit for bit
+    want = np.maximum((acc * sc.reshape(1, -1, 1, 1)).astype(np.float32), 0)
+    np.testing.assert_array_equal(to_nchw(run.outputs[graph.output_ids[0]]), want)
 
 
 def test_int8_depthwise_conv_on_the_tap_kernel_is_exact():
@@ -196,7 +266,7 @@ def test_int8_conv_with_quantize_matches_the_reference_within_one():
     feeds = fill_inputs(graph, 3)
     fused = ga.run_graph(graph, feeds)
     assert [r.compiled.plan.name for r in fused.partitions] == ["conv_im2col_blas"]
-    ref = ga.run_graph(graph, feeds, ga.PartitionPolicy.debug)
+    ref = _reference_run(graph, feeds)
     for tid in graph.output_ids:
         verdict = compare(ref.outputs[tid], fused.outputs[tid], graph.tensors[tid].dtype)
         assert verdict.ok, verdict.message
@@ -206,7 +276,7 @@ def test_fpmath_bf16_rounds_f32_inputs_like_the_reference():
     graph = cg.conv(post=(), fpmath="bf16")
     feeds = fill_inputs(graph, 1)
     fused = ga.run_graph(graph, feeds)
-    ref = ga.run_graph(graph, feeds, ga.PartitionPolicy.debug)
+    ref = _reference_run(graph, feeds)
     tid = graph.output_ids[0]
     # identical bf16-rounded inputs, f32 sums: the f32 rule, not the bf16 one, must hold
     verdict = compare(ref.outputs[tid], fused.outputs[tid], dt.f32)
@@ -287,11 +357,12 @@ def test_int8_conv_transpose_accumulates_exactly():
 
 # ---------------------------------------------------------------- the fast 2-D path
 def _fast_vs_reference(graph, feeds, rule_dtype=None):
-    """The fused run must take the fast 2-D path and match the reference ops run one by one."""
+    """The fused run must take the fast 2-D path and match the reference ops run one by one
+    (:func:`_reference_run`)."""
     fused = ga.run_graph(graph, feeds)
     plans = [r.compiled.plan for r in fused.partitions]
     assert [p.name for p in plans] == ["conv_im2col_blas"] and plans[0].fast is not None
-    ref = ga.run_graph(graph, feeds, ga.PartitionPolicy.debug)
+    ref = _reference_run(graph, feeds)
     for tid in graph.output_ids:
         verdict = compare(ref.outputs[tid], fused.outputs[tid], rule_dtype or graph.tensors[tid].dtype)
         assert verdict.ok, verdict.message
