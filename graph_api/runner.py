@@ -182,7 +182,7 @@ class CompiledGraph:
         self.scratchpad = Tensor(LogicalTensor(0, dtypes.DataType.u8, [need], dense_strides([need])),
                                  self.engine, np.empty(need, np.uint8)) if need else None
         #: (what the runners were bound for, one callable per step that runs)
-        self._runners: tuple = (None, [])
+        self._runners: tuple = (None, [], {})
 
     def _input_tensors(self, feeds) -> dict[int, Tensor]:
         tensors = {}
@@ -227,19 +227,25 @@ class CompiledGraph:
 
     def _bound_steps(self, inputs: dict[int, Tensor]) -> list:
         """One callable per step that runs (``CompiledPartition.bind``: the checks and
-        the plans' per-call Python work done once), bound again when an input Tensor is
-        another object than last time (another array was fed) or the checking/verbose
-        switches changed."""
-        key = (tuple(inputs.items()), settings.check, settings.verbose)
-        last_key, runners = self._runners
-        if last_key is not None and len(last_key[0]) == len(key[0]) and last_key[1:] == key[1:] and \
-                all(a[0] == b[0] and a[1] is b[1] for a, b in zip(last_key[0], key[0])):
+        the plans' per-call Python work done once).  A step is bound again only when
+        one of *its* graph inputs is another Tensor than last time (another array was
+        fed): the steps that read only intermediates and constants keep their binding
+        (a decode step feeds new small arrays to a few of its partitions on every call).
+        Every step is bound again when the checking/verbose switches changed."""
+        switches = (settings.check, settings.verbose)
+        last_switches, runners, last_inputs = self._runners
+        changed = None if last_switches != switches or len(last_inputs) != len(inputs) else \
+            {tid for tid, t in inputs.items() if last_inputs.get(tid) is not t}
+        if changed is not None and not changed:
             return runners
         tensors = dict(inputs)
         tensors.update(self.produced)
+        active = [(compiled, in_ids, outs) for i, (part, compiled, in_ids, outs) in enumerate(self.steps)
+                  if i not in self.views]
         runners = [compiled.bind(self.stream, [tensors[t] for t in in_ids], outs, self.scratchpad)
-                   for i, (part, compiled, in_ids, outs) in enumerate(self.steps) if i not in self.views]
-        self._runners = (key, runners)
+                   if changed is None or not changed.isdisjoint(in_ids) else runners[j]
+                   for j, (compiled, in_ids, outs) in enumerate(active)]
+        self._runners = (switches, runners, dict(inputs))
         return runners
 
 

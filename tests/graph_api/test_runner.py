@@ -320,6 +320,13 @@ def test_bound_steps_run_the_kernels_on_the_tensors_memory():
     other[x_id] = np.ascontiguousarray(x[::-1])  # another array: bound again
     np.testing.assert_allclose(cg(other)[y_id], reference(other), rtol=1e-4, atol=1e-4)
     assert cg._runners[1] is not runners
+    # another mask array: only the attention (the one step reading the mask) is bound again
+    runners = cg._runners[1]
+    other[mask_id] = mask.copy()
+    other[mask_id][..., 4:8] = -1e4
+    np.testing.assert_allclose(cg(other)[y_id], reference(other), rtol=1e-4, atol=1e-4)
+    kept = [new is old for new, old in zip(cg._runners[1], runners)]
+    assert kept.count(False) == 1 and len(kept) == 9
 
 
 def test_bound_steps_of_an_int4_encoder_layer():
