@@ -4,7 +4,7 @@ import pytest
 
 import graph_api as ga
 from graph_api import sparse_encoding as se
-from graph_api.sparse_storage import InvalidSparseStorage, SparseStorage
+from graph_api.sparse_storage import InvalidSparseStorage, SparseStorage, prune
 
 from tests.graph_api.sparse_cases import ENCODINGS, sparse_matrix
 
@@ -34,8 +34,20 @@ def test_csr_levels_are_the_usual_arrays():
     np.testing.assert_array_equal(st.levels[1].coordinates, ref.indices)
     np.testing.assert_array_equal(st.values, ref.data)
     assert st.levels[0].positions is None and st.levels[0].coordinates is None
-    csc = SparseStorage.from_dense("CSC", a)
+    csc = SparseStorage.from_dense("CSC", a)  # column-major: the row-major entries sorted again
     np.testing.assert_array_equal(csc.levels[1].positions, sp.csc_array(a).indptr)
+    np.testing.assert_array_equal(csc.levels[1].coordinates, sp.csc_array(a).indices)
+    np.testing.assert_array_equal(csc.values, sp.csc_array(a).data)
+    for encoding in ("CSR", "CSC", se.bcsr(2, 4), "2:4"):  # COO in any order: the same storage
+        b = a if encoding != "2:4" else prune(a, "2:4")
+        coords = np.argwhere(b != 0)[::-1].copy()
+        shuffled = SparseStorage.from_coo(encoding, b.shape, "f32", coords, b[tuple(coords.T)])
+        want = SparseStorage.from_dense(encoding, b)
+        np.testing.assert_array_equal(shuffled.values, want.values)
+        for got_level, want_level in zip(shuffled.levels, want.levels):
+            for name in ("positions", "coordinates"):
+                g, w = getattr(got_level, name), getattr(want_level, name)
+                assert (g is None and w is None) or np.array_equal(g, w)
 
 
 def test_bcsr_stores_whole_blocks_and_2of4_pads_to_two():
