@@ -783,6 +783,74 @@ def vld_any(typingctx, arr, idx, is_f16):
     return sig, codegen
 
 
+#: element kinds of :func:`ld_kind` / :func:`vld_kind`: (LLVM element type, bytes)
+_KIND_ELEMS = ((ir.FloatType(), 4), (ir.IntType(16), 2), (ir.IntType(16), 2),
+               (ir.IntType(8), 1), (ir.IntType(8), 1))
+
+
+def _kind_switch(context, builder, signature, args, n):
+    """Codegen of ``ld_kind`` (n = 1) / ``vld_kind`` (n = 16): element(s) ``idx`` of a
+    byte buffer holding values of element kind ``kind``, as f32, by a switch on the kind
+    (an unknown kind gives zeros; the callers pass kinds 0..4)."""
+    aty, ity, kty = signature.args
+    ary = context.make_array(aty)(context, builder, args[0])
+    i = context.cast(builder, args[1], ity, types.intp)
+    k = context.cast(builder, args[2], kty, types.intp)
+    fty = ir.FloatType() if n == 1 else _V16
+    done = builder.append_basic_block("kind.done")
+    other = builder.append_basic_block("kind.other")
+    switch = builder.switch(k, other)
+    results = []
+    for kind, (ety, nbytes) in enumerate(_KIND_ELEMS):
+        block = builder.append_basic_block(f"kind.{kind}")
+        switch.add_case(ir.Constant(k.type, kind), block)
+        builder.position_at_end(block)
+        vty = ety if n == 1 else ir.VectorType(ety, n)
+        p = builder.gep(builder.bitcast(ary.data, ety.as_pointer()), [i])
+        x = builder.load(builder.bitcast(p, vty.as_pointer()), align=nbytes if kind == 0 else 1)
+        if kind == 0:
+            pass
+        elif kind == 1:  # bf16 bits: the high half of an f32
+            ity32 = ir.IntType(32) if n == 1 else ir.VectorType(ir.IntType(32), n)
+            x = builder.bitcast(builder.shl(builder.zext(x, ity32), ir.Constant(ity32, 16)), fty)
+        elif kind == 2:  # f16 bits
+            hty = ir.HalfType() if n == 1 else ir.VectorType(ir.HalfType(), n)
+            x = builder.fpext(builder.bitcast(x, hty), fty)
+        else:  # int8 (3) / uint8 (4) through i32 lanes, as i8_to_f32 / vld_any
+            ity32 = ir.IntType(32) if n == 1 else ir.VectorType(ir.IntType(32), n)
+            x = builder.sitofp(builder.sext(x, ity32) if kind == 3 else builder.zext(x, ity32), fty)
+        results.append((x, builder.block))
+        builder.branch(done)
+    builder.position_at_end(other)
+    builder.branch(done)
+    builder.position_at_end(done)
+    phi = builder.phi(fty)
+    for x, block in results:
+        phi.add_incoming(x, block)
+    phi.add_incoming(ir.Constant(fty, None), other)
+    return phi
+
+
+@intrinsic
+def ld_kind(typingctx, buf, idx, kind):
+    """Element ``idx`` of a byte buffer (uint8 view) holding values of element kind
+    ``kind`` (0 f32, 1 bf16 bits, 2 f16 bits, 3 int8, 4 uint8) as f32, exact.  A kernel
+    that takes its operands as byte views compiles one signature for every element
+    type (the tiled SDPA: one ``_attn_v`` instead of one per K/V dtype pair)."""
+    if not (isinstance(buf, types.Array) and buf.dtype == types.uint8 and buf.ndim == 1):
+        return None
+    return types.float32(buf, idx, kind), lambda c, b, s, a: _kind_switch(c, b, s, a, 1)
+
+
+@intrinsic
+def vld_kind(typingctx, buf, idx, kind):
+    """Elements ``idx .. idx + 15`` of a byte buffer of kind ``kind`` (see :func:`ld_kind`)
+    as f32x16: the values :func:`vld_any` gives for the typed array."""
+    if not (isinstance(buf, types.Array) and buf.dtype == types.uint8 and buf.ndim == 1):
+        return None
+    return f32x16(buf, idx, kind), lambda c, b, s, a: _kind_switch(c, b, s, a, 16)
+
+
 @njit(inline="always", cache=True)
 def load_f32(x, kind, i):
     """Element ``i`` of a flat f32 (kind 0), bf16-bits (1) or f16-bits (2) array as f32."""

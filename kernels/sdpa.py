@@ -62,8 +62,8 @@ from graph_api.kernels import sdpa_bf16, sdpa_prefill, store
 from graph_api.kernels.sdpa_prefill import _round_row
 from graph_api.kernels.wmatmul import make_epilogue
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
-                          f32_to_f16_bits, fma32, i8_to_f32, nib_x, round_code,
-                          vadd, vbcast, vfma, vhsum16, vld_any, vload, vload_even, vload_odd,
+                          f32_to_f16_bits, fma32, i8_to_f32, ld_kind, nib_x, round_code,
+                          vadd, vbcast, vfma, vhsum16, vld_any, vld_kind, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
                           _V16, _flat_ptr, f32x16, prefetch)
 
@@ -97,13 +97,9 @@ class KV:
 def _kv_args(kv: KV):
     B, H, S, D = kv.shape
     kind = KINDS[kv.kind]
-    buf = np.asarray(kv.data)
-    if kind >= 5:
-        buf = buf.reshape(-1).view(np.uint8)
-    elif kind in (1, 2):
-        buf = buf.reshape(-1).view(np.uint16)
-    else:
-        buf = buf.reshape(-1)
+    # the stored bytes whatever the element type: the tiled kernels read them by ``kind``
+    # (:func:`ld_kind`, :func:`vld_kind`), so one signature serves every K/V dtype pair
+    buf = np.asarray(kv.data).reshape(-1).view(np.uint8)
     G = kv.group if kind >= 3 else D
     if kind >= 3 and kv.scales is not None:
         sc = np.ascontiguousarray(np.asarray(kv.scales), dtype=np.float32).reshape(-1)
@@ -121,31 +117,38 @@ def _kv_args(kv: KV):
 
 @njit(inline="always", cache=True)
 def _elem(buf, kind, idx):
-    """Stored element at flat index ``idx`` as f32 (integers not yet dequantized)."""
-    if kind == 0:
-        return np.float32(buf[idx])
-    if kind == 1:
-        return bf16_to_f32(buf[idx])
-    if kind == 2:
-        return f16_bits_to_f32(buf[idx])
-    if kind == 3 or kind == 4:
-        return i8_to_f32(buf[idx])
+    """Stored element at flat index ``idx`` of the byte buffer ``buf`` as f32 (integers
+    not yet dequantized)."""
+    if kind < 5:
+        return ld_kind(buf, idx, kind)
     b = buf[idx >> 1]
     if kind == 5:
         return nib_x(b, np.uint8(0x88), (idx & 1) == 1) - np.float32(8.0)
     return nib_x(b, np.uint8(0), (idx & 1) == 1)
 
 
-@njit(inline="always", cache=True)
-def _cvt(x, kind):
-    """One stored f32 / bf16 / f16 / s8 / u8 value as f32."""
+@njit(cache=True)
+def _widen_run(buf, e0, kind, out):
+    """out[j] = the stored f32 / bf16 / f16 / s8 / u8 element ``e0 + j`` (``kind`` 0..4) of
+    the byte buffer ``buf`` as f32.  One loop per kind, the kind a constant in each: a
+    loop on :func:`ld_kind` with the kind a variable keeps its switch per element and
+    does not vectorise."""
+    n = out.shape[0]
     if kind == 0:
-        return np.float32(x)
-    if kind == 1:
-        return bf16_to_f32(x)
-    if kind == 2:
-        return f16_bits_to_f32(x)
-    return i8_to_f32(x)
+        for j in range(n):
+            out[j] = ld_kind(buf, e0 + j, 0)
+    elif kind == 1:
+        for j in range(n):
+            out[j] = ld_kind(buf, e0 + j, 1)
+    elif kind == 2:
+        for j in range(n):
+            out[j] = ld_kind(buf, e0 + j, 2)
+    elif kind == 3:
+        for j in range(n):
+            out[j] = ld_kind(buf, e0 + j, 3)
+    else:
+        for j in range(n):
+            out[j] = ld_kind(buf, e0 + j, 4)
 
 
 @njit(inline="always", cache=True)
@@ -213,26 +216,28 @@ def _load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, h, H, S, D, s0, nt
                 for t in range(nt):
                     sr[t] = ksc[sbase + t]
             for d in range(g * kG, (g + 1) * kG):
-                row = kb[base + d * S + s0:base + d * S + s0 + nt]
-                kd = kT[d]
+                kd = kT[d, :nt]
+                _widen_run(kb, base + d * S + s0, kk, kd)
                 for t in range(nt):
-                    kd[t] = (i8_to_f32(row[t]) - zr[t]) * sr[t]
+                    kd[t] = (kd[t] - zr[t]) * sr[t]
         if rnd != 0:
             _round_rows(kT, D, nt, rnd)
         return
     if not ktr and (kk < 5 or (D % 2 == 0 and kG % 2 == 0)):
         # [S, D] rows: contiguous over d, transposed into kT while converting (odd int4
         # shapes take the per-element loop below)
+        wide = np.empty(D, np.float32)
         for t in range(nt):
             s = pos[t]
-            row = kb[base + s * D:base + s * D + D] if kk < 5 else kb[:1]
+            if kk < 5:
+                _widen_run(kb, base + s * D, kk, wide)
             sb = ((b * H + h) * S + s) * ng
             if kk < 5:
                 for g in range(ng):
                     z = kzp[sb + g] if khz else np.float32(0.0)
                     sc = ksc[sb + g] if khs else np.float32(1.0)
                     for d in range(g * kG, (g + 1) * kG):
-                        kT[d, t] = (_cvt(row[d], kk) - z) * sc
+                        kT[d, t] = (wide[d] - z) * sc
             else:
                 xm = np.uint8(0x88) if kk == 5 else np.uint8(0)
                 off = np.float32(8.0) if kk == 5 else np.float32(0.0)
@@ -294,10 +299,10 @@ def _load_v_tile(vb, vk, vG, vsc, vhs, vzp, vhz, rnd, b, h, H, S, D, nt, vperm, 
             for g in range(ng):
                 z = vzp[sbase + g] if vhz else np.float32(0.0)
                 sc = vsc[sbase + g] if vhs else np.float32(1.0)
-                src = vb[rowbase + g * vG:rowbase + g * vG + vG]
                 dst = vt[g * vG:g * vG + vG]
+                _widen_run(vb, rowbase + g * vG, vk, dst)
                 for j in range(vG):
-                    dst[j] = (_cvt(src[j], vk) - z) * sc
+                    dst[j] = (dst[j] - z) * sc
         else:
             for d in range(D):
                 vf[t, d] = _deq(_elem(vb, vk, rowbase + d), sbase + d // vG, vsc, vhs, vzp, vhz)
@@ -442,7 +447,7 @@ def _vrows(buf, kind, G, sc, hs, zp, hz, rnd, e0, sb0, pos, nt, D, out):
                     vstore(out, o + half + g * gb + j, vmul(vsub(vnib_hi(buf, r0 + j, xm), z), s))
             else:
                 for j in range(g * G, g * G + G, 16):
-                    x = vld_any(buf, e + j, kind == 2)
+                    x = vld_kind(buf, e + j, kind)
                     if kind >= 3:
                         x = vmul(vsub(x, z), s)
                     vstore(out, o + j, x)
@@ -516,13 +521,19 @@ def _vkt(buf, kind, G, sc, hs, zp, hz, rnd, base, sbase, S, s0, D, out, pos):
                 c1 = vload(sc, si + 16)
                 c2 = vload(sc, si + 32)
                 c3 = vload(sc, si + 48)
+            if kind == 0:  # f32 (G = D): the rows as stored, the kind a constant (no switch per load)
+                for d in range(g * G, g * G + G):
+                    r = base + d * S + s0
+                    for j in range(0, TV, 16):
+                        vstore(out, d * TV + j, vld_kind(buf, r + j, 0))
+                continue
             for d in range(g * G, g * G + G):
                 r = base + d * S + s0
                 o = d * TV
-                x0 = vld_any(buf, r, kind == 2)
-                x1 = vld_any(buf, r + 16, kind == 2)
-                x2 = vld_any(buf, r + 32, kind == 2)
-                x3 = vld_any(buf, r + 48, kind == 2)
+                x0 = vld_kind(buf, r, kind)
+                x1 = vld_kind(buf, r + 16, kind)
+                x2 = vld_kind(buf, r + 32, kind)
+                x3 = vld_kind(buf, r + 48, kind)
                 if kind >= 3:
                     x0 = vmul(vsub(x0, z0), c0)
                     x1 = vmul(vsub(x1, z1), c1)
@@ -977,6 +988,8 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             kzp = np.zeros(DT, np.float32)
         if four:  # int4 bytes as uint16: the kernel tells int4 from 8-bit by the itemsize
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
+        else:  # int8 / uint8 as stored (the loads take the sign from the dtype)
+            kb, vb = np.asarray(k.data).reshape(-1), np.asarray(v.data).reshape(-1)
         (_run_claimed if dec is _dec_items else _run_items)(
             dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
             Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,

@@ -394,3 +394,30 @@ def test_vexp_is_exp32_lane_by_lane():
     a, b = np.empty_like(x), np.empty_like(x)
     run(x, a, b)
     assert np.array_equal(a, b, equal_nan=True)
+
+
+def test_kind_loads_from_byte_buffers_widen_exactly():
+    """ld_kind / vld_kind read f32, bf16, f16, int8 and uint8 values from the stored bytes
+    (a uint8 view) as the exact f32 numpy/ml_dtypes widen them to, specials included, at
+    unaligned element offsets; an unknown kind gives zeros."""
+    from graph_api.kernels.bits import ld_kind, vld_kind, vstore
+
+    @njit
+    def run(buf, kind, n, one, sixteen):
+        for i in range(n):
+            one[i] = ld_kind(buf, i, kind)
+        for i in range(0, n - 15, 5):
+            vstore(sixteen, i * 16 // 5, vld_kind(buf, i, kind))
+
+    rng = np.random.default_rng(1)
+    f = np.concatenate([SPECIAL, rng.standard_normal(62).astype(np.float32)])
+    stored = {0: f, 1: f.astype(ml_dtypes.bfloat16), 2: f.astype(np.float16),
+              3: rng.integers(-128, 128, 80).astype(np.int8), 4: rng.integers(0, 256, 80).astype(np.uint8)}
+    for kind, x in list(stored.items()) + [(7, stored[0])]:
+        n = x.size
+        one, sixteen = np.empty(n, np.float32), np.full(16 * n // 5 + 16, -1.0, np.float32)
+        run(x.view(np.uint8), kind, n, one, sixteen)
+        want = x.astype(np.float32) if kind < 5 else np.zeros(n, np.float32)
+        assert np.array_equal(one, want, equal_nan=True), kind
+        for i in range(0, n - 15, 5):
+            assert np.array_equal(sixteen[i * 16 // 5:i * 16 // 5 + 16], want[i:i + 16], equal_nan=True), kind
