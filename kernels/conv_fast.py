@@ -169,6 +169,26 @@ def im2col_packed_2d(x, shift, pad, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, k4, 
         _interleave(rows, kk, k4, P, out32)
 
 
+@njit(cache=True)
+def _flat_window(r, H, W, kh, kw, dh, dw, ph, pw, oh):
+    """Where row ``r`` of B reads the image at stride 1 and ``ow == W`` (the flat
+    gatherers): its channel ``c``; the output rows ``[ya, yb)`` whose input row lies
+    inside; the flat input index ``s0`` of output position ``ya * W``; the run ``[qa, qb)``
+    of positions from there that one copy reads inside the image; and the output
+    columns ``[x0, x1)`` whose input column lies inside (the rest are padding)."""
+    c = r // (kh * kw)
+    i = (r // kw) % kh
+    j = r % kw
+    off = j * dw - pw
+    x0, x1 = _inside(W, 1, off, W)
+    ya = min(oh, max(0, ph - i * dh))
+    yb = max(ya, min(oh, H + ph - i * dh))
+    s0 = (ya - ph + i * dh) * W + off
+    qa = max(0, -s0)
+    qb = min((yb - ya) * W, H * W - s0)
+    return c, ya, yb, s0, qa, qb, x0, x1
+
+
 @njit(parallel=True, cache=True)
 def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, out32):
     """:func:`im2col_packed_2d` for stride 1 and ``ow == W`` (1x1 without padding,
@@ -181,7 +201,6 @@ def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, 
     K = C * kh * kw
     ow = W
     P = oh * ow
-    HW = H * W
     for kk in prange(k4):
         rows = np.empty((4, P), np.uint8)
         for t in range(4):
@@ -190,18 +209,9 @@ def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, 
             if r >= K:
                 dst[:] = 0
                 continue
-            c = r // (kh * kw)
-            i = (r // kw) % kh
-            j = r % kw
-            off = j * dw - pw
-            x0, x1 = _inside(ow, 1, off, W)
-            ya = min(oh, max(0, ph - i * dh))  # output rows whose input row lies inside
-            yb = max(ya, min(oh, H + ph - i * dh))
+            c, ya, yb, s0, qa, qb, x0, x1 = _flat_window(np.int64(r), H, W, kh, kw, dh, dw, ph, pw, oh)
             dst[:ya * ow] = pad
             dst[yb * ow:] = pad
-            s0 = (ya - ph + i * dh) * W + off
-            qa = max(0, -s0)
-            qb = min((yb - ya) * ow, HW - s0)
             if qa < qb:
                 m = dst[ya * ow + qa:ya * ow + qb]
                 src = x2[c, s0 + qa:s0 + qb]
@@ -271,7 +281,6 @@ def im2col_pairs_2d_flat(x2, H, W, zp, kh, kw, dh, dw, ph, pw, oh, k2, out32):
     K = C * kh * kw
     ow = W
     P = oh * ow
-    HW = H * W
     for kk in prange(k2):
         rows = np.empty((2, P), np.int16)
         for t in range(2):
@@ -280,18 +289,9 @@ def im2col_pairs_2d_flat(x2, H, W, zp, kh, kw, dh, dw, ph, pw, oh, k2, out32):
             if r >= K:
                 dst[:] = 0
                 continue
-            c = r // (kh * kw)
-            i = (r // kw) % kh
-            j = r % kw
-            off = j * dw - pw
-            x0, x1 = _inside(ow, 1, off, W)
-            ya = min(oh, max(0, ph - i * dh))  # output rows whose input row lies inside
-            yb = max(ya, min(oh, H + ph - i * dh))
+            c, ya, yb, s0, qa, qb, x0, x1 = _flat_window(np.int64(r), H, W, kh, kw, dh, dw, ph, pw, oh)
             dst[:ya * ow] = 0
             dst[yb * ow:] = 0
-            s0 = (ya - ph + i * dh) * W + off
-            qa = max(0, -s0)
-            qb = min((yb - ya) * ow, HW - s0)
             if qa < qb:
                 m = dst[ya * ow + qa:ya * ow + qb]
                 src = x2[c, s0 + qa:s0 + qb]
