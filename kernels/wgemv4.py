@@ -75,15 +75,16 @@ def pack_interleaved(q, signed: bool):
     the flat uint8 interleaved stream ``[Np/128, K, 64]`` and the f32 lookup table."""
     K, Np = q.shape
     nblk = Np // BLOCK_COLS
-    nib = (np.asarray(q).astype(np.int16) & 15).astype(np.uint32)  # two's complement nibble for s4
-    # column 128 b + 16 j + l -> block b, dword l, nibble j
-    t = nib.reshape(K, nblk, 8, 16)  # [k, b, j, l]
-    words = np.zeros((nblk, K, 16), np.uint32)
-    for j in range(8):
-        words |= t[:, :, j, :].transpose(1, 0, 2) << np.uint32(4 * j)
-    table = np.array(TABLE_S4 if signed else TABLE_U4, np.float32)
+    # column 128 b + 16 j + l -> block b, little-endian dword l, nibble j: byte m = j // 2 of
+    # the dword holds nibble 2m (low) and 2m + 1 (high), so the stream is built in bytes
+    # (uint32 words shifted in 8 passes took ~3x as long)
+    nib = (np.asarray(q) & 15).astype(np.uint8).reshape(K, nblk, 4, 2, 16)  # [k, b, m, h, l]
+    pairs = nib[:, :, :, 0, :] | (nib[:, :, :, 1, :] << np.uint8(4))  # [k, b, m, l]
+    stream = np.empty(nblk * K * ROW_BYTES + ROW_BYTES, np.uint8)
+    stream[:nblk * K * ROW_BYTES].reshape(nblk, K, 16, 4)[...] = pairs.transpose(1, 0, 3, 2)
     # + one zero row: the kernels also load rows at byte offsets 1..3 (see _blk_m1)
-    return np.concatenate([words.astype("<u4").view(np.uint8).reshape(-1), np.zeros(ROW_BYTES, np.uint8)]), table
+    stream[nblk * K * ROW_BYTES:] = 0
+    return stream, np.array(TABLE_S4 if signed else TABLE_U4, np.float32)
 
 
 def block_params(K, G, nblk):

@@ -54,6 +54,7 @@ def test_layout_round_trip(signed):
     q = rng.integers(-8 if signed else 0, 8 if signed else 16, (40, 384))
     wb, table = L.pack_interleaved(q, signed)
     assert np.array_equal(decode_layout(wb, 40, 384, signed), q)
+    assert wb.dtype == np.uint8 and wb.size == 3 * 40 * 64 + 64 and not wb[-64:].any()  # + one zero row
     assert np.array_equal(table[np.arange(16)], np.where(np.arange(16) >= 8, np.arange(16) - 16, np.arange(16))
                           if signed else np.arange(16))
 
