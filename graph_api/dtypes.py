@@ -166,8 +166,9 @@ def unpack_int4(packed, count: int, signed: bool) -> np.ndarray:
     nib[0::2] = b & 0xF
     nib[1::2] = b >> 4
     nib = nib[:count]
-    if signed:
-        nib = np.where(nib >= 8, nib - 16, nib).astype(np.int8)
+    if signed:  # two's complement nibble, in place: (n ^ 8) - 8
+        nib ^= 8
+        nib -= 8
         return nib.astype(ml_dtypes.int4)
     return nib.astype(ml_dtypes.uint4)
 

