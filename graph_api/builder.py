@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dtypes
+from .config import get_memory_budget, settings
 from .dtypes import DataType
 from .engine import Engine, Stream
 from .enums import EngineKind, FPMathMode, OpKind, PartitionPolicy, PropertyType
@@ -44,7 +45,6 @@ from .graph import Graph
 from .logical_tensor import LogicalTensor
 from .op import Op
 from .opset import OP_SCHEMAS
-from .config import get_memory_budget, settings
 from .runner import compile_graph
 from .schema import NO_DEFAULT, REQUIRED, check_attrs
 from .tensor import Tensor
