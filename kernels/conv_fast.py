@@ -38,7 +38,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels import igemm
 from graph_api.kernels.igemm import NR
 from graph_api.kernels.igemm16 import NR as NR16
 from graph_api.kernels.openblas import sgemm

@@ -61,8 +61,8 @@ from numba.extending import intrinsic
 from graph_api.kernels import sdpa_bf16, sdpa_prefill, store
 from graph_api.kernels.sdpa_prefill import _round_row
 from graph_api.kernels.wmatmul import make_epilogue
-from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, f32_to_bf16,
-                          f32_to_f16_bits, fma32, i8_to_f32, ld_kind, nib_x, round_code,
+from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, fma32, ld_kind,
+                          nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vld_kind, vload, vload_even, vload_odd,
                           vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
                           _V16, _flat_ptr, f32x16, prefetch)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
