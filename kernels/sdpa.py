@@ -64,7 +64,7 @@ from graph_api.kernels.wmatmul import make_epilogue
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, fma32, ld_kind,
                           nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vld_kind, vload, vload_even, vload_odd,
-                          vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
+                          vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub, widen_bf16, widen_f16,
                           _V16, _flat_ptr, f32x16, prefetch)
 
 T = 128  #: KV positions per tile
@@ -1106,9 +1106,9 @@ def _widen(kv: KV, bh0: int, bh1: int, shape) -> KV:
     if kind == 0:
         x = flat[bh0 * n:bh1 * n]
     elif kind == 1:
-        x = (flat.view(np.uint16)[bh0 * n:bh1 * n].astype(np.uint32) << 16).view(np.float32)
+        x = widen_bf16(flat.view(np.uint16)[bh0 * n:bh1 * n])
     elif kind == 2:
-        x = flat.view(np.uint16)[bh0 * n:bh1 * n].view(np.float16).astype(np.float32)
+        x = widen_f16(flat.view(np.uint16)[bh0 * n:bh1 * n])
     else:
         buf, _, ktr, G, sc, has_sc, zp, has_zp = _kv_args(kv)
         x = np.empty((bh1 - bh0) * n, np.float32)
@@ -1309,9 +1309,9 @@ def _flat_mask(m):
 def _q_f32(qk, qkind, rnd):
     """Q as f32 (bf16/f16 bits widened exactly; f32 rounded by ``rnd``)."""
     if qkind == 1:
-        return (qk.astype(np.uint32) << 16).view(np.float32)
+        return widen_bf16(qk)
     if qkind == 2:
-        return qk.view(np.float16).astype(np.float32)
+        return widen_f16(qk)
     if rnd == 0:
         return np.ascontiguousarray(qk, dtype=np.float32)
     qf = np.empty(qk.shape, np.float32)
