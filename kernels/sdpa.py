@@ -990,10 +990,14 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
         else:  # int8 / uint8 as stored (the loads take the sign from the dtype)
             kb, vb = np.asarray(k.data).reshape(-1), np.asarray(v.data).reshape(-1)
-        (_run_claimed if dec is _dec_items else _run_items)(
-            dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
-            Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
-            CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
+        args = (qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
+                Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
+                CAUSAL[causal], nsplit, pm, pl, pacc)
+        if dec is _dec_items:  # + the staged tiles' dtype and int4 staging parameters
+            _run_claimed(dec, items, *args, np.empty(0, np.uint8 if kk == 4 else np.int8),
+                         np.array(stage_params(k.kind), np.int64), work=work)
+        else:
+            _run_items(dec, items, *args, work=work)
         if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
             res = np.empty((B, Hq, Sq, D), np.float32)
             sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
@@ -1665,6 +1669,63 @@ def _copy64(typingctx, dst, di, src, si):
     return sig, codegen
 
 
+@intrinsic
+def _stage4(typingctx, dst, di, dstride, src, si, sl, sr, msk):
+    """Four 16-byte pieces of staged 8-bit values from one run of stored values: to
+    bytes ``di``, ``di + dstride``, ``di + 2 dstride``, ``di + 3 dstride`` of ``dst``
+    (int8/uint8) from byte ``si`` of ``src``.
+
+    8-bit ``src`` (int8/uint8): the 64 bytes as they are, 16 per piece.  int4 ``src``
+    (a uint16 view): 32 bytes, piece k = the low nibbles of bytes 8k..8k+7 then their
+    high nibbles (the lane order of :func:`_vnib8`), each as ``c * n``: with 16-bit
+    lanes, low = (w << sl) & msk and high = (w >> sr) & msk (the masks drop the bits a
+    16-bit shift moves across a byte): s4 ``sl, sr, msk = 4, 0, 0xF0F0`` gives 16 * n
+    (the sign in bit 7), u4 ``3, 1, 0x7878`` gives 8 * n (0..120, still an int8).  The
+    step kernels then load a staged vector with one sign-extending convert; the
+    factor c is divided out of q or of the P V weights exactly (a power of two)."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
+        return None
+    four = src.dtype.bitwidth == 16
+    sig = types.void(dst, di, dstride, src, si, sl, sr, msk)
+
+    def codegen(context, builder, signature, args):
+        i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+
+        def byte_ptr(k, ik):
+            ary = context.make_array(signature.args[k])(context, builder, args[k])
+            base = builder.bitcast(ary.data, i8.as_pointer())
+            return builder.gep(base, [context.cast(builder, args[ik], signature.args[ik], types.intp)])
+
+        d0 = byte_ptr(0, 1)
+        ds = context.cast(builder, args[2], signature.args[2], types.intp)
+        ps = byte_ptr(3, 4)
+        v16 = ir.VectorType(i8, 16)
+        if four:
+            w16 = ir.VectorType(i16, 16)
+            w = builder.load(builder.bitcast(ps, w16.as_pointer()), align=1)
+
+            def splat(k):
+                x = builder.trunc(context.cast(builder, args[k], signature.args[k], types.int64), i16)
+                x = builder.insert_element(ir.Constant(w16, ir.Undefined), x, i32(0))
+                return builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+
+            m = splat(7)
+            lo = builder.bitcast(builder.and_(builder.shl(w, splat(5)), m), ir.VectorType(i8, 32))
+            hi = builder.bitcast(builder.and_(builder.lshr(w, splat(6)), m), ir.VectorType(i8, 32))
+            pieces = [builder.shuffle_vector(lo, hi, ir.Constant(
+                ir.VectorType(i32, 16), list(range(8 * k, 8 * k + 8)) + list(range(32 + 8 * k, 40 + 8 * k))))
+                for k in range(4)]
+        else:
+            pieces = [builder.load(builder.bitcast(builder.gep(ps, [ir.Constant(ir.IntType(64), 16 * k)]),
+                                                   v16.as_pointer()), align=1) for k in range(4)]
+        for k in range(4):
+            p = builder.gep(d0, [builder.mul(ds, ds.type(k))])
+            builder.store(pieces[k], builder.bitcast(p, v16.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 _V8 = ir.VectorType(ir.FloatType(), 8)
 
 
@@ -1730,14 +1791,13 @@ def _sacc_at(sc, o, s, z, nq, zs, a):
 
 
 @njit(cache=True)
-def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form).  int4: the
-    vector is the 16 nibbles of 8 bytes (:func:`_vnib8`; its halves are 16 score
-    columns apart), one unpack for both nibbles of a byte."""
-    four = _isz(buf) == 2
+def _dscore4_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
+    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form), from the
+    staged tile ``kst`` (:func:`_stage_k`: pass p = 4c + v, row d, 16 bytes, contiguous
+    over d).  int4 (``four``): the vector is the 16 nibbles of 8 bytes (:func:`_vnib8`
+    order, staged times c with q divided by c), its halves 16 score columns apart."""
     ng = D // G
     z = vsplat(np.float32(0.0))
-    sub = (32 if four else 64) * c
     o0 = r0 * DT + 64 * c
     q0 = r0 * D
     for g in range(ng):
@@ -1747,11 +1807,9 @@ def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             a1 = z
             a2 = z
             a3 = z
+            kp = (4 * c + v) * D * 16
             for d in range(g * G, g * G + G):
-                if four:
-                    x = _vnib8(buf, k0 + d * rs + sub + 8 * v, sgn)
-                else:
-                    x = vld_any(buf, k0 + d * rs + sub + 16 * v, False)
+                x = vld_any(kst, kp + 16 * d, False)
                 a0 = vfma(vbcast(qb, q0 + d), x, a0)
                 a1 = vfma(vbcast(qb, q0 + D + d), x, a1)
                 a2 = vfma(vbcast(qb, q0 + 2 * D + d), x, a2)
@@ -1783,26 +1841,20 @@ def _sacc2(sc, o, s, z, nq, zs, a):
 
 
 @njit(cache=True)
-def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore1`, two vectors per pass (the AVX2 form; int4 as in :func:`_dscore4_v`)."""
-    four = _isz(buf) == 2
+def _dscore1_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
+    """:func:`_dscore1`, two vectors per pass (the AVX2 form; staged as in :func:`_dscore4_v`)."""
     ng = D // G
     z = vsplat(np.float32(0.0))
-    sub = (32 if four else 64) * c
     for g in range(ng):
         si = s0i + g * srs + 64 * c
         for v in range(0, 4, 2):
             a0 = z
             a1 = z
+            kp = (4 * c + v) * D * 16
             for d in range(g * G, g * G + G):
-                p = k0 + d * rs + sub
                 q = vbcast(qb, r0 * D + d)
-                if four:
-                    a0 = vfma(q, _vnib8(buf, p + 8 * v, sgn), a0)
-                    a1 = vfma(q, _vnib8(buf, p + 8 * v + 8, sgn), a1)
-                else:
-                    a0 = vfma(q, vld_any(buf, p + 16 * v, False), a0)
-                    a1 = vfma(q, vld_any(buf, p + 16 * v + 16, False), a1)
+                a0 = vfma(q, vld_any(kst, kp + 16 * d, False), a0)
+                a1 = vfma(q, vld_any(kst, kp + 16 * (D + d), False), a1)
             nq = -qsum[r0 * ng + g]
             if four:  # vectors v, v + 1: columns 32 (v >> 1) + {0, 8} and 16 further
                 o = r0 * DT + 64 * c + 32 * (v >> 1)
@@ -1817,12 +1869,12 @@ def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
 
 
 @njit(cache=True)
-def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form).  int4: the 16
-    nibbles of 8 bytes (:func:`_vnib8`; halves 16 accumulator columns apart, one group).
-    Positions >= nt read row nt - 1 instead of being skipped (no branch per position):
-    their weights W are 0 (:func:`_dweights`), and acc + 0 * n = acc."""
-    four = _isz(vb) == 2
+def _dpv4_v(vst, four, G, D, W, zc, acc, alpha, r0):
+    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form), from the staged
+    tile ``vst`` (:func:`_stage_v`: pass p = 4h + v, tile row t, 16 bytes, contiguous
+    over t; row t holds position perm[t], positions >= nt hold row nt - 1 with weight 0).
+    int4: the 16 nibbles of 8 bytes (:func:`_vnib8` order, staged times c with W
+    divided by c), halves 16 accumulator columns apart, one group."""
     ng = D // G
     R = ng * DT
     for h in range(D // 64):
@@ -1837,12 +1889,9 @@ def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
             a3 = vsub(vmul(_vld2(acc, o + 3 * D, oh + 3 * D), vsplat(alpha[r0 + 3])),
                       vsplat(zc[(r0 + 3) * ng + g]))
             wg = r0 * R + g * DT
+            vp = (4 * h + v) * DT * 16
             for t in range(DT):
-                e = v0 + min(perm[t], nt - 1) * D + 64 * h
-                if four:
-                    x = _vnib8(vb, (e >> 1) + 8 * v, sgn)
-                else:
-                    x = vld_any(vb, e + 16 * v, False)
+                x = vld_any(vst, vp + 16 * t, False)
                 wo = wg + t
                 a0 = vfma(vbcast(W, wo), x, a0)
                 a1 = vfma(vbcast(W, wo + R), x, a1)
@@ -1855,10 +1904,8 @@ def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
 
 
 @njit(cache=True)
-def _dpv1_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv1`, two vectors per pass (the AVX2 form; int4 and positions >= nt as in
-    :func:`_dpv4_v`)."""
-    four = _isz(vb) == 2
+def _dpv1_v(vst, four, G, D, W, zc, acc, alpha, r0):
+    """:func:`_dpv1`, two vectors per pass (the AVX2 form; staged as in :func:`_dpv4_v`)."""
     ng = D // G
     for h in range(D // 64):
         for v in range(0, 4, 2):
@@ -1870,17 +1917,12 @@ def _dpv1_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
             al = vsplat(alpha[r0])
             a0 = vsub(vmul(_vld2(acc, o, o + 16) if four else vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
             a1 = vsub(vmul(_vld2(acc, ob, ob + 16) if four else vload(acc, ob), al), vsplat(zc[r0 * ng + gb]))
+            vp = (4 * h + v) * DT * 16
             for t in range(DT):
-                e = v0 + min(perm[t], nt - 1) * D + 64 * h
                 wa = vbcast(W, r0 * ng * DT + ga * DT + t)
                 wb = vbcast(W, r0 * ng * DT + gb * DT + t)
-                if four:
-                    p = (e >> 1) + 8 * v
-                    a0 = vfma(wa, _vnib8(vb, p, sgn), a0)
-                    a1 = vfma(wb, _vnib8(vb, p + 8, sgn), a1)
-                else:
-                    a0 = vfma(wa, vld_any(vb, e + 16 * v, False), a0)
-                    a1 = vfma(wb, vld_any(vb, e + 16 * v + 16, False), a1)
+                a0 = vfma(wa, vld_any(vst, vp + 16 * t, False), a0)
+                a1 = vfma(wb, vld_any(vst, vp + 16 * (DT + t), False), a1)
             if four:
                 _vst2(acc, o, o + 16, a0)
                 _vst2(acc, ob, ob + 16, a1)
@@ -1979,10 +2021,12 @@ def _dpv1(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
 
 
 @njit(cache=True)
-def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
-    """W[r, g, t] = p[r, t] * sv[pos t, g] and zc[r, g] = sum_t W[r, g, t] * zv[pos t, g]
-    (zc only with zero points, zs = 1).  Full tiles gather the scales without per-element
-    tests (this transpose ran scalar at ~10% of the kernel's time)."""
+def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc, cv):
+    """W[r, g, t] = p[r, t] * sv[pos t, g] / cv and zc[r, g] = sum_t (p sv)[r, g, t] *
+    zv[pos t, g] (zc only with zero points, zs = 1).  ``cv``: the power of two the staged
+    V values carry (:func:`_stage4`; 1 unstaged): W / cv times cv * n is exactly W * n.
+    Full tiles gather the scales without per-element tests (this transpose ran scalar at
+    ~10% of the kernel's time)."""
     if nt == DT:  # stores contiguous (LLVM vectorised the other loop order with scatters)
         for g in range(ng):
             for t in range(DT):
@@ -1999,20 +2043,21 @@ def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
                 svT[g * DT + t] = vsc[i] if s < nt else np.float32(0.0)
                 zvT[g * DT + t] = vzp[i * zs] if s < nt else np.float32(0.0)
     part = np.empty(16, np.float32)
+    inv = vsplat(np.float32(1.0) / cv)
     for r in range(nrow):
         for g in range(ng):
             o = (r * ng + g) * DT
-            for t in range(0, DT, 16):
-                vstore(W, o + t, vmul(vload(sc, r * DT + t), vload(svT, g * DT + t)))
             if zs:
                 zacc = vsplat(np.float32(0.0))
                 for t in range(0, DT, 16):
-                    zacc = vfma(vload(W, o + t), vload(zvT, g * DT + t), zacc)
+                    zacc = vfma(vmul(vload(sc, r * DT + t), vload(svT, g * DT + t)), vload(zvT, g * DT + t), zacc)
                 vstore(part, 0, zacc)
                 z = np.float32(0.0)
                 for j in range(16):
                     z += part[j]
                 zc[r * ng + g] = z
+            for t in range(0, DT, 16):
+                vstore(W, o + t, vmul(vmul(vload(sc, r * DT + t), vload(svT, g * DT + t)), inv))
 
 
 @intrinsic
@@ -2032,13 +2077,49 @@ def _fetch_add(typingctx, arr, i):
 #: accumulators with AVX-512; the one-vector passes on AVX2 (see above)
 _DSCORE4, _DSCORE1, _DPV4, _DPV1 = ((_dscore4, _dscore1, _dpv4, _dpv1) if _HAS_AVX512
                                     else (_dscore4_v, _dscore1_v, _dpv4_v, _dpv1_v))
+#: the AVX2 forms read staged tiles (:func:`_stage4`), the AVX-512 forms the stored bytes
+_STAGED = not _HAS_AVX512
+
+
+def stage_params(kind: str):
+    """(sl, sr, msk, c) of :func:`_stage4` for a K/V storage kind: int4 staged as c * n."""
+    if kind == "s4":
+        return 4, 0, 0xF0F0, 16
+    if kind == "u4":
+        return 3, 1, 0x7878, 8
+    return 0, 0, 0, 1
+
+
+@njit(inline="always", cache=True)
+def _stage_k(kst8, kb, b0, rsb, D, sl, sr, msk):
+    """The K tile (D rows of DT positions, row d at byte b0 + d * rsb of ``kb``) staged
+    pass-major: pass p (16 positions), row d at byte (p * D + d) * 16 of ``kst8``."""
+    run = 32 if _isz(kb) == 2 else 64  # stored bytes per 4 passes
+    for d in range(D):
+        for j in range(DT // 64):
+            _stage4(kst8, (4 * j * D + d) * 16, D * 16, kb, b0 + d * rsb + j * run, sl, sr, msk)
+
+
+@njit(inline="always", cache=True)
+def _stage_v(vst8, vb, b0, perm, nt, D, sl, sr, msk):
+    """The V tile staged pass-major: row t = position min(perm[t], nt - 1) (row stride D
+    values from byte b0 of ``vb``), pass p (16 head dims) at byte (p * DT + t) * 16."""
+    four = _isz(vb) == 2
+    run = 32 if four else 64
+    rsb = D // 2 if four else D
+    for t in range(DT):
+        rb = b0 + min(perm[t], nt - 1) * rsb
+        for j in range(D // 64):
+            _stage4(vst8, (4 * j * DT + t) * 16, DT * 16, vb, rb + j * run, sl, sr, msk)
 
 
 @njit(nogil=True, cache=True)
 def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
-               smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc):
+               smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc, sdt, stp):
     """Work items (batch, KV head, KV split) of the compressed decode -> partial (m, l, acc)
-    per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8.
+    per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8.  ``sdt``: an
+    empty array of the staged tiles' dtype (int8, uint8 for u8); ``stp``: (sl, sr, msk,
+    c) of :func:`_stage4` (:func:`stage_params`).
 
     Items are claimed one at a time from ``ctr`` = [next item, items finished, item
     count] (shared by the threads of one call, see :func:`_run_claimed`).  An item's
@@ -2076,6 +2157,10 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     W = np.empty(Rp * ngv * DT, np.float32)
     zc = np.zeros(Rp * ngv, np.float32)
     scv = vsplat(scale)
+    sl, sr, msk = stp[0], stp[1], stp[2]
+    cst = np.float32(stp[3]) if _STAGED else np.float32(1.0)  # staged values are cst * n
+    kst8 = np.zeros(D * DT if _STAGED else 16, sdt.dtype)
+    vst8 = np.zeros(DT * D if _STAGED else 16, sdt.dtype)
     nitems = ctr[2]
     while True:
         it = _fetch_add(ctr, 0)
@@ -2094,7 +2179,7 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
         for rr in range(nrow):
             qrow = qf[b, hk * rep + rr // Sq, rr % Sq]
             for d in range(D):
-                qb[rr * D + d] = qrow[d]
+                qb[rr * D + d] = qrow[d] / cst  # exact (a power of two): (q / c) (c n) = q n
                 qsum[rr * ngk + d // kG] += qrow[d]
         acc[:] = 0.0
         lv[:] = 0.0
@@ -2105,12 +2190,14 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                 # the tile's D rows of K, S / bpe bytes apart in the cache, copied to kst
                 # first: at power-of-two S the rows share few L1 sets (S = 4096 int4:
                 # every row in 2 sets of 8 ways), and the score passes re-read each row
-                # 4 times -- from L2 without the copy (s8: 20% of the score step)
+                # 4 times -- from L2 without the copy (s8: 20% of the score step); staged
+                # (AVX2): :func:`_stage_k` reads the rows once into its pass-major tile
                 kbuf, k0, rs = kst, 0, kst_rs
                 src0 = (kbase + s0) // bpe
-                for d in range(D):
-                    for j in range(0, kst_rs, 64):
-                        _copy64(kst, d * kst_rs + j, kb, src0 + d * (S // bpe) + j)
+                if not _STAGED:
+                    for d in range(D):
+                        for j in range(0, kst_rs, 64):
+                            _copy64(kst, d * kst_rs + j, kb, src0 + d * (S // bpe) + j)
                 scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
                 if s0 + DT < sb:  # the next tile's K lines and V rows
                     k1 = (kbase + s0) // bpe + kst_rs
@@ -2137,11 +2224,20 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                         zst[g * DT + t] = kzp[(ksbase + g * S + s0 + t) * kzs] if t < nt \
                             else np.float32(0.0)
             sc[:] = 0.0
-            for c in range(DT // 64):
-                for r0 in range(0, n4, 4):
-                    _DSCORE4(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
-                for r0 in range(n4, nrow):
-                    _DSCORE1(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+            if _STAGED:
+                _stage_k(kst8, kb if nt == DT else kst, (kbase + s0) // bpe if nt == DT else 0,
+                         S // bpe if nt == DT else kst_rs, D, sl, sr, msk)
+                for c in range(DT // 64):
+                    for r0 in range(0, n4, 4):
+                        _dscore4_v(kst8, four, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+                    for r0 in range(n4, nrow):
+                        _dscore1_v(kst8, four, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+            else:
+                for c in range(DT // 64):
+                    for r0 in range(0, n4, 4):
+                        _dscore4(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+                    for r0 in range(n4, nrow):
+                        _dscore1(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
             for rr in range(nrow):
                 o = rr * DT
                 if smul:
@@ -2161,11 +2257,18 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                             sc[o + t] += mflat[b * mstr[0] + hq * mstr[1] + i * mstr[2]
                                                + (s0 + s) * mstr[3]]
                 _online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
-            _dweights(vsc, vzp, vzs, vsbase + s0 * ngv, ngv, perm, nt, sc, nrow, svT, zvT, W, zc)
-            for r0 in range(0, n4, 4):
-                _DPV4(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
-            for r0 in range(n4, nrow):
-                _DPV1(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
+            _dweights(vsc, vzp, vzs, vsbase + s0 * ngv, ngv, perm, nt, sc, nrow, svT, zvT, W, zc, cst)
+            if _STAGED:
+                _stage_v(vst8, vb, (vbase + s0 * D) // bpe, perm, nt, D, sl, sr, msk)
+                for r0 in range(0, n4, 4):
+                    _dpv4_v(vst8, four, vG, D, W, zc, acc, alpha, r0)
+                for r0 in range(n4, nrow):
+                    _dpv1_v(vst8, four, vG, D, W, zc, acc, alpha, r0)
+            else:
+                for r0 in range(0, n4, 4):
+                    _dpv4(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
+                for r0 in range(n4, nrow):
+                    _dpv1(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
         for rr in range(nrow):
             pm[it, rr] = m[rr]
             ls = np.float32(0.0)
