@@ -64,7 +64,7 @@ from graph_api.kernels.wmatmul import make_epilogue
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, fma32, ld_kind,
                           nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vld_kind, vload, vload_even, vload_odd,
-                          vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
+                          vexp, vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
                           _V16, _flat_ptr, f32x16, prefetch)
 
 T = 128  #: KV positions per tile
@@ -617,11 +617,14 @@ def _online_softmax_row(sc, o, n, rr, m, alpha, lv, part):
     al = exp32(m[rr] - mt)
     alpha[rr] = al
     m[rr] = mt
-    for t in range(n):
-        sc[o + t] = exp32(sc[o + t] - mt)
+    # one pass: exponentials (:func:`vexp`, exp32's values) and the running sums; the
+    # scalar exp32 loop LLVM vectorised ran ~3x slower (~10% of the decode tile)
+    mv = vsplat(mt)
     lsum = vmul(vload(lv, rr * 16), vsplat(al))
     for t in range(0, n, 16):
-        lsum = vadd(lsum, vload(sc, o + t))
+        e = vexp(vsub(vload(sc, o + t), mv))
+        vstore(sc, o + t, e)
+        lsum = vadd(lsum, e)
     vstore(lv, rr * 16, lsum)
 
 
@@ -1002,9 +1005,6 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             res = np.empty((B, Hq, Sq, D), np.float32)
             sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
             return _store_out(res, okind, out)
-        if four:  # int4 chunk order (32 d: even d then odd d) -> d order
-            pacc = np.ascontiguousarray(
-                pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))
         if nsplit == 1:
             # one split per item: :func:`_merge_np`'s weights are all 1 (0 for a row that saw
             # no finite score, whose acc and sum are 0: 0/0 either way), so its result is
@@ -1602,49 +1602,29 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
 # kernels above keep 16 f32x16 accumulators and 4 unpacked vectors live, three times
 # AVX2's register file, so every FMA reloaded and spilled.  These take the 64-position
 # sub-block (64 head dims for P V) one vector of 16 at a time: 4 rows x 1 vector (4
-# accumulators, 8 registers) per pass over the group's rows, re-read from L1.  The same
-# products in the same order: bit-identical results (tested against the forms above).
-# int4: a vector is the 16 nibbles of 8 bytes (:func:`_vnib8`: one sign-extending load,
-# 3 shifts, 2 masks, 2 converts per 16 values, was 10 operations + a shift), whose two
-# halves land 16 columns apart in the score / accumulator tiles (:func:`_vld2`,
-# :func:`_vst2`, K parameters de-interleaved by :func:`_vdeint`).
-# Instructions per 64 K or V values and 4 rows (``inspect_asm``, Zen 3 target): scores
-# int4 98 (32 FMAs, 16 broadcasts, 20 unpack, 4 converts... per 2 loop trips of 49),
-# int8 82; P V int4 150 / int8 124 (the same vector work plus ~6 scalar operations per
-# position: the row index from ``perm``, clamp, multiply).  The FMA bound is 32 FMAs =
-# 16 cycles (2 per cycle); issue (6 per cycle) allows ~16-25.  Measured one thread, hot
-# (Hq=32 Hkv=8 L=4096 s4, one KV head = 4 rows, 2.9 GHz): score step ~0.44, P V ~0.48,
-# softmax ~0.15, weights ~0.1 cycles per K (or V) value; the item 1.25 (was 1.5-1.9).
-
-
-@intrinsic
-def _vnib8(typingctx, arr, idx, signed):
-    """The 16 nibbles of the 8 bytes at byte offset ``idx`` of ``arr``'s buffer as f32x16:
-    lanes 0-7 the low nibbles, lanes 8-15 the high ones, s4 when ``signed`` else u4.
-    One sign-extending load serves both halves: high = x >> 4, low = (x << 28) >> 28
-    (arithmetic shifts of the sign-extended byte x give the s4 values), masked with 15
-    for u4 (mask -1 for s4: no select per vector)."""
-    if not isinstance(arr, types.Array):
-        return None
-    sig = f32x16(arr, idx, signed)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        i8 = ir.IntType(8)
-        i32 = ir.IntType(32)
-        i32v = ir.VectorType(i32, 8)
-        base = builder.bitcast(ary.data, i8.as_pointer())
-        p = builder.gep(base, [context.cast(builder, args[1], signature.args[1], types.intp)])
-        x = builder.sext(builder.load(builder.bitcast(p, ir.VectorType(i8, 8).as_pointer()), align=1), i32v)
-        sgn = builder.icmp_unsigned("!=", args[2], args[2].type(0))
-        mk = builder.insert_element(ir.Constant(i32v, ir.Undefined), builder.select(sgn, i32(-1), i32(15)), i32(0))
-        mk = builder.shuffle_vector(mk, mk, ir.Constant(i32v, [0] * 8))
-        hi = builder.and_(builder.ashr(x, ir.Constant(i32v, [4] * 8)), mk)
-        lo = builder.and_(builder.ashr(builder.shl(x, ir.Constant(i32v, [28] * 8)), ir.Constant(i32v, [28] * 8)), mk)
-        both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
-        return builder.sitofp(both, _V16)
-
-    return sig, codegen
+# accumulators, 8 registers) per pass over the group's rows.  The same products in the
+# same order: bit-identical results (tested against the forms above).
+# They read staged tiles (:func:`_stage4`): K and V are copied a 64-wide chunk at a time
+# into 8 KB pass-major buffers of 8-bit values, contiguous along the loop of each pass,
+# int4 widened to c * n (one 16-bit shift and mask per 16 values; c = 16 s4, 8 u4, q and
+# the P V weights divided by c, exactly).  A vector is then one sign-extending load and
+# convert; int4 vectors hold the 8 low nibbles of 8 stored bytes then their 8 high ones,
+# whose halves land 16 columns apart in the score / accumulator tiles (:func:`_vld2`,
+# :func:`_vst2`, K parameters de-interleaved by :func:`_vdeint`).  Unpacking nibbles in
+# the loops (sign-extending load, 3 shifts, 2 masks, 2 converts per 16 values) and
+# reading V rows 64 bytes apart through ``perm`` ran the loops at 6.5-7.5 cycles per 8
+# FMAs; staged, 4.8-5.9 (one thread, L1, Zen 3 at 2.9 GHz; 4.0 is the 2-FMA-pipe bound,
+# ~4.4 a broadcast-and-FMA loop alone).
+#
+# Bound (strict f32, AVX2): each K and each V value costs one FMA lane per row of the
+# head group, 16 lanes per cycle per core, so rep / 8 cycles per position and head dim.
+# Hq=32 Hkv=8 L=4096 (rep 4): 2.1 M core cycles, 0.36 ms on 2 cores at 2.9 GHz (0.43 at
+# 2.45), where reading the 5.2 MB cache at the 21 GB/s measured takes 0.25 ms: at most
+# ~60-70% of read bandwidth even with FMAs alone.  Measured per 128-position tile, one
+# thread, in situ (rdtsc, L = 1024, loaded machine, min of 60 calls): K staging 0.6 us,
+# scores 2.9, scale + softmax 0.8, weights 0.8, V staging 1.0, P V 2.2 (the two FMA steps'
+# bound: 1.4 each), ~8.2 us in all (was ~9.0: copy 0.6, scores 3.0, P V 3.9, the rest
+# as now) -- ~35% of the FMA bound.
 
 
 @intrinsic
@@ -1677,7 +1657,7 @@ def _stage4(typingctx, dst, di, dstride, src, si, sl, sr, msk):
 
     8-bit ``src`` (int8/uint8): the 64 bytes as they are, 16 per piece.  int4 ``src``
     (a uint16 view): 32 bytes, piece k = the low nibbles of bytes 8k..8k+7 then their
-    high nibbles (the lane order of :func:`_vnib8`), each as ``c * n``: with 16-bit
+    high nibbles, each as ``c * n``: with 16-bit
     lanes, low = (w << sl) & msk and high = (w >> sr) & msk (the masks drop the bits a
     16-bit shift moves across a byte): s4 ``sl, sr, msk = 4, 0, 0xF0F0`` gives 16 * n
     (the sign in bit 7), u4 ``3, 1, 0x7878`` gives 8 * n (0..120, still an int8).  The
@@ -1731,8 +1711,8 @@ _V8 = ir.VectorType(ir.FloatType(), 8)
 
 @intrinsic
 def _vld2(typingctx, arr, i, j):
-    """arr.flat[i:i+8] and arr.flat[j:j+8] as one f32x16 (the two halves of a
-    :func:`_vnib8` vector: 16 columns apart in the score and accumulator tiles)."""
+    """arr.flat[i:i+8] and arr.flat[j:j+8] as one f32x16 (the two halves of a staged int4
+    vector: 16 columns apart in the score and accumulator tiles)."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
         return None
     sig = f32x16(arr, i, j)
@@ -1768,7 +1748,7 @@ def _vst2(typingctx, arr, i, j, v):
 @intrinsic
 def _vdeint(typingctx, arr, i):
     """arr.flat[i + 2l] for l < 8, then arr.flat[i + 2l + 1]: the 16 per-position
-    parameters (scales, zero points) of a :func:`_vnib8` vector of K scores."""
+    parameters (scales, zero points) of a staged int4 vector of K scores."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
         return None
     sig = f32x16(arr, i)
@@ -1793,9 +1773,10 @@ def _sacc_at(sc, o, s, z, nq, zs, a):
 @njit(cache=True)
 def _dscore4_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
     """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form), from the
-    staged tile ``kst`` (:func:`_stage_k`: pass p = 4c + v, row d, 16 bytes, contiguous
-    over d).  int4 (``four``): the vector is the 16 nibbles of 8 bytes (:func:`_vnib8`
-    order, staged times c with q divided by c), its halves 16 score columns apart."""
+    staged chunk c of the tile (``kst``, :func:`_stage_k`: pass v, row d, 16 bytes,
+    contiguous over d).  int4 (``four``): the vector is the 16 nibbles of 8 bytes (low
+    ones then high ones, staged times c with q divided by c), its halves 16 score columns
+    apart."""
     ng = D // G
     z = vsplat(np.float32(0.0))
     o0 = r0 * DT + 64 * c
@@ -1807,7 +1788,7 @@ def _dscore4_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
             a1 = z
             a2 = z
             a3 = z
-            kp = (4 * c + v) * D * 16
+            kp = v * D * 16
             for d in range(g * G, g * G + G):
                 x = vld_any(kst, kp + 16 * d, False)
                 a0 = vfma(vbcast(qb, q0 + d), x, a0)
@@ -1834,7 +1815,7 @@ def _dscore4_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
 
 @njit(inline="always", cache=True)
 def _sacc2(sc, o, s, z, nq, zs, a):
-    """:func:`_sacc_at` on the two halves of a :func:`_vnib8` vector (columns o, o + 16)."""
+    """:func:`_sacc_at` on the two halves of a staged int4 vector (columns o, o + 16)."""
     if zs:
         a = vfma(z, vsplat(nq), a)
     _vst2(sc, o, o + 16, vfma(s, a, _vld2(sc, o, o + 16)))
@@ -1850,7 +1831,7 @@ def _dscore1_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
         for v in range(0, 4, 2):
             a0 = z
             a1 = z
-            kp = (4 * c + v) * D * 16
+            kp = v * D * 16
             for d in range(g * G, g * G + G):
                 q = vbcast(qb, r0 * D + d)
                 a0 = vfma(q, vld_any(kst, kp + 16 * d, False), a0)
@@ -1869,66 +1850,65 @@ def _dscore1_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
 
 
 @njit(cache=True)
-def _dpv4_v(vst, four, G, D, W, zc, acc, alpha, r0):
-    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form), from the staged
-    tile ``vst`` (:func:`_stage_v`: pass p = 4h + v, tile row t, 16 bytes, contiguous
-    over t; row t holds position perm[t], positions >= nt hold row nt - 1 with weight 0).
-    int4: the 16 nibbles of 8 bytes (:func:`_vnib8` order, staged times c with W
-    divided by c), halves 16 accumulator columns apart, one group."""
+def _dpv4_v(vst, four, G, D, W, zc, acc, alpha, r0, h):
+    """:func:`_dpv4` for head dims 64h..64h+63, one vector of 16 per pass (the AVX2 form),
+    from the staged tile ``vst`` (:func:`_stage_v`: pass v, tile row t, 16 bytes,
+    contiguous over t; row t holds position perm[t], positions >= nt hold row nt - 1
+    with weight 0).  int4: the 16 nibbles of 8 bytes (low ones then high ones, staged
+    times c with W divided by c), halves 16 accumulator columns apart, one group."""
     ng = D // G
     R = ng * DT
-    for h in range(D // 64):
-        for v in range(4):
-            g = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
-            o = r0 * D + 64 * h + (32 * (v >> 1) + 8 * (v & 1) if four else 16 * v)
-            oh = o + 16 if four else o + 8  # the upper 8 lanes
-            a0 = vsub(vmul(_vld2(acc, o, oh), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
-            a1 = vsub(vmul(_vld2(acc, o + D, oh + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
-            a2 = vsub(vmul(_vld2(acc, o + 2 * D, oh + 2 * D), vsplat(alpha[r0 + 2])),
-                      vsplat(zc[(r0 + 2) * ng + g]))
-            a3 = vsub(vmul(_vld2(acc, o + 3 * D, oh + 3 * D), vsplat(alpha[r0 + 3])),
-                      vsplat(zc[(r0 + 3) * ng + g]))
-            wg = r0 * R + g * DT
-            vp = (4 * h + v) * DT * 16
-            for t in range(DT):
-                x = vld_any(vst, vp + 16 * t, False)
-                wo = wg + t
-                a0 = vfma(vbcast(W, wo), x, a0)
-                a1 = vfma(vbcast(W, wo + R), x, a1)
-                a2 = vfma(vbcast(W, wo + 2 * R), x, a2)
-                a3 = vfma(vbcast(W, wo + 3 * R), x, a3)
-            _vst2(acc, o, oh, a0)
-            _vst2(acc, o + D, oh + D, a1)
-            _vst2(acc, o + 2 * D, oh + 2 * D, a2)
-            _vst2(acc, o + 3 * D, oh + 3 * D, a3)
+    for v in range(4):
+        g = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+        o = r0 * D + 64 * h + (32 * (v >> 1) + 8 * (v & 1) if four else 16 * v)
+        oh = o + 16 if four else o + 8  # the upper 8 lanes
+        a0 = vsub(vmul(_vld2(acc, o, oh), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
+        a1 = vsub(vmul(_vld2(acc, o + D, oh + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
+        a2 = vsub(vmul(_vld2(acc, o + 2 * D, oh + 2 * D), vsplat(alpha[r0 + 2])),
+                  vsplat(zc[(r0 + 2) * ng + g]))
+        a3 = vsub(vmul(_vld2(acc, o + 3 * D, oh + 3 * D), vsplat(alpha[r0 + 3])),
+                  vsplat(zc[(r0 + 3) * ng + g]))
+        wg = r0 * R + g * DT
+        vp = v * DT * 16
+        for t in range(DT):
+            x = vld_any(vst, vp + 16 * t, False)
+            wo = wg + t
+            a0 = vfma(vbcast(W, wo), x, a0)
+            a1 = vfma(vbcast(W, wo + R), x, a1)
+            a2 = vfma(vbcast(W, wo + 2 * R), x, a2)
+            a3 = vfma(vbcast(W, wo + 3 * R), x, a3)
+        _vst2(acc, o, oh, a0)
+        _vst2(acc, o + D, oh + D, a1)
+        _vst2(acc, o + 2 * D, oh + 2 * D, a2)
+        _vst2(acc, o + 3 * D, oh + 3 * D, a3)
 
 
 @njit(cache=True)
-def _dpv1_v(vst, four, G, D, W, zc, acc, alpha, r0):
-    """:func:`_dpv1`, two vectors per pass (the AVX2 form; staged as in :func:`_dpv4_v`)."""
+def _dpv1_v(vst, four, G, D, W, zc, acc, alpha, r0, h):
+    """:func:`_dpv1` for head dims 64h..64h+63, two vectors per pass (the AVX2 form;
+    staged as in :func:`_dpv4_v`)."""
     ng = D // G
-    for h in range(D // 64):
-        for v in range(0, 4, 2):
-            # int4: vectors v, v + 1 = bytes 16 (v >> 1) + {0, 8} of the chunk, one group
-            ga = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
-            gb = ga if four else (64 * h + 16 * v + 16) // G
-            o = r0 * D + 64 * h + (32 * (v >> 1) if four else 16 * v)
-            ob = o + 8 if four else o + 16
-            al = vsplat(alpha[r0])
-            a0 = vsub(vmul(_vld2(acc, o, o + 16) if four else vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
-            a1 = vsub(vmul(_vld2(acc, ob, ob + 16) if four else vload(acc, ob), al), vsplat(zc[r0 * ng + gb]))
-            vp = (4 * h + v) * DT * 16
-            for t in range(DT):
-                wa = vbcast(W, r0 * ng * DT + ga * DT + t)
-                wb = vbcast(W, r0 * ng * DT + gb * DT + t)
-                a0 = vfma(wa, vld_any(vst, vp + 16 * t, False), a0)
-                a1 = vfma(wb, vld_any(vst, vp + 16 * (DT + t), False), a1)
-            if four:
-                _vst2(acc, o, o + 16, a0)
-                _vst2(acc, ob, ob + 16, a1)
-            else:
-                vstore(acc, o, a0)
-                vstore(acc, ob, a1)
+    for v in range(0, 4, 2):
+        # int4: vectors v, v + 1 = bytes 16 (v >> 1) + {0, 8} of the chunk, one group
+        ga = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+        gb = ga if four else (64 * h + 16 * v + 16) // G
+        o = r0 * D + 64 * h + (32 * (v >> 1) if four else 16 * v)
+        ob = o + 8 if four else o + 16
+        al = vsplat(alpha[r0])
+        a0 = vsub(vmul(_vld2(acc, o, o + 16) if four else vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
+        a1 = vsub(vmul(_vld2(acc, ob, ob + 16) if four else vload(acc, ob), al), vsplat(zc[r0 * ng + gb]))
+        vp = v * DT * 16
+        for t in range(DT):
+            wa = vbcast(W, r0 * ng * DT + ga * DT + t)
+            wb = vbcast(W, r0 * ng * DT + gb * DT + t)
+            a0 = vfma(wa, vld_any(vst, vp + 16 * t, False), a0)
+            a1 = vfma(wb, vld_any(vst, vp + 16 * (DT + t), False), a1)
+        if four:
+            _vst2(acc, o, o + 16, a0)
+            _vst2(acc, ob, ob + 16, a1)
+        else:
+            vstore(acc, o, a0)
+            vstore(acc, ob, a1)
 
 
 @njit(inline="always", cache=True)
@@ -2091,26 +2071,35 @@ def stage_params(kind: str):
 
 
 @njit(inline="always", cache=True)
-def _stage_k(kst8, kb, b0, rsb, D, sl, sr, msk):
-    """The K tile (D rows of DT positions, row d at byte b0 + d * rsb of ``kb``) staged
-    pass-major: pass p (16 positions), row d at byte (p * D + d) * 16 of ``kst8``."""
+def _stage_k(kst8, kb, b0, rsb, D, sl, sr, msk, c, pf):
+    """Positions 64c..64c+63 of the K tile (D rows, row d at byte b0 + d * rsb of ``kb``)
+    staged pass-major: pass v (16 positions), row d at byte (v * D + d) * 16 of ``kst8``.
+    A chunk at a time: 8 KB of staged values that stay in L1 until the score step has
+    read them (the whole tile, 16 KB, next to V's and the prefetched next tile, did not).
+    ``pf`` > 0: prefetch the line ``pf`` bytes past each row's chunk (the next tile's),
+    one row at a time between the stores rather than as a burst of D prefetches."""
     run = 32 if _isz(kb) == 2 else 64  # stored bytes per 4 passes
     for d in range(D):
-        for j in range(DT // 64):
-            _stage4(kst8, (4 * j * D + d) * 16, D * 16, kb, b0 + d * rsb + j * run, sl, sr, msk)
+        e = b0 + d * rsb + c * run
+        _stage4(kst8, d * 16, D * 16, kb, e, sl, sr, msk)
+        if pf:
+            prefetch(kb, (e + pf) // _isz(kb))
 
 
 @njit(inline="always", cache=True)
-def _stage_v(vst8, vb, b0, perm, nt, D, sl, sr, msk):
-    """The V tile staged pass-major: row t = position min(perm[t], nt - 1) (row stride D
-    values from byte b0 of ``vb``), pass p (16 head dims) at byte (p * DT + t) * 16."""
+def _stage_v(vst8, vb, b0, perm, nt, D, sl, sr, msk, h, pf):
+    """Head dims 64h..64h+63 of the V tile staged pass-major: row t = position
+    min(perm[t], nt - 1) (row stride D values from byte b0 of ``vb``), pass v (16 head
+    dims) at byte (v * DT + t) * 16 (8 KB, as :func:`_stage_k`).  ``pf``: prefetch the
+    next tile's V (its lines spread over the rows of this one, as :func:`_stage_k`)."""
     four = _isz(vb) == 2
     run = 32 if four else 64
     rsb = D // 2 if four else D
+    nl = DT * rsb // 64 // (D // 64)  # next-tile lines per call
     for t in range(DT):
-        rb = b0 + min(perm[t], nt - 1) * rsb
-        for j in range(D // 64):
-            _stage4(vst8, (4 * j * DT + t) * 16, DT * 16, vb, rb + j * run, sl, sr, msk)
+        _stage4(vst8, t * 16, DT * 16, vb, b0 + min(perm[t], nt - 1) * rsb + h * run, sl, sr, msk)
+        if pf and t < nl:
+            prefetch(vb, (b0 + DT * rsb + (h * nl + t) * 64) // _isz(vb))
 
 
 @njit(nogil=True, cache=True)
@@ -2159,8 +2148,8 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     scv = vsplat(scale)
     sl, sr, msk = stp[0], stp[1], stp[2]
     cst = np.float32(stp[3]) if _STAGED else np.float32(1.0)  # staged values are cst * n
-    kst8 = np.zeros(D * DT if _STAGED else 16, sdt.dtype)
-    vst8 = np.zeros(DT * D if _STAGED else 16, sdt.dtype)
+    kst8 = np.zeros(D * 64 if _STAGED else 16, sdt.dtype)  # one chunk of 64 positions
+    vst8 = np.zeros(DT * 64 if _STAGED else 16, sdt.dtype)  # 64 head dims
     nitems = ctr[2]
     while True:
         it = _fetch_add(ctr, 0)
@@ -2199,15 +2188,12 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                         for j in range(0, kst_rs, 64):
                             _copy64(kst, d * kst_rs + j, kb, src0 + d * (S // bpe) + j)
                 scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
-                if s0 + DT < sb:  # the next tile's K lines and V rows
+                if not _STAGED and s0 + DT < sb:  # the next tile's K lines (staged: by _stage_k)
                     k1 = (kbase + s0) // bpe + kst_rs
                     for d in range(D):
                         prefetch(kb, (k1 + d * (S // bpe)) // _isz(kb))
                         if not four:
                             prefetch(kb, k1 + d * (S // bpe) + 64)
-                    nxt = (vbase + (s0 + DT) * D) // bpe
-                    for e in range(nxt, nxt + DT * D // bpe, 64):
-                        prefetch(vb, e // _isz(vb))
             else:  # tail tile, staged zero-padded so that the vector loads stay in bounds
                 kbuf, k0, rs = kst, 0, kst_rs
                 scb, zpb, s0i, srs, zs = sst, zst, 0, DT, 1
@@ -2225,9 +2211,10 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                             else np.float32(0.0)
             sc[:] = 0.0
             if _STAGED:
-                _stage_k(kst8, kb if nt == DT else kst, (kbase + s0) // bpe if nt == DT else 0,
-                         S // bpe if nt == DT else kst_rs, D, sl, sr, msk)
                 for c in range(DT // 64):
+                    _stage_k(kst8, kb if nt == DT else kst, (kbase + s0) // bpe if nt == DT else 0,
+                             S // bpe if nt == DT else kst_rs, D, sl, sr, msk, c,
+                             kst_rs if nt == DT and s0 + DT < sb and (c == 0 or not four) else 0)
                     for r0 in range(0, n4, 4):
                         _dscore4_v(kst8, four, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
                     for r0 in range(n4, nrow):
@@ -2238,6 +2225,22 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                         _dscore4(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
                     for r0 in range(n4, nrow):
                         _dscore1(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+            if nt == DT and s0 + DT < sb:
+                # the next tile's K scales (ng rows S apart: no hardware prefetcher stream),
+                # V rows and V scales, issued here rather than with its K lines: one burst
+                # of ~300 prefetches left the later ones unserved (the score and V staging
+                # steps then waited on L3 / DRAM, ~1 us of a ~8 us tile at L = 4096)
+                for g in range(ngk):
+                    for t in range(0, DT, 16):
+                        prefetch(ksc, ksbase + g * S + s0 + DT + t)
+                        if kzs:
+                            prefetch(kzp, ksbase + g * S + s0 + DT + t)
+                if not _STAGED:  # (staged: by _stage_v)
+                    nxt = (vbase + (s0 + DT) * D) // bpe
+                    for e in range(nxt, nxt + DT * D // bpe, 64):
+                        prefetch(vb, e // _isz(vb))
+                for e in range(vsbase + (s0 + DT) * ngv, vsbase + (s0 + 2 * DT) * ngv, 16):
+                    prefetch(vsc, e)
             for rr in range(nrow):
                 o = rr * DT
                 if smul:
@@ -2259,11 +2262,13 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                 _online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
             _dweights(vsc, vzp, vzs, vsbase + s0 * ngv, ngv, perm, nt, sc, nrow, svT, zvT, W, zc, cst)
             if _STAGED:
-                _stage_v(vst8, vb, (vbase + s0 * D) // bpe, perm, nt, D, sl, sr, msk)
-                for r0 in range(0, n4, 4):
-                    _dpv4_v(vst8, four, vG, D, W, zc, acc, alpha, r0)
-                for r0 in range(n4, nrow):
-                    _dpv1_v(vst8, four, vG, D, W, zc, acc, alpha, r0)
+                for h in range(D // 64):
+                    _stage_v(vst8, vb, (vbase + s0 * D) // bpe, perm, nt, D, sl, sr, msk, h,
+                             nt == DT and s0 + DT < sb)
+                    for r0 in range(0, n4, 4):
+                        _dpv4_v(vst8, four, vG, D, W, zc, acc, alpha, r0, h)
+                    for r0 in range(n4, nrow):
+                        _dpv1_v(vst8, four, vG, D, W, zc, acc, alpha, r0, h)
             else:
                 for r0 in range(0, n4, 4):
                     _dpv4(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
@@ -2275,8 +2280,8 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
             for j in range(16):
                 ls += lv[rr * 16 + j]
             pl[it, rr] = ls
-            for d in range(D):
-                pacc[it, rr, d] = acc[rr * D + d]
+            for d in range(D):  # int4: acc in chunk order (32 d: even d, then odd d) -> d order
+                pacc[it, rr, d] = acc[rr * D + ((d & ~31) + 16 * (d & 1) + ((d & 31) >> 1) if four else d)]
         _fetch_add(ctr, 1)  # after the item's stores (sequentially consistent)
 
 

@@ -311,17 +311,18 @@ def test_decode_step_forms_identical(kind, G, zs):
     four = kind in ("s4", "u4")
     sl, sr, msk, cst = SD.stage_params(kind)
     sdt = np.uint8 if kind == "u8" else np.int8
-    kst8, vst8 = np.zeros(D * T, sdt), np.zeros(T * D, sdt)
-    SD._stage_k(kst8, a["kb"], 0, rs, D, sl, sr, msk)
-    SD._stage_v(vst8, a["vb"], 0, a["perm"], 100, D, sl, sr, msk)
+    kst8, vst8 = np.zeros(D * 64, sdt), np.zeros(T * 64, sdt)  # a chunk of 64 positions / head dims
     qb, W = a["qb"] / np.float32(cst), a["W"] / np.float32(cst)
     sc = np.zeros(8 * T, np.float32)
     acc = a["acc"].copy()
     for c in range(T // 64):
+        SD._stage_k(kst8, a["kb"], 0, rs, D, sl, sr, msk, c, 0)
         SD._dscore4_v(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 0, sc, c)
         SD._dscore1_v(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 4, sc, c)
-    SD._dpv4_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 0)
-    SD._dpv1_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 4)
+    for h in range(D // 64):
+        SD._stage_v(vst8, a["vb"], 0, a["perm"], 100, D, sl, sr, msk, h, False)
+        SD._dpv4_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 0, h)
+        SD._dpv1_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 4, h)
     outs.append((sc, acc))
     assert np.isfinite(outs[0][0][:5 * T]).all() and np.any(outs[0][0][:5 * T] != 0)
     assert np.array_equal(outs[0][0], outs[1][0])
