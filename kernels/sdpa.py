@@ -22,7 +22,11 @@ partial ``(m, l, acc)`` are merged in a fixed order (log-sum-exp, numpy).
 Prefill: work items are (batch, KV head, query tile of 32 positions); causal
 tiles beyond the diagonal are skipped.  int4/int8 decode with K stored
 ``[D, S]`` runs :func:`_dec_items`, which folds the scales into the products
-instead of dequantizing tiles (see the section "compressed decode").
+instead of dequantizing tiles (see the section "compressed decode"); on AVX2 it
+stages each K/V chunk as 8-bit integers first (:func:`_stage4`).  Measured (Zen 3,
+AVX2, Hq=32 Hkv=8 L=4096 s4): ~8.8 us per 128 positions and KV head on one core,
+~30-40% of the FMA bound of strict f32, which alone caps the decode at ~60-70% of
+the machine's cold read bandwidth.
 
 Threads: each kernel is one ``nogil`` function over a list of work items, run
 on ``numba.get_num_threads()`` Python threads (items dealt round-robin; the
@@ -1620,11 +1624,15 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
 # head group, 16 lanes per cycle per core, so rep / 8 cycles per position and head dim.
 # Hq=32 Hkv=8 L=4096 (rep 4): 2.1 M core cycles, 0.36 ms on 2 cores at 2.9 GHz (0.43 at
 # 2.45), where reading the 5.2 MB cache at the 21 GB/s measured takes 0.25 ms: at most
-# ~60-70% of read bandwidth even with FMAs alone.  Measured per 128-position tile, one
-# thread, in situ (rdtsc, L = 1024, loaded machine, min of 60 calls): K staging 0.6 us,
-# scores 2.9, scale + softmax 0.8, weights 0.8, V staging 1.0, P V 2.2 (the two FMA steps'
-# bound: 1.4 each), ~8.2 us in all (was ~9.0: copy 0.6, scores 3.0, P V 3.9, the rest
-# as now) -- ~35% of the FMA bound.
+# ~60-70% of read bandwidth even with FMAs alone.  Measured per 128-position tile and KV
+# head (4 rows), one thread, in the kernel (rdtsc around each step, Hkv = 8, fastest of
+# 40-80 calls on a 2-core machine shared with other jobs): L = 1024: K staging ~0.6 us +
+# scores ~2.8, scale + softmax 0.7, weights 0.65, V staging ~1.0 + P V ~1.6; 7.3 us in
+# all (before staging: 7.5-9.0, copy 0.4-0.6, scores 2.6-3.0, P V 3.1-3.9); L = 4096
+# (K and V from L3): 8.8 (9.6), the K rows (S / 2 bytes apart) costing ~1 us more to
+# stage.  The FMA steps' bound is 1.4 us each (2.8 of 7.3: ~40%); softmax, weights and
+# staging are ~40% of the tile.  At rep = 1 (MHA) the step loops do 1 FMA per converted
+# vector and the staging is ~half the work.
 
 
 @intrinsic
