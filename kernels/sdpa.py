@@ -1670,7 +1670,10 @@ def _stage4(typingctx, dst, di, dstride, src, si, sl, sr, msk):
     16-bit shift moves across a byte): s4 ``sl, sr, msk = 4, 0, 0xF0F0`` gives 16 * n
     (the sign in bit 7), u4 ``3, 1, 0x7878`` gives 8 * n (0..120, still an int8).  The
     step kernels then load a staged vector with one sign-extending convert; the
-    factor c is divided out of q or of the P V weights exactly (a power of two)."""
+    factor c is divided out of q or of the P V weights exactly (a power of two), so
+    (q / c) (c n) rounds as q n: the same sums bit for bit, unless q / c or a weight
+    / c falls below 2**-126 (|q| < 2**-122: a subnormal loses bits, an absolute
+    difference under 2**-145 per product)."""
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
         return None
     four = src.dtype.bitwidth == 16
