@@ -1673,7 +1673,7 @@ def _stage4(typingctx, dst, di, dstride, src, si, sl, sr, msk):
     factor c is divided out of q or of the P V weights exactly (a power of two), so
     (q / c) (c n) rounds as q n: the same sums bit for bit, unless q / c or a weight
     / c falls below 2**-126 (|q| < 2**-122: a subnormal loses bits, an absolute
-    difference under 2**-145 per product)."""
+    difference under 2**-142 per product, |c n| <= 128)."""
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
         return None
     four = src.dtype.bitwidth == 16
