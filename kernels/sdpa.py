@@ -22,7 +22,11 @@ partial ``(m, l, acc)`` are merged in a fixed order (log-sum-exp, numpy).
 Prefill: work items are (batch, KV head, query tile of 32 positions); causal
 tiles beyond the diagonal are skipped.  int4/int8 decode with K stored
 ``[D, S]`` runs :func:`_dec_items`, which folds the scales into the products
-instead of dequantizing tiles (see the section "compressed decode").
+instead of dequantizing tiles (see the section "compressed decode"); on AVX2 it
+stages each K/V chunk as 8-bit integers first (:func:`_stage4`).  Measured (Zen 3,
+AVX2, Hq=32 Hkv=8 L=4096 s4): ~8.8 us per 128 positions and KV head on one core,
+~30-40% of the FMA bound of strict f32, which alone caps the decode at ~60-70% of
+the machine's cold read bandwidth.
 
 Threads: each kernel is one ``nogil`` function over a list of work items, run
 on ``numba.get_num_threads()`` Python threads (items dealt round-robin; the
@@ -64,7 +68,7 @@ from graph_api.kernels.wmatmul import make_epilogue
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, fma32, ld_kind,
                           nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vld_kind, vload, vload_even, vload_odd,
-                          vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub, widen_bf16, widen_f16,
+                          vexp, vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub, widen_bf16, widen_f16,
                           _V16, _flat_ptr, f32x16, prefetch)
 
 T = 128  #: KV positions per tile
@@ -617,11 +621,14 @@ def _online_softmax_row(sc, o, n, rr, m, alpha, lv, part):
     al = exp32(m[rr] - mt)
     alpha[rr] = al
     m[rr] = mt
-    for t in range(n):
-        sc[o + t] = exp32(sc[o + t] - mt)
+    # one pass: exponentials (:func:`vexp`, exp32's values) and the running sums; the
+    # scalar exp32 loop LLVM vectorised ran ~3x slower (~10% of the decode tile)
+    mv = vsplat(mt)
     lsum = vmul(vload(lv, rr * 16), vsplat(al))
     for t in range(0, n, 16):
-        lsum = vadd(lsum, vload(sc, o + t))
+        e = vexp(vsub(vload(sc, o + t), mv))
+        vstore(sc, o + t, e)
+        lsum = vadd(lsum, e)
     vstore(lv, rr * 16, lsum)
 
 
@@ -990,17 +997,18 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             kb, vb = kb.view(np.uint16), vb.view(np.uint16)
         else:  # int8 / uint8 as stored (the loads take the sign from the dtype)
             kb, vb = np.asarray(k.data).reshape(-1), np.asarray(v.data).reshape(-1)
-        (_run_claimed if dec is _dec_items else _run_items)(
-            dec, items, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
-            Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
-            CAUSAL[causal], nsplit, pm, pl, pacc, work=work)
+        args = (qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, kk in (3, 5), kG, vG,
+                Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
+                CAUSAL[causal], nsplit, pm, pl, pacc)
+        if dec is _dec_items:  # + the staged tiles' dtype and int4 staging parameters
+            _run_claimed(dec, items, *args, np.empty(0, np.uint8 if kk == 4 else np.int8),
+                         np.array(stage_params(k.kind), np.int64), work=work)
+        else:
+            _run_items(dec, items, *args, work=work)
         if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
             res = np.empty((B, Hq, Sq, D), np.float32)
             sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
             return _store_out(res, okind, out)
-        if four:  # int4 chunk order (32 d: even d then odd d) -> d order
-            pacc = np.ascontiguousarray(
-                pacc.reshape(items, rows, D // 32, 2, 16).swapaxes(-1, -2).reshape(items, rows, D))
         if nsplit == 1:
             # one split per item: :func:`_merge_np`'s weights are all 1 (0 for a row that saw
             # no finite score, whose acc and sum are 0: 0/0 either way), so its result is
@@ -1598,49 +1606,33 @@ def _dscore1(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c
 # kernels above keep 16 f32x16 accumulators and 4 unpacked vectors live, three times
 # AVX2's register file, so every FMA reloaded and spilled.  These take the 64-position
 # sub-block (64 head dims for P V) one vector of 16 at a time: 4 rows x 1 vector (4
-# accumulators, 8 registers) per pass over the group's rows, re-read from L1.  The same
-# products in the same order: bit-identical results (tested against the forms above).
-# int4: a vector is the 16 nibbles of 8 bytes (:func:`_vnib8`: one sign-extending load,
-# 3 shifts, 2 masks, 2 converts per 16 values, was 10 operations + a shift), whose two
-# halves land 16 columns apart in the score / accumulator tiles (:func:`_vld2`,
-# :func:`_vst2`, K parameters de-interleaved by :func:`_vdeint`).
-# Instructions per 64 K or V values and 4 rows (``inspect_asm``, Zen 3 target): scores
-# int4 98 (32 FMAs, 16 broadcasts, 20 unpack, 4 converts... per 2 loop trips of 49),
-# int8 82; P V int4 150 / int8 124 (the same vector work plus ~6 scalar operations per
-# position: the row index from ``perm``, clamp, multiply).  The FMA bound is 32 FMAs =
-# 16 cycles (2 per cycle); issue (6 per cycle) allows ~16-25.  Measured one thread, hot
-# (Hq=32 Hkv=8 L=4096 s4, one KV head = 4 rows, 2.9 GHz): score step ~0.44, P V ~0.48,
-# softmax ~0.15, weights ~0.1 cycles per K (or V) value; the item 1.25 (was 1.5-1.9).
-
-
-@intrinsic
-def _vnib8(typingctx, arr, idx, signed):
-    """The 16 nibbles of the 8 bytes at byte offset ``idx`` of ``arr``'s buffer as f32x16:
-    lanes 0-7 the low nibbles, lanes 8-15 the high ones, s4 when ``signed`` else u4.
-    One sign-extending load serves both halves: high = x >> 4, low = (x << 28) >> 28
-    (arithmetic shifts of the sign-extended byte x give the s4 values), masked with 15
-    for u4 (mask -1 for s4: no select per vector)."""
-    if not isinstance(arr, types.Array):
-        return None
-    sig = f32x16(arr, idx, signed)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        i8 = ir.IntType(8)
-        i32 = ir.IntType(32)
-        i32v = ir.VectorType(i32, 8)
-        base = builder.bitcast(ary.data, i8.as_pointer())
-        p = builder.gep(base, [context.cast(builder, args[1], signature.args[1], types.intp)])
-        x = builder.sext(builder.load(builder.bitcast(p, ir.VectorType(i8, 8).as_pointer()), align=1), i32v)
-        sgn = builder.icmp_unsigned("!=", args[2], args[2].type(0))
-        mk = builder.insert_element(ir.Constant(i32v, ir.Undefined), builder.select(sgn, i32(-1), i32(15)), i32(0))
-        mk = builder.shuffle_vector(mk, mk, ir.Constant(i32v, [0] * 8))
-        hi = builder.and_(builder.ashr(x, ir.Constant(i32v, [4] * 8)), mk)
-        lo = builder.and_(builder.ashr(builder.shl(x, ir.Constant(i32v, [28] * 8)), ir.Constant(i32v, [28] * 8)), mk)
-        both = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), list(range(16))))
-        return builder.sitofp(both, _V16)
-
-    return sig, codegen
+# accumulators, 8 registers) per pass over the group's rows.  The same products in the
+# same order: bit-identical results (tested against the forms above).
+# They read staged tiles (:func:`_stage4`): K and V are copied a 64-wide chunk at a time
+# into 8 KB pass-major buffers of 8-bit values, contiguous along the loop of each pass,
+# int4 widened to c * n (one 16-bit shift and mask per 16 values; c = 16 s4, 8 u4, q and
+# the P V weights divided by c, exactly).  A vector is then one sign-extending load and
+# convert; int4 vectors hold the 8 low nibbles of 8 stored bytes then their 8 high ones,
+# whose halves land 16 columns apart in the score / accumulator tiles (:func:`_vld2`,
+# :func:`_vst2`, K parameters de-interleaved by :func:`_vdeint`).  Unpacking nibbles in
+# the loops (sign-extending load, 3 shifts, 2 masks, 2 converts per 16 values) and
+# reading V rows 64 bytes apart through ``perm`` ran the loops at 6.5-7.5 cycles per 8
+# FMAs; staged, 4.8-5.9 (one thread, L1, Zen 3 at 2.9 GHz; 4.0 is the 2-FMA-pipe bound,
+# ~4.4 a broadcast-and-FMA loop alone).
+#
+# Bound (strict f32, AVX2): each K and each V value costs one FMA lane per row of the
+# head group, 16 lanes per cycle per core, so rep / 8 cycles per position and head dim.
+# Hq=32 Hkv=8 L=4096 (rep 4): 2.1 M core cycles, 0.36 ms on 2 cores at 2.9 GHz (0.43 at
+# 2.45), where reading the 5.2 MB cache at the 21 GB/s measured takes 0.25 ms: at most
+# ~60-70% of read bandwidth even with FMAs alone.  Measured per 128-position tile and KV
+# head (4 rows), one thread, in the kernel (rdtsc around each step, Hkv = 8, fastest of
+# 40-80 calls on a 2-core machine shared with other jobs): L = 1024: K staging ~0.6 us +
+# scores ~2.8, scale + softmax 0.7, weights 0.65, V staging ~1.0 + P V ~1.6; 7.3 us in
+# all (before staging: 7.5-9.0, copy 0.4-0.6, scores 2.6-3.0, P V 3.1-3.9); L = 4096
+# (K and V from L3): 8.8 (9.6), the K rows (S / 2 bytes apart) costing ~1 us more to
+# stage.  The FMA steps' bound is 1.4 us each (2.8 of 7.3: ~40%); softmax, weights and
+# staging are ~40% of the tile.  At rep = 1 (MHA) the step loops do 1 FMA per converted
+# vector and the staging is ~half the work.
 
 
 @intrinsic
@@ -1665,13 +1657,73 @@ def _copy64(typingctx, dst, di, src, si):
     return sig, codegen
 
 
+@intrinsic
+def _stage4(typingctx, dst, di, dstride, src, si, sl, sr, msk):
+    """Four 16-byte pieces of staged 8-bit values from one run of stored values: to
+    bytes ``di``, ``di + dstride``, ``di + 2 dstride``, ``di + 3 dstride`` of ``dst``
+    (int8/uint8) from byte ``si`` of ``src``.
+
+    8-bit ``src`` (int8/uint8): the 64 bytes as they are, 16 per piece.  int4 ``src``
+    (a uint16 view): 32 bytes, piece k = the low nibbles of bytes 8k..8k+7 then their
+    high nibbles, each as ``c * n``: with 16-bit
+    lanes, low = (w << sl) & msk and high = (w >> sr) & msk (the masks drop the bits a
+    16-bit shift moves across a byte): s4 ``sl, sr, msk = 4, 0, 0xF0F0`` gives 16 * n
+    (the sign in bit 7), u4 ``3, 1, 0x7878`` gives 8 * n (0..120, still an int8).  The
+    step kernels then load a staged vector with one sign-extending convert; the
+    factor c is divided out of q or of the P V weights exactly (a power of two), so
+    (q / c) (c n) rounds as q n: the same sums bit for bit, unless q / c or a weight
+    / c falls below 2**-126 (|q| < 2**-122: a subnormal loses bits, an absolute
+    difference under 2**-142 per product, |c n| <= 128)."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
+        return None
+    four = src.dtype.bitwidth == 16
+    sig = types.void(dst, di, dstride, src, si, sl, sr, msk)
+
+    def codegen(context, builder, signature, args):
+        i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+
+        def byte_ptr(k, ik):
+            ary = context.make_array(signature.args[k])(context, builder, args[k])
+            base = builder.bitcast(ary.data, i8.as_pointer())
+            return builder.gep(base, [context.cast(builder, args[ik], signature.args[ik], types.intp)])
+
+        d0 = byte_ptr(0, 1)
+        ds = context.cast(builder, args[2], signature.args[2], types.intp)
+        ps = byte_ptr(3, 4)
+        v16 = ir.VectorType(i8, 16)
+        if four:
+            w16 = ir.VectorType(i16, 16)
+            w = builder.load(builder.bitcast(ps, w16.as_pointer()), align=1)
+
+            def splat(k):
+                x = builder.trunc(context.cast(builder, args[k], signature.args[k], types.int64), i16)
+                x = builder.insert_element(ir.Constant(w16, ir.Undefined), x, i32(0))
+                return builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+
+            m = splat(7)
+            lo = builder.bitcast(builder.and_(builder.shl(w, splat(5)), m), ir.VectorType(i8, 32))
+            hi = builder.bitcast(builder.and_(builder.lshr(w, splat(6)), m), ir.VectorType(i8, 32))
+            pieces = [builder.shuffle_vector(lo, hi, ir.Constant(
+                ir.VectorType(i32, 16), list(range(8 * k, 8 * k + 8)) + list(range(32 + 8 * k, 40 + 8 * k))))
+                for k in range(4)]
+        else:
+            pieces = [builder.load(builder.bitcast(builder.gep(ps, [ir.Constant(ir.IntType(64), 16 * k)]),
+                                                   v16.as_pointer()), align=1) for k in range(4)]
+        for k in range(4):
+            p = builder.gep(d0, [builder.mul(ds, ds.type(k))])
+            builder.store(pieces[k], builder.bitcast(p, v16.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 _V8 = ir.VectorType(ir.FloatType(), 8)
 
 
 @intrinsic
 def _vld2(typingctx, arr, i, j):
-    """arr.flat[i:i+8] and arr.flat[j:j+8] as one f32x16 (the two halves of a
-    :func:`_vnib8` vector: 16 columns apart in the score and accumulator tiles)."""
+    """arr.flat[i:i+8] and arr.flat[j:j+8] as one f32x16 (the two halves of a staged int4
+    vector: 16 columns apart in the score and accumulator tiles)."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
         return None
     sig = f32x16(arr, i, j)
@@ -1707,7 +1759,7 @@ def _vst2(typingctx, arr, i, j, v):
 @intrinsic
 def _vdeint(typingctx, arr, i):
     """arr.flat[i + 2l] for l < 8, then arr.flat[i + 2l + 1]: the 16 per-position
-    parameters (scales, zero points) of a :func:`_vnib8` vector of K scores."""
+    parameters (scales, zero points) of a staged int4 vector of K scores."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
         return None
     sig = f32x16(arr, i)
@@ -1730,14 +1782,14 @@ def _sacc_at(sc, o, s, z, nq, zs, a):
 
 
 @njit(cache=True)
-def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form).  int4: the
-    vector is the 16 nibbles of 8 bytes (:func:`_vnib8`; its halves are 16 score
-    columns apart), one unpack for both nibbles of a byte."""
-    four = _isz(buf) == 2
+def _dscore4_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
+    """:func:`_dscore4`, one vector of 16 positions per pass (the AVX2 form), from the
+    staged chunk c of the tile (``kst``, :func:`_stage_k`: pass v, row d, 16 bytes,
+    contiguous over d).  int4 (``four``): the vector is the 16 nibbles of 8 bytes (low
+    ones then high ones, staged times c with q divided by c), its halves 16 score columns
+    apart."""
     ng = D // G
     z = vsplat(np.float32(0.0))
-    sub = (32 if four else 64) * c
     o0 = r0 * DT + 64 * c
     q0 = r0 * D
     for g in range(ng):
@@ -1747,11 +1799,9 @@ def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
             a1 = z
             a2 = z
             a3 = z
+            kp = v * D * 16
             for d in range(g * G, g * G + G):
-                if four:
-                    x = _vnib8(buf, k0 + d * rs + sub + 8 * v, sgn)
-                else:
-                    x = vld_any(buf, k0 + d * rs + sub + 16 * v, False)
+                x = vld_any(kst, kp + 16 * d, False)
                 a0 = vfma(vbcast(qb, q0 + d), x, a0)
                 a1 = vfma(vbcast(qb, q0 + D + d), x, a1)
                 a2 = vfma(vbcast(qb, q0 + 2 * D + d), x, a2)
@@ -1776,33 +1826,27 @@ def _dscore4_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
 
 @njit(inline="always", cache=True)
 def _sacc2(sc, o, s, z, nq, zs, a):
-    """:func:`_sacc_at` on the two halves of a :func:`_vnib8` vector (columns o, o + 16)."""
+    """:func:`_sacc_at` on the two halves of a staged int4 vector (columns o, o + 16)."""
     if zs:
         a = vfma(z, vsplat(nq), a)
     _vst2(sc, o, o + 16, vfma(s, a, _vld2(sc, o, o + 16)))
 
 
 @njit(cache=True)
-def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
-    """:func:`_dscore1`, two vectors per pass (the AVX2 form; int4 as in :func:`_dscore4_v`)."""
-    four = _isz(buf) == 2
+def _dscore1_v(kst, four, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc, c):
+    """:func:`_dscore1`, two vectors per pass (the AVX2 form; staged as in :func:`_dscore4_v`)."""
     ng = D // G
     z = vsplat(np.float32(0.0))
-    sub = (32 if four else 64) * c
     for g in range(ng):
         si = s0i + g * srs + 64 * c
         for v in range(0, 4, 2):
             a0 = z
             a1 = z
+            kp = v * D * 16
             for d in range(g * G, g * G + G):
-                p = k0 + d * rs + sub
                 q = vbcast(qb, r0 * D + d)
-                if four:
-                    a0 = vfma(q, _vnib8(buf, p + 8 * v, sgn), a0)
-                    a1 = vfma(q, _vnib8(buf, p + 8 * v + 8, sgn), a1)
-                else:
-                    a0 = vfma(q, vld_any(buf, p + 16 * v, False), a0)
-                    a1 = vfma(q, vld_any(buf, p + 16 * v + 16, False), a1)
+                a0 = vfma(q, vld_any(kst, kp + 16 * d, False), a0)
+                a1 = vfma(q, vld_any(kst, kp + 16 * (D + d), False), a1)
             nq = -qsum[r0 * ng + g]
             if four:  # vectors v, v + 1: columns 32 (v >> 1) + {0, 8} and 16 further
                 o = r0 * DT + 64 * c + 32 * (v >> 1)
@@ -1817,76 +1861,65 @@ def _dscore1_v(buf, k0, rs, sgn, scb, s0i, srs, zpb, zs, G, D, qb, qsum, r0, sc,
 
 
 @njit(cache=True)
-def _dpv4_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv4`, one vector of 16 head dims per pass (the AVX2 form).  int4: the 16
-    nibbles of 8 bytes (:func:`_vnib8`; halves 16 accumulator columns apart, one group).
-    Positions >= nt read row nt - 1 instead of being skipped (no branch per position):
-    their weights W are 0 (:func:`_dweights`), and acc + 0 * n = acc."""
-    four = _isz(vb) == 2
+def _dpv4_v(vst, four, G, D, W, zc, acc, alpha, r0, h):
+    """:func:`_dpv4` for head dims 64h..64h+63, one vector of 16 per pass (the AVX2 form),
+    from the staged tile ``vst`` (:func:`_stage_v`: pass v, tile row t, 16 bytes,
+    contiguous over t; row t holds position perm[t], positions >= nt hold row nt - 1
+    with weight 0).  int4: the 16 nibbles of 8 bytes (low ones then high ones, staged
+    times c with W divided by c), halves 16 accumulator columns apart, one group."""
     ng = D // G
     R = ng * DT
-    for h in range(D // 64):
-        for v in range(4):
-            g = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
-            o = r0 * D + 64 * h + (32 * (v >> 1) + 8 * (v & 1) if four else 16 * v)
-            oh = o + 16 if four else o + 8  # the upper 8 lanes
-            a0 = vsub(vmul(_vld2(acc, o, oh), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
-            a1 = vsub(vmul(_vld2(acc, o + D, oh + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
-            a2 = vsub(vmul(_vld2(acc, o + 2 * D, oh + 2 * D), vsplat(alpha[r0 + 2])),
-                      vsplat(zc[(r0 + 2) * ng + g]))
-            a3 = vsub(vmul(_vld2(acc, o + 3 * D, oh + 3 * D), vsplat(alpha[r0 + 3])),
-                      vsplat(zc[(r0 + 3) * ng + g]))
-            wg = r0 * R + g * DT
-            for t in range(DT):
-                e = v0 + min(perm[t], nt - 1) * D + 64 * h
-                if four:
-                    x = _vnib8(vb, (e >> 1) + 8 * v, sgn)
-                else:
-                    x = vld_any(vb, e + 16 * v, False)
-                wo = wg + t
-                a0 = vfma(vbcast(W, wo), x, a0)
-                a1 = vfma(vbcast(W, wo + R), x, a1)
-                a2 = vfma(vbcast(W, wo + 2 * R), x, a2)
-                a3 = vfma(vbcast(W, wo + 3 * R), x, a3)
-            _vst2(acc, o, oh, a0)
-            _vst2(acc, o + D, oh + D, a1)
-            _vst2(acc, o + 2 * D, oh + 2 * D, a2)
-            _vst2(acc, o + 3 * D, oh + 3 * D, a3)
+    for v in range(4):
+        g = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+        o = r0 * D + 64 * h + (32 * (v >> 1) + 8 * (v & 1) if four else 16 * v)
+        oh = o + 16 if four else o + 8  # the upper 8 lanes
+        a0 = vsub(vmul(_vld2(acc, o, oh), vsplat(alpha[r0])), vsplat(zc[r0 * ng + g]))
+        a1 = vsub(vmul(_vld2(acc, o + D, oh + D), vsplat(alpha[r0 + 1])), vsplat(zc[(r0 + 1) * ng + g]))
+        a2 = vsub(vmul(_vld2(acc, o + 2 * D, oh + 2 * D), vsplat(alpha[r0 + 2])),
+                  vsplat(zc[(r0 + 2) * ng + g]))
+        a3 = vsub(vmul(_vld2(acc, o + 3 * D, oh + 3 * D), vsplat(alpha[r0 + 3])),
+                  vsplat(zc[(r0 + 3) * ng + g]))
+        wg = r0 * R + g * DT
+        vp = v * DT * 16
+        for t in range(DT):
+            x = vld_any(vst, vp + 16 * t, False)
+            wo = wg + t
+            a0 = vfma(vbcast(W, wo), x, a0)
+            a1 = vfma(vbcast(W, wo + R), x, a1)
+            a2 = vfma(vbcast(W, wo + 2 * R), x, a2)
+            a3 = vfma(vbcast(W, wo + 3 * R), x, a3)
+        _vst2(acc, o, oh, a0)
+        _vst2(acc, o + D, oh + D, a1)
+        _vst2(acc, o + 2 * D, oh + 2 * D, a2)
+        _vst2(acc, o + 3 * D, oh + 3 * D, a3)
 
 
 @njit(cache=True)
-def _dpv1_v(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
-    """:func:`_dpv1`, two vectors per pass (the AVX2 form; int4 and positions >= nt as in
-    :func:`_dpv4_v`)."""
-    four = _isz(vb) == 2
+def _dpv1_v(vst, four, G, D, W, zc, acc, alpha, r0, h):
+    """:func:`_dpv1` for head dims 64h..64h+63, two vectors per pass (the AVX2 form;
+    staged as in :func:`_dpv4_v`)."""
     ng = D // G
-    for h in range(D // 64):
-        for v in range(0, 4, 2):
-            # int4: vectors v, v + 1 = bytes 16 (v >> 1) + {0, 8} of the chunk, one group
-            ga = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
-            gb = ga if four else (64 * h + 16 * v + 16) // G
-            o = r0 * D + 64 * h + (32 * (v >> 1) if four else 16 * v)
-            ob = o + 8 if four else o + 16
-            al = vsplat(alpha[r0])
-            a0 = vsub(vmul(_vld2(acc, o, o + 16) if four else vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
-            a1 = vsub(vmul(_vld2(acc, ob, ob + 16) if four else vload(acc, ob), al), vsplat(zc[r0 * ng + gb]))
-            for t in range(DT):
-                e = v0 + min(perm[t], nt - 1) * D + 64 * h
-                wa = vbcast(W, r0 * ng * DT + ga * DT + t)
-                wb = vbcast(W, r0 * ng * DT + gb * DT + t)
-                if four:
-                    p = (e >> 1) + 8 * v
-                    a0 = vfma(wa, _vnib8(vb, p, sgn), a0)
-                    a1 = vfma(wb, _vnib8(vb, p + 8, sgn), a1)
-                else:
-                    a0 = vfma(wa, vld_any(vb, e + 16 * v, False), a0)
-                    a1 = vfma(wb, vld_any(vb, e + 16 * v + 16, False), a1)
-            if four:
-                _vst2(acc, o, o + 16, a0)
-                _vst2(acc, ob, ob + 16, a1)
-            else:
-                vstore(acc, o, a0)
-                vstore(acc, ob, a1)
+    for v in range(0, 4, 2):
+        # int4: vectors v, v + 1 = bytes 16 (v >> 1) + {0, 8} of the chunk, one group
+        ga = (64 * h + 32 * (v >> 1)) // G if four else (64 * h + 16 * v) // G
+        gb = ga if four else (64 * h + 16 * v + 16) // G
+        o = r0 * D + 64 * h + (32 * (v >> 1) if four else 16 * v)
+        ob = o + 8 if four else o + 16
+        al = vsplat(alpha[r0])
+        a0 = vsub(vmul(_vld2(acc, o, o + 16) if four else vload(acc, o), al), vsplat(zc[r0 * ng + ga]))
+        a1 = vsub(vmul(_vld2(acc, ob, ob + 16) if four else vload(acc, ob), al), vsplat(zc[r0 * ng + gb]))
+        vp = v * DT * 16
+        for t in range(DT):
+            wa = vbcast(W, r0 * ng * DT + ga * DT + t)
+            wb = vbcast(W, r0 * ng * DT + gb * DT + t)
+            a0 = vfma(wa, vld_any(vst, vp + 16 * t, False), a0)
+            a1 = vfma(wb, vld_any(vst, vp + 16 * (DT + t), False), a1)
+        if four:
+            _vst2(acc, o, o + 16, a0)
+            _vst2(acc, ob, ob + 16, a1)
+        else:
+            vstore(acc, o, a0)
+            vstore(acc, ob, a1)
 
 
 @njit(inline="always", cache=True)
@@ -1979,10 +2012,12 @@ def _dpv1(vb, v0, sgn, G, D, perm, nt, W, zc, acc, alpha, r0):
 
 
 @njit(cache=True)
-def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
-    """W[r, g, t] = p[r, t] * sv[pos t, g] and zc[r, g] = sum_t W[r, g, t] * zv[pos t, g]
-    (zc only with zero points, zs = 1).  Full tiles gather the scales without per-element
-    tests (this transpose ran scalar at ~10% of the kernel's time)."""
+def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc, cv):
+    """W[r, g, t] = p[r, t] * sv[pos t, g] / cv and zc[r, g] = sum_t (p sv)[r, g, t] *
+    zv[pos t, g] (zc only with zero points, zs = 1).  ``cv``: the power of two the staged
+    V values carry (:func:`_stage4`; 1 unstaged): W / cv times cv * n is exactly W * n.
+    Full tiles gather the scales without per-element tests (this transpose ran scalar at
+    ~10% of the kernel's time)."""
     if nt == DT:  # stores contiguous (LLVM vectorised the other loop order with scatters)
         for g in range(ng):
             for t in range(DT):
@@ -1999,20 +2034,21 @@ def _dweights(vsc, vzp, zs, vs0, ng, perm, nt, sc, nrow, svT, zvT, W, zc):
                 svT[g * DT + t] = vsc[i] if s < nt else np.float32(0.0)
                 zvT[g * DT + t] = vzp[i * zs] if s < nt else np.float32(0.0)
     part = np.empty(16, np.float32)
+    inv = vsplat(np.float32(1.0) / cv)
     for r in range(nrow):
         for g in range(ng):
             o = (r * ng + g) * DT
-            for t in range(0, DT, 16):
-                vstore(W, o + t, vmul(vload(sc, r * DT + t), vload(svT, g * DT + t)))
             if zs:
                 zacc = vsplat(np.float32(0.0))
                 for t in range(0, DT, 16):
-                    zacc = vfma(vload(W, o + t), vload(zvT, g * DT + t), zacc)
+                    zacc = vfma(vmul(vload(sc, r * DT + t), vload(svT, g * DT + t)), vload(zvT, g * DT + t), zacc)
                 vstore(part, 0, zacc)
                 z = np.float32(0.0)
                 for j in range(16):
                     z += part[j]
                 zc[r * ng + g] = z
+            for t in range(0, DT, 16):
+                vstore(W, o + t, vmul(vmul(vload(sc, r * DT + t), vload(svT, g * DT + t)), inv))
 
 
 @intrinsic
@@ -2032,13 +2068,58 @@ def _fetch_add(typingctx, arr, i):
 #: accumulators with AVX-512; the one-vector passes on AVX2 (see above)
 _DSCORE4, _DSCORE1, _DPV4, _DPV1 = ((_dscore4, _dscore1, _dpv4, _dpv1) if _HAS_AVX512
                                     else (_dscore4_v, _dscore1_v, _dpv4_v, _dpv1_v))
+#: the AVX2 forms read staged tiles (:func:`_stage4`), the AVX-512 forms the stored bytes
+_STAGED = not _HAS_AVX512
+
+
+def stage_params(kind: str):
+    """(sl, sr, msk, c) of :func:`_stage4` for a K/V storage kind: int4 staged as c * n."""
+    if kind == "s4":
+        return 4, 0, 0xF0F0, 16
+    if kind == "u4":
+        return 3, 1, 0x7878, 8
+    return 0, 0, 0, 1
+
+
+@njit(inline="always", cache=True)
+def _stage_k(kst8, kb, b0, rsb, D, sl, sr, msk, c, pf):
+    """Positions 64c..64c+63 of the K tile (D rows, row d at byte b0 + d * rsb of ``kb``)
+    staged pass-major: pass v (16 positions), row d at byte (v * D + d) * 16 of ``kst8``.
+    A chunk at a time: 8 KB of staged values that stay in L1 until the score step has
+    read them (the whole tile, 16 KB, next to V's and the prefetched next tile, did not).
+    ``pf`` > 0: prefetch the line ``pf`` bytes past each row's chunk (the next tile's),
+    one row at a time between the stores rather than as a burst of D prefetches."""
+    run = 32 if _isz(kb) == 2 else 64  # stored bytes per 4 passes
+    for d in range(D):
+        e = b0 + d * rsb + c * run
+        _stage4(kst8, d * 16, D * 16, kb, e, sl, sr, msk)
+        if pf:
+            prefetch(kb, (e + pf) // _isz(kb))
+
+
+@njit(inline="always", cache=True)
+def _stage_v(vst8, vb, b0, perm, nt, D, sl, sr, msk, h, pf):
+    """Head dims 64h..64h+63 of the V tile staged pass-major: row t = position
+    min(perm[t], nt - 1) (row stride D values from byte b0 of ``vb``), pass v (16 head
+    dims) at byte (v * DT + t) * 16 (8 KB, as :func:`_stage_k`).  ``pf``: prefetch the
+    next tile's V (its lines spread over the rows of this one, as :func:`_stage_k`)."""
+    four = _isz(vb) == 2
+    run = 32 if four else 64
+    rsb = D // 2 if four else D
+    nl = DT * rsb // 64 // (D // 64)  # next-tile lines per call
+    for t in range(DT):
+        _stage4(vst8, t * 16, DT * 16, vb, b0 + min(perm[t], nt - 1) * rsb + h * run, sl, sr, msk)
+        if pf and t < nl:
+            prefetch(vb, (b0 + DT * rsb + (h * nl + t) * 64) // _isz(vb))
 
 
 @njit(nogil=True, cache=True)
 def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
-               smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc):
+               smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc, sdt, stp):
     """Work items (batch, KV head, KV split) of the compressed decode -> partial (m, l, acc)
-    per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8.
+    per row.  ``kb``/``vb``: int4 bytes as a uint16 view, or int8/uint8.  ``sdt``: an
+    empty array of the staged tiles' dtype (int8, uint8 for u8); ``stp``: (sl, sr, msk,
+    c) of :func:`_stage4` (:func:`stage_params`).
 
     Items are claimed one at a time from ``ctr`` = [next item, items finished, item
     count] (shared by the threads of one call, see :func:`_run_claimed`).  An item's
@@ -2076,6 +2157,10 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     W = np.empty(Rp * ngv * DT, np.float32)
     zc = np.zeros(Rp * ngv, np.float32)
     scv = vsplat(scale)
+    sl, sr, msk = stp[0], stp[1], stp[2]
+    cst = np.float32(stp[3]) if _STAGED else np.float32(1.0)  # staged values are cst * n
+    kst8 = np.zeros(D * 64 if _STAGED else 16, sdt.dtype)  # one chunk of 64 positions
+    vst8 = np.zeros(DT * 64 if _STAGED else 16, sdt.dtype)  # 64 head dims
     nitems = ctr[2]
     while True:
         it = _fetch_add(ctr, 0)
@@ -2094,7 +2179,7 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
         for rr in range(nrow):
             qrow = qf[b, hk * rep + rr // Sq, rr % Sq]
             for d in range(D):
-                qb[rr * D + d] = qrow[d]
+                qb[rr * D + d] = qrow[d] / cst  # exact (a power of two): (q / c) (c n) = q n
                 qsum[rr * ngk + d // kG] += qrow[d]
         acc[:] = 0.0
         lv[:] = 0.0
@@ -2105,22 +2190,21 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                 # the tile's D rows of K, S / bpe bytes apart in the cache, copied to kst
                 # first: at power-of-two S the rows share few L1 sets (S = 4096 int4:
                 # every row in 2 sets of 8 ways), and the score passes re-read each row
-                # 4 times -- from L2 without the copy (s8: 20% of the score step)
+                # 4 times -- from L2 without the copy (s8: 20% of the score step); staged
+                # (AVX2): :func:`_stage_k` reads the rows once into its pass-major tile
                 kbuf, k0, rs = kst, 0, kst_rs
                 src0 = (kbase + s0) // bpe
-                for d in range(D):
-                    for j in range(0, kst_rs, 64):
-                        _copy64(kst, d * kst_rs + j, kb, src0 + d * (S // bpe) + j)
+                if not _STAGED:
+                    for d in range(D):
+                        for j in range(0, kst_rs, 64):
+                            _copy64(kst, d * kst_rs + j, kb, src0 + d * (S // bpe) + j)
                 scb, zpb, s0i, srs, zs = ksc, kzp, ksbase + s0, S, kzs
-                if s0 + DT < sb:  # the next tile's K lines and V rows
+                if not _STAGED and s0 + DT < sb:  # the next tile's K lines (staged: by _stage_k)
                     k1 = (kbase + s0) // bpe + kst_rs
                     for d in range(D):
                         prefetch(kb, (k1 + d * (S // bpe)) // _isz(kb))
                         if not four:
                             prefetch(kb, k1 + d * (S // bpe) + 64)
-                    nxt = (vbase + (s0 + DT) * D) // bpe
-                    for e in range(nxt, nxt + DT * D // bpe, 64):
-                        prefetch(vb, e // _isz(vb))
             else:  # tail tile, staged zero-padded so that the vector loads stay in bounds
                 kbuf, k0, rs = kst, 0, kst_rs
                 scb, zpb, s0i, srs, zs = sst, zst, 0, DT, 1
@@ -2137,11 +2221,37 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                         zst[g * DT + t] = kzp[(ksbase + g * S + s0 + t) * kzs] if t < nt \
                             else np.float32(0.0)
             sc[:] = 0.0
-            for c in range(DT // 64):
-                for r0 in range(0, n4, 4):
-                    _DSCORE4(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
-                for r0 in range(n4, nrow):
-                    _DSCORE1(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+            if _STAGED:
+                for c in range(DT // 64):
+                    _stage_k(kst8, kb if nt == DT else kst, (kbase + s0) // bpe if nt == DT else 0,
+                             S // bpe if nt == DT else kst_rs, D, sl, sr, msk, c,
+                             kst_rs if nt == DT and s0 + DT < sb and (c == 0 or not four) else 0)
+                    for r0 in range(0, n4, 4):
+                        _dscore4_v(kst8, four, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+                    for r0 in range(n4, nrow):
+                        _dscore1_v(kst8, four, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+            else:
+                for c in range(DT // 64):
+                    for r0 in range(0, n4, 4):
+                        _dscore4(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+                    for r0 in range(n4, nrow):
+                        _dscore1(kbuf, k0, rs, sgn, scb, s0i, srs, zpb, zs, kG, D, qb, qsum, r0, sc, c)
+            if nt == DT and s0 + DT < sb:
+                # the next tile's K scales (ng rows S apart: no hardware prefetcher stream),
+                # V rows and V scales, issued here rather than with its K lines: one burst
+                # of ~300 prefetches left the later ones unserved (the score and V staging
+                # steps then waited on L3 / DRAM, ~1 us of a ~8 us tile at L = 4096)
+                for g in range(ngk):
+                    for t in range(0, DT, 16):
+                        prefetch(ksc, ksbase + g * S + s0 + DT + t)
+                        if kzs:
+                            prefetch(kzp, ksbase + g * S + s0 + DT + t)
+                if not _STAGED:  # (staged: by _stage_v)
+                    nxt = (vbase + (s0 + DT) * D) // bpe
+                    for e in range(nxt, nxt + DT * D // bpe, 64):
+                        prefetch(vb, e // _isz(vb))
+                for e in range(vsbase + (s0 + DT) * ngv, vsbase + (s0 + 2 * DT) * ngv, 16):
+                    prefetch(vsc, e)
             for rr in range(nrow):
                 o = rr * DT
                 if smul:
@@ -2161,19 +2271,28 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                             sc[o + t] += mflat[b * mstr[0] + hq * mstr[1] + i * mstr[2]
                                                + (s0 + s) * mstr[3]]
                 _online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
-            _dweights(vsc, vzp, vzs, vsbase + s0 * ngv, ngv, perm, nt, sc, nrow, svT, zvT, W, zc)
-            for r0 in range(0, n4, 4):
-                _DPV4(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
-            for r0 in range(n4, nrow):
-                _DPV1(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
+            _dweights(vsc, vzp, vzs, vsbase + s0 * ngv, ngv, perm, nt, sc, nrow, svT, zvT, W, zc, cst)
+            if _STAGED:
+                for h in range(D // 64):
+                    _stage_v(vst8, vb, (vbase + s0 * D) // bpe, perm, nt, D, sl, sr, msk, h,
+                             nt == DT and s0 + DT < sb)
+                    for r0 in range(0, n4, 4):
+                        _dpv4_v(vst8, four, vG, D, W, zc, acc, alpha, r0, h)
+                    for r0 in range(n4, nrow):
+                        _dpv1_v(vst8, four, vG, D, W, zc, acc, alpha, r0, h)
+            else:
+                for r0 in range(0, n4, 4):
+                    _dpv4(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
+                for r0 in range(n4, nrow):
+                    _dpv1(vb, vbase + s0 * D, sgn, vG, D, perm, nt, W, zc, acc, alpha, r0)
         for rr in range(nrow):
             pm[it, rr] = m[rr]
             ls = np.float32(0.0)
             for j in range(16):
                 ls += lv[rr * 16 + j]
             pl[it, rr] = ls
-            for d in range(D):
-                pacc[it, rr, d] = acc[rr * D + d]
+            for d in range(D):  # int4: acc in chunk order (32 d: even d, then odd d) -> d order
+                pacc[it, rr, d] = acc[rr * D + ((d & ~31) + 16 * (d & 1) + ((d & 31) >> 1) if four else d)]
         _fetch_add(ctr, 1)  # after the item's stores (sequentially consistent)
 
 

@@ -284,9 +284,10 @@ def _decode_tile_operands(kind, G, zs, nrow, rng, D=128):
 
 @pytest.mark.parametrize("kind,G,zs", [("s4", 32, 0), ("u4", 32, 1), ("u4", 64, 0), ("s8", 16, 0), ("u8", 32, 1)])
 def test_decode_step_forms_identical(kind, G, zs):
-    """The AVX2 forms of the decode steps (one vector of 16 per pass) sum the same
-    products in the same order as the AVX-512 forms (4 vectors per pass): bit-identical
-    score and accumulator tiles, 4-row and 1-row, whichever the target runs."""
+    """The AVX2 forms of the decode steps (one vector of 16 per pass, from staged tiles
+    holding c * n with q and the weights divided by c) sum the same products in the same
+    order as the AVX-512 forms (4 vectors per pass, stored bytes): bit-identical score and
+    accumulator tiles, 4-row and 1-row, whichever the target runs."""
     rng = np.random.default_rng(abs(hash((kind, G, zs))) % 2**32)
     D, T = 128, SD.DT
     a = _decode_tile_operands(kind, G, zs, 5, rng, D)
@@ -297,16 +298,32 @@ def test_decode_step_forms_identical(kind, G, zs):
     W[:, :, a["perm"] >= 100] = 0
     a["W"] = W.reshape(-1)
     outs = []
-    for fs in ((SD._dscore4, SD._dscore1, SD._dpv4, SD._dpv1),
-               (SD._dscore4_v, SD._dscore1_v, SD._dpv4_v, SD._dpv1_v)):
-        sc = np.zeros(8 * T, np.float32)
-        acc = a["acc"].copy()
-        for c in range(T // 64):
-            fs[0](a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 0, sc, c)
-            fs[1](a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 4, sc, c)
-        fs[2](a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 0)  # nt < DT
-        fs[3](a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 4)
-        outs.append((sc, acc))
+    # the AVX-512 forms read the stored bytes
+    sc = np.zeros(8 * T, np.float32)
+    acc = a["acc"].copy()
+    for c in range(T // 64):
+        SD._dscore4(a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 0, sc, c)
+        SD._dscore1(a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 4, sc, c)
+    SD._dpv4(a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 0)  # nt < DT
+    SD._dpv1(a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 4)
+    outs.append((sc, acc))
+    # the AVX2 forms read tiles staged as c * n (c a power of two; q and W divided by c)
+    four = kind in ("s4", "u4")
+    sl, sr, msk, cst = SD.stage_params(kind)
+    sdt = np.uint8 if kind == "u8" else np.int8
+    kst8, vst8 = np.zeros(D * 64, sdt), np.zeros(T * 64, sdt)  # a chunk of 64 positions / head dims
+    qb, W = a["qb"] / np.float32(cst), a["W"] / np.float32(cst)
+    sc = np.zeros(8 * T, np.float32)
+    acc = a["acc"].copy()
+    for c in range(T // 64):
+        SD._stage_k(kst8, a["kb"], 0, rs, D, sl, sr, msk, c, 0)
+        SD._dscore4_v(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 0, sc, c)
+        SD._dscore1_v(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 4, sc, c)
+    for h in range(D // 64):
+        SD._stage_v(vst8, a["vb"], 0, a["perm"], 100, D, sl, sr, msk, h, False)
+        SD._dpv4_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 0, h)
+        SD._dpv1_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 4, h)
+    outs.append((sc, acc))
     assert np.isfinite(outs[0][0][:5 * T]).all() and np.any(outs[0][0][:5 * T] != 0)
     assert np.array_equal(outs[0][0], outs[1][0])
     assert np.array_equal(outs[0][1], outs[1][1])
