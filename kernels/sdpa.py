@@ -326,7 +326,6 @@ def _attn(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, vzp
     B, Hq, Sq, D = q.shape
     rep = Hq // Hkv
     nqt = (Sq + qt - 1) // qt
-    nitems = B * Hkv * nqt * nsplit
     coff = S - Sq if causal == 2 else 0
     for it in ids:
         sp = it % nsplit
@@ -738,7 +737,6 @@ def _attn_v(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs, v
     B, Hq, Sq, D = q.shape
     rep = Hq // Hkv
     nqt = (Sq + qt - 1) // qt
-    nitems = B * Hkv * nqt * nsplit
     coff = S - Sq if causal == 2 else 0
     half = D // 2
     kng = D // kG
