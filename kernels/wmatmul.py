@@ -21,9 +21,10 @@ Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
 * **interleaved** (fastest; made by :func:`prepare` once per constant int4
   weight): blocks of 128 columns, each one contiguous stream of 64-byte rows
   whose 16 dwords hold 8 nibbles each (see :mod:`graph_api.kernels.wgemv4`:
-  one 512-bit load and a ``vpermps`` lookup per 16 weights, the nibbles
-  stored as given and looked up as the exact integer ``q``, so ``z`` is the
-  zero point itself and s4 needs no +8).  int8 (**blocked**): 128 columns,
+  one 512-bit load and a ``vpermps`` lookup per 16 weights, which gives the
+  exact integer ``q``, so ``z`` is the zero point itself; s4 nibbles are
+  stored biased, ``q + 8``, which AVX2's mask-and-convert kernels read as ``u``
+  with ``z + 8``).  int8 (**blocked**): 128 columns,
   one byte each, ``[nblk, K, 128]``.  One scale (and zero point) per column
   and group.  Each thread streams whole blocks.
 * **natural [K, N]** (packed row-major, ``N % 128 == 0``, groups along K): the
@@ -926,7 +927,10 @@ def _fast_is_exact(xf, spec: WeightSpec, scales, zps, prepared, amax=None) -> bo
         smax, zmax = param_bounds(scales, zps)
     wmax = (16.0 if spec.kind in (S4, U4) else 256.0) + zmax + 8.0  # |u| + |z| (s4: +8)
     K = max(spec.K, 1)
-    return (amax * K * wmax < _SAFE and smax * wmax < _SAFE
+    # the interleaved int4 decode on AVX2 keeps its partial sums scaled by up to W4.SUM_SCALE
+    grow = W4.SUM_SCALE if (isinstance(prepared, PreparedWeight) and prepared.table is not None
+                            and not HAS_VPERMPS and xf.shape[0] <= DECODE_MAX_M) else 1.0
+    return (amax * K * wmax * grow < _SAFE and smax * wmax < _SAFE
             and amax * smax * wmax * K < _SAFE)  # NaN compares False
 
 
