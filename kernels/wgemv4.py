@@ -68,9 +68,10 @@ unpack, interleaved, medians; the machine was loaded by other sessions, so ratio
 firmer than times).  The mask, convert and FMA share the 4 vector pipes: 24 such
 operations on registers take 6 cycles, the 8 FMAs alone 4; the two-shift form took 10.
 The M = 1 loop on L2-resident rows: 5.3 -> 3.7 ns per 64 weights (~9 cycles, 0.70x).
-K = N = 4096, g128 s4, M = 1: 1.54 -> 1.27 ms per call with the weights left in L3
-between calls, 1.55 -> 1.35 ms streamed from DRAM (4 copies in rotation; the same
-weights back to back from L3 take ~0.95 ms); g32 u4 + zero points 1.86 -> 1.46 ms.
+K = N = 4096, g128 s4, M = 1: 1.54 -> 1.27..1.34 ms per call (one copy of the weights,
+the two kernels alternating: 17 MB through a 32 MB L3 shared with other work), 1.55 ->
+1.35 ms streamed from DRAM (4 copies in rotation); one copy back to back from L3, ~0.95
+ms.  g32 u4 + zero points from DRAM: 1.86 -> 1.46 ms.
 M = 2, 4, 8 (g128 s4): 0.93x, 0.94x, 0.95x -- one FMA per weight and row bounds them;
 M = 4 g32 u4 + zp: 0.61x: the former kernels also made ~30 reference-count calls per
 group (atomics on counts the threads share), which the written-out loops of
