@@ -208,6 +208,38 @@ def test_groups_along_n(kind, trans, M):
     check(W.wmatmul(x, None, spec, prepared=W.prepare(w, spec, scu, zu)), r, b, terms)
 
 
+@pytest.mark.parametrize("kind,zp", [("s4", False), ("u4", True), ("s8", False)])
+@pytest.mark.parametrize("M", [1, 3])
+def test_decode_writes_sums_in_place(monkeypatch, kind, zp, M):
+    """One K split, no post-op, a C-contiguous f32 out: the decode kernels write their
+    sums into ``out`` (no partials buffer, no finish pass) -- every element (out starts
+    as NaN), the same values as through the partials and finish (a strided out), and
+    within the bound above."""
+    monkeypatch.setattr(W, "_ksplits", lambda nblk, ng: 1)
+    rng = np.random.default_rng(hash((kind, zp, M)) % 2**32)
+    K, N, G = 256, 384, 64
+    q, sc, z, w, scu, zu = make(kind, K, N, G, True, zp, rng)
+    spec = W.WeightSpec(kind, K, N, G, True)
+    pw = W.prepare(w, spec, scu, zu)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    out = np.full((M, N), np.nan, np.float32)
+    assert W.wmatmul(x, None, spec, prepared=pw, out=out) is out
+    strided = np.full((M, 2 * N), np.nan, np.float32)[:, ::2]
+    W.wmatmul(x, None, spec, prepared=pw, out=strided)
+    np.testing.assert_array_equal(out, strided)
+    r, b = ref(x.astype(np.float64), q, sc, z, G, kind)
+    check(out, r, b, G + K // G)
+    if kind in ("s4", "u4"):  # the user's natural [K, N] int4 buffer, read in place
+        q, sc, z, w, scu, zu = make(kind, K, N, G, False, zp, rng)
+        spec = W.WeightSpec(kind, K, N, G, False)
+        out[:] = np.nan
+        assert W.wmatmul(x, w, spec, scu, zu, out=out) is out
+        W.wmatmul(x, w, spec, scu, zu, out=strided)
+        np.testing.assert_array_equal(out, strided)
+        r, b = ref(x.astype(np.float64), q, sc, z, G, kind)
+        check(out, r, b, G + K // G)
+
+
 @pytest.mark.parametrize("kind,zp", [("s4", False), ("u4", True), ("s4", True)])
 @pytest.mark.parametrize("M,K,N,G", [(9, 640, 1024, 32), (40, 384, 1000, 128), (17, 128, 130, 64)])
 @pytest.mark.parametrize("blas", [False, True])
