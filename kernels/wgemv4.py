@@ -71,7 +71,11 @@ The M = 1 loop on L2-resident rows: 5.3 -> 3.7 ns per 64 weights (~9 cycles, 0.7
 K = N = 4096, g128 s4, M = 1: 1.54 -> 1.27..1.34 ms per call (one copy of the weights,
 the two kernels alternating: 17 MB through a 32 MB L3 shared with other work), 1.55 ->
 1.35 ms streamed from DRAM (4 copies in rotation); one copy back to back from L3, ~0.95
-ms.  g32 u4 + zero points from DRAM: 1.86 -> 1.46 ms.
+ms.  g32 u4 + zero points from DRAM: 1.86 -> 1.46 ms.  Two threads (same A/B, lighter load):
+0.91 -> 0.70 ms with one copy, 1.17 -> 0.84 ms from DRAM.  The quick benchmark's
+M = 1 row (whole calls, lightly loaded, two runs each): 1.07..1.39 -> 0.88..0.97 ms cold,
+1.09..1.12 -> 0.90 ms hot, where ONNX Runtime's MatMulNBits with int8 activations
+(accuracy level 4) took 0.70..0.88 ms and PyTorch's int4pack_mm 1.56..1.65 ms.
 M = 2, 4, 8 (g128 s4): 0.93x, 0.94x, 0.95x -- one FMA per weight and row bounds them;
 M = 4 g32 u4 + zp: 0.61x: the former kernels also made ~30 reference-count calls per
 group (atomics on counts the threads share), which the written-out loops of
