@@ -7,13 +7,16 @@ load holds 16 dwords of 8 nibbles each; nibble ``j`` of all 16 dwords becomes
 (``vpermps`` reads only the low 4 bits of each index lane, so no mask is
 needed): 2 vector operations per 16 weights (1 for ``j = 0``) instead of the
 zero-extend, mask, shift and int-to-float convert of the byte-wise unpack.
-The table holds the exact integer values (s4: 0..7, -8..-1 for the stored
-two's complement nibbles; u4: 0..15), so the lookup is exact.
+The table holds the exact integer values (s4: ``u - 8`` for the stored biased
+nibble ``u = q + 8``; u4: 0..15), so the lookup is exact.
 
 Numba cannot express ``vpermps``; :func:`vlut4` emits the x86 intrinsic when
 the compile target has AVX-512F, two 8-float AVX2 ``vpermps`` per 8 lanes and a
 blend where it has AVX2 only, and elsewhere the same lookup lane by lane
-(identical values, slower).
+(identical values, slower).  The AVX2 decode kernels do not look up: they
+convert the nibble masked in place (:func:`vnibu`, :func:`vnib7`), which gives
+``u * 16**j`` -- the biased nibble times a power of two -- in 2 vector operations
+per 8 weights (see :mod:`graph_api.kernels.wgemv4`).
 """
 from __future__ import annotations
 
@@ -43,8 +46,9 @@ HAS_VPERMPS8 = not HAS_VPERMPS and "+avx2" in _FEATURES
 _V8 = ir.VectorType(ir.FloatType(), 8)
 _I32V8 = ir.VectorType(_I32, 8)
 
-#: lookup tables: stored nibble -> exact integer weight
-TABLE_S4 = [float(i if i < 8 else i - 16) for i in range(16)]
+#: lookup tables: stored nibble -> exact integer weight (s4 is stored biased, u = q + 8, so
+#: that the AVX2 kernels' unsigned unpack needs no sign handling; ``-TABLE[0]`` is the bias)
+TABLE_S4 = [float(u - 8) for u in range(16)]
 TABLE_U4 = [float(i) for i in range(16)]
 
 
@@ -99,38 +103,61 @@ def vlut4(typingctx, table, arr, idx, shift):
 
 
 @intrinsic
-def vnib4(typingctx, arr, idx, shift):
-    """The exact integer in bits ``shift .. shift+3`` of the 16 little-endian dwords at
-    byte offset ``idx`` of ``arr``'s buffer (64 bytes, unchecked), as f32x16: two's
-    complement when ``arr`` is int8 (s4 streams), unsigned when uint8 (u4).
-
-    The AVX2 form of the unpack (no 16-float ``vpermps``): two shifts (s4; shift and
-    mask for u4) and an int-to-float convert per 8 lanes, against two 8-float lookups,
-    a compare and a blend for :func:`vlut4` there.  ``shift`` is a literal in practice.
-    """
-    if not (isinstance(arr, types.Array) and arr.dtype in (types.int8, types.uint8)):
-        return None
-    signed = arr.dtype.signed
-    sig = f32x16(arr, idx, shift)
+def nib_mask(typingctx, j):
+    """The int32 mask ``15 << 4j`` of nibble ``j < 7``, hidden from LLVM's constant folding
+    (an empty inline asm): :func:`vnibu` in a loop then keeps its masks in registers.  As
+    constants, AVX2's code re-broadcast each splat mask from memory on every row (AVX2 has
+    no broadcast memory operand) and the int4 decode loop ran ~10% slower."""
+    sig = types.int32(j)
 
     def codegen(context, builder, signature, args):
-        ary_val, i_val, sh = args
-        ary = context.make_array(signature.args[0])(context, builder, ary_val)
-        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
-        i = context.cast(builder, i_val, signature.args[1], types.intp)
-        words = builder.load(builder.bitcast(builder.gep(base, [i]), _I32V.as_pointer()), align=1)
-        sh = context.cast(builder, sh, signature.args[2], types.int32)
-
-        def splat(v):
-            s = builder.insert_element(ir.Constant(_I32V, ir.Undefined), v, _I32(0))
-            return builder.shuffle_vector(s, s, ir.Constant(_I32V, [0] * 16))
-
-        if signed:  # move the nibble to the top, then an arithmetic shift sign-extends it
-            top = builder.shl(words, splat(builder.sub(_I32(28), sh)))
-            q = builder.ashr(top, ir.Constant(_I32V, [28] * 16))
-        else:
-            q = builder.and_(builder.lshr(words, splat(sh)), ir.Constant(_I32V, [15] * 16))
-        return builder.sitofp(q, _V16)
+        jj = context.cast(builder, args[0], signature.args[0], types.int32)
+        mask = builder.shl(_I32(15), builder.mul(jj, _I32(4)))
+        return builder.call(ir.InlineAsm(ir.FunctionType(_I32, [_I32]), "", "=r,0"), [mask])
 
     return sig, codegen
 
+
+def _load_words(context, builder, signature, args):
+    """The 16 little-endian dwords at byte offset ``args[1]`` of array ``args[0]`` (unchecked)."""
+    ary = context.make_array(signature.args[0])(context, builder, args[0])
+    base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+    i = context.cast(builder, args[1], signature.args[1], types.intp)
+    return builder.load(builder.bitcast(builder.gep(base, [i]), _I32V.as_pointer()), align=1)
+
+
+@intrinsic
+def vnibu(typingctx, arr, idx, mask):
+    """``u * 16**j`` for the unsigned nibble ``u`` under ``mask = nib_mask(j)`` (``j < 7``) of
+    the 16 little-endian dwords at byte offset ``idx`` of ``arr``'s buffer (64 bytes,
+    unchecked), as f32x16: the dwords masked in place and converted, one vector operation and
+    a convert per 8 lanes (AVX2), against two shifts and a convert to move the nibble down
+    first.  Exact: ``u * 16**j < 2**28`` has at most 4 significant bits.  Nibble 7 is
+    :func:`vnib7` (masked in place it would read as a negative dword)."""
+    if not isinstance(arr, types.Array):
+        return None
+    sig = f32x16(arr, idx, mask)
+
+    def codegen(context, builder, signature, args):
+        words = _load_words(context, builder, signature, args)
+        m = context.cast(builder, args[2], signature.args[2], types.int32)
+        mv = builder.insert_element(ir.Constant(_I32V, ir.Undefined), m, _I32(0))
+        mv = builder.shuffle_vector(mv, mv, ir.Constant(_I32V, [0] * 16))
+        return builder.sitofp(builder.and_(words, mv), _V16)
+
+    return sig, codegen
+
+
+@intrinsic
+def vnib7(typingctx, arr, idx):
+    """The unsigned nibble 7 (bits 28..31) of the 16 little-endian dwords at byte offset
+    ``idx`` of ``arr``'s buffer, as f32x16 (one logical shift and a convert per 8 lanes)."""
+    if not isinstance(arr, types.Array):
+        return None
+    sig = f32x16(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        words = _load_words(context, builder, signature, args)
+        return builder.sitofp(builder.lshr(words, ir.Constant(_I32V, [28] * 16)), _V16)
+
+    return sig, codegen

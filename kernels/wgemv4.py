@@ -7,8 +7,8 @@ rows of 64 bytes (16 little-endian dwords); nibble ``j`` (bits ``4j..4j+3``)
 of dword ``l`` holds column ``128 b + 16 j + l``.  One 512-bit load per row
 gives all 128 weights, and :func:`graph_api.kernels.lut4.vlut4` turns nibble
 ``j`` of the 16 dwords into the 16 consecutive columns ``16 j .. 16 j + 15``
-(one shift and one ``vpermps``).  The nibbles are stored as given (s4 two's
-complement, u4 unsigned); the lookup table gives the exact integer ``q``.
+(one shift and one ``vpermps``).  u4 nibbles are stored as given, s4 ones biased
+(``u = q + 8``); the lookup table gives the exact integer ``q``.
 Scales (and zero points) are ``[nblk, K/G, 128]`` f32, one per column.
 
 Formula (per output ``m, n``; groups ``g`` of ``G`` consecutive ``k``)::
@@ -44,15 +44,42 @@ faster round the activations: ONNX Runtime's int8 VNNI mode, PyTorch's bf16;
 with fpmath bf16 + ``apply_to_int`` :mod:`graph_api.kernels.wgemv4_bf16` does).
 
 Targets without AVX-512 (AVX2: 16 registers of 8 floats, no 16-float ``vpermps``)
-run the *convert* kernels (:func:`_blk_m1_cvt`, :func:`_blk_rows_cvt`): the same
-products summed in the same order (bit-identical outputs), in register tiles of 4
-partial sums, the nibbles unpacked by two shifts and an int-to-float convert
-(:func:`graph_api.kernels.lut4.vnib4`).  The one-pass lookup form keeps 16 f32x16
-values live, twice AVX2's register file.  Measured on Zen 3 (2 cores, K = N = 4096,
-g128 s4, in-process A/B): M = 1 1.76 -> 0.73 ms, M = 2 2.5 -> 1.16 ms, M = 4 3.5
--> 2.07 ms, M = 8 5.7 -> 2.9 ms.  The M = 1 loop is 32 vector operations per 64
-weights (16 shifts, 8 converts, 8 FMAs) and runs at ~13 cycles per 64 weights on one
-core: the vector pipes, not the memory, bound it (hot and cold times are equal).
+run the *convert* kernels (:func:`_blk_m1_cvt`, :func:`_blk_rows_cvt`) in register
+tiles of 4 partial sums (the one-pass lookup form keeps 16 f32x16 values live, twice
+AVX2's register file).  They do not look the nibbles up: nibble ``j`` of a dword is
+masked in place and converted (:func:`graph_api.kernels.lut4.vnibu`; nibble 7 shifted
+down), which gives ``u * 16**j`` exactly -- the stored unsigned nibble times a power of
+two -- in one ``vpand`` and one ``vcvtdq2ps`` per 8 weights, so the M = 1 loop is 24
+vector operations per 64 weights (8 masks, 8 converts, 8 FMAs) where moving each
+nibble down first took 32.  The sums keep the factor 16**j, removed once per group by
+an exact multiplication, and s4's bias leaves with the zero points::
+
+    y[m, n] = sum_g s * (16**-j * sum_k x[m, k] * u[k, n] * 16**j  -  (z + zc) * xs[m, g])
+
+with ``zc = 8`` for s4 (``-table[0]``) and 0 for u4.  Powers of two scale every rounding
+exactly (barring overflow, which wmatmul's guard rules out with the factor
+:data:`SUM_SCALE` = 2**24, and underflow), so for u4 the results are the lookup
+kernels' bit for bit; for s4 the sums run over ``|u| <= 15`` and ``|z + 8|`` instead of
+``|q| <= 8`` and ``|z|``: the bound is ``(G + K/G + 3) * 2**-24 * sum_k |x_k| (|q + 8| +
+|z + 8|) |s|``, at most ``16 * 2**-24 * (G + K/G + 3) * sum_k |x_k| |s|`` more.
+
+Measured on Zen 3 (2.45 GHz; one core, CPU time, in-process A/B against the two-shift
+unpack, interleaved, medians; the machine was loaded by other sessions, so ratios are
+firmer than times).  The mask, convert and FMA share the 4 vector pipes: 24 such
+operations on registers take 6 cycles, the 8 FMAs alone 4; the two-shift form took 10.
+The M = 1 loop on L2-resident rows: 5.3 -> 3.7 ns per 64 weights (~9 cycles, 0.70x).
+K = N = 4096, g128 s4, M = 1: 1.54 -> 1.27..1.34 ms per call (one copy of the weights,
+the two kernels alternating: 17 MB through a 32 MB L3 shared with other work), 1.55 ->
+1.35 ms streamed from DRAM (4 copies in rotation); one copy back to back from L3, ~0.95
+ms.  g32 u4 + zero points from DRAM: 1.86 -> 1.46 ms.  Two threads (same A/B, lighter load):
+0.91 -> 0.70 ms with one copy, 1.17 -> 0.84 ms from DRAM.  The quick benchmark's
+M = 1 row (whole calls, lightly loaded, two runs each): 1.07..1.39 -> 0.88..0.97 ms cold,
+1.09..1.12 -> 0.90 ms hot, where ONNX Runtime's MatMulNBits with int8 activations
+(accuracy level 4) took 0.70..0.88 ms and PyTorch's int4pack_mm 1.56..1.65 ms.
+M = 2, 4, 8 (g128 s4): 0.93x, 0.94x, 0.95x -- one FMA per weight and row bounds them;
+M = 4 g32 u4 + zp: 0.61x: the former kernels also made ~30 reference-count calls per
+group (atomics on counts the threads share), which the written-out loops of
+:func:`_blk_m1_cvt` avoid.
 """
 from __future__ import annotations
 
@@ -61,8 +88,8 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import prefetch, vbcast, round_code, vfma, vload, vmul, vsplat, vstore, vsub
-from graph_api.kernels.lut4 import HAS_VPERMPS, TABLE_S4, TABLE_U4, vlut4, vnib4
+from graph_api.kernels.bits import prefetch, vadd, vbcast, round_code, vfma, vload, vmul, vsplat, vstore, vsub
+from graph_api.kernels.lut4 import HAS_VPERMPS, TABLE_S4, TABLE_U4, nib_mask, vlut4, vnib7, vnibu
 from graph_api.kernels.openblas import sgemm
 
 BLOCK_COLS = 128  #: columns per block (64 bytes per row: one cache line, one zmm load)
@@ -72,13 +99,15 @@ _PF = 2048  #: software prefetch distance in bytes of the block stream (32 rows)
 
 def pack_interleaved(q, signed: bool):
     """Integer weights ``q [K, Np]`` (Np a multiple of 128, values in range) ->
-    the flat uint8 interleaved stream ``[Np/128, K, 64]`` and the f32 lookup table."""
+    the flat uint8 interleaved stream ``[Np/128, K, 64]`` (s4 as ``q + 8``) and the
+    f32 lookup table (stored nibble -> ``q``)."""
     K, Np = q.shape
     nblk = Np // BLOCK_COLS
     # column 128 b + 16 j + l -> block b, little-endian dword l, nibble j: byte m = j // 2 of
     # the dword holds nibble 2m (low) and 2m + 1 (high), so the stream is built in bytes
     # (uint32 words shifted in 8 passes took ~3x as long)
-    nib = (np.asarray(q) & 15).astype(np.uint8).reshape(K, nblk, 4, 2, 16)  # [k, b, m, h, l]
+    # s4 is stored biased (u = q + 8: the two's complement nibble with its top bit flipped)
+    nib = ((np.asarray(q) & 15) ^ (8 if signed else 0)).astype(np.uint8).reshape(K, nblk, 4, 2, 16)  # [k, b, m, h, l]
     pairs = nib[:, :, :, 0, :] | (nib[:, :, :, 1, :] << np.uint8(4))  # [k, b, m, l]
     stream = np.empty(nblk * K * ROW_BYTES + ROW_BYTES, np.uint8)
     stream[:nblk * K * ROW_BYTES].reshape(nblk, K, 16, 4)[...] = pairs.transpose(1, 0, 3, 2)
@@ -146,36 +175,94 @@ def _blk_m1(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
     vstore(part, d + 112, a7)
 
 
+#: 16**-j: the partial sums of nibble slot ``j`` of the convert kernels carry the factor
+#: 16**j of :func:`vnibu` (slot 7, shifted down, none); undone once per group
+_UNSCALE = tuple([16.0 ** -j for j in range(7)] + [1.0])
+#: the largest of those factors: the convert kernels' partial sums are up to this much larger
+#: than the lookup kernels' (wmatmul's overflow guard accounts for it)
+SUM_SCALE = 2.0 ** 24
+
+
+@njit(inline="always", cache=True)
+def _affine(p, f, s, z, xs, a):
+    """fma(s, p * f - z * xs, a): one group's step of the convert kernels (``f`` = 16**-j,
+    ``z`` = zero point + bias).  Vectors only: with array arguments, an inlined helper
+    kept Numba's reference-count updates (atomics on counts the threads share) in the
+    group loop, ~30 calls per group."""
+    return vfma(s, vsub(vmul(p, f), vmul(z, xs)), a)
+
+
 @njit(cache=True)
 def _blk_m1_cvt(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
     """:func:`_blk_m1` for targets without a 16-float ``vpermps`` (AVX2: 16 vector
-    registers of 8 floats).  The same sums in the same order (identical results), but
-    the block's 128 columns in two passes of 64 per group (4 partial sums, 8 registers;
-    the second pass reads the group's rows from L1) with the accumulators in ``part``,
-    and the nibbles unpacked by shifts and a convert (:func:`vnib4`; ``w`` viewed as
-    int8 for s4).  The one-pass form keeps 16 f32x16 values live, twice AVX2's
-    register file, and spilled on every row."""
+    registers of 8 floats): per group, the block's 128 columns in two passes of 64
+    (nibble slots 0..3, then 4..7: 4 partial sums, 8 registers; the second pass reads
+    the group's rows from L1), the biased nibbles ``u`` masked and converted
+    (:func:`vnibu`) with the factor 16**j left in the sums, then per group
+    ``s * (p * 16**-j - (z + zc) * xs)`` with ``zc = -table[0]`` (8 for s4, 0 for u4)
+    into the accumulators in ``part``.  u4 gives the lookup kernel's results bit for
+    bit; s4 sums ``x * (q + 8)`` (error bound in the module doc).
+
+    The row loops are written out: in an inlined helper, Numba's reference counting of
+    the helper's array arguments (atomic updates shared by the threads) stayed around
+    each loop.  The second exit of each row loop keeps LLVM from unrolling it at run
+    time (two rows interleaved needed more than AVX2's 16 registers and spilled)."""
+    zs = vsplat(-table[0])
     zero = vsplat(np.float32(0.0))
-    last = w.shape[0] - ROW_BYTES
     d = s * part.shape[2] + blk * BLOCK_COLS  # part[s, 0, blk*128 ...] (M == 1)
     for j in range(0, BLOCK_COLS, 16):
         vstore(part, d + j, zero)
+    m0 = nib_mask(0)
+    m1 = nib_mask(1)
+    m2 = nib_mask(2)
+    m3 = nib_mask(3)
+    m4 = nib_mask(4)
+    m5 = nib_mask(5)
+    m6 = nib_mask(6)
     for g in range(g0, g1):
         o = so + g * BLOCK_COLS
-        for half in range(2):
-            p0 = p1 = p2 = p3 = zero
-            r = wo + g * G * ROW_BYTES + 2 * half  # nibbles 4h..4h+3: dwords at byte offsets 2h, 2h+1
-            for k in range(g * G, g * G + G):
-                if half == 0:
-                    prefetch(w, min(r + _PF, last))
-                xv = vbcast(xf, k)
-                p0 = vfma(xv, vnib4(w, r, 0), p0)
-                p1 = vfma(xv, vnib4(w, r, 4), p1)
-                p2 = vfma(xv, vnib4(w, r + 1, 0), p2)
-                p3 = vfma(xv, vnib4(w, r + 1, 4), p3)
-                r += ROW_BYTES
-            c = 64 * half
-            scale_part(part, d + c, p0, p1, p2, p3, sc, zf, o + c, zmode, xs[0, g])
+        xsv = vsplat(xs[0, g])
+        r0 = wo + g * G * ROW_BYTES
+        end = r0 + G * ROW_BYTES
+        p0 = p1 = p2 = p3 = zero
+        r = r0
+        for k in range(g * G, g * G + G):  # slots 0..3
+            prefetch(w, r + _PF)  # (a prefetch past the buffer's end does not fault)
+            xv = vbcast(xf, k)
+            p0 = vfma(xv, vnibu(w, r, m0), p0)
+            p1 = vfma(xv, vnibu(w, r, m1), p1)
+            p2 = vfma(xv, vnibu(w, r, m2), p2)
+            p3 = vfma(xv, vnibu(w, r, m3), p3)
+            r += ROW_BYTES
+            if r >= end:
+                break
+        vstore(part, d, _affine(p0, vsplat(np.float32(_UNSCALE[0])), vload(sc, o),
+                                    vadd(vload(zf, o), zs) if zmode == 1 else zs, xsv, vload(part, d)))
+        vstore(part, d + 16, _affine(p1, vsplat(np.float32(_UNSCALE[1])), vload(sc, o + 16),
+                                    vadd(vload(zf, o + 16), zs) if zmode == 1 else zs, xsv, vload(part, d + 16)))
+        vstore(part, d + 32, _affine(p2, vsplat(np.float32(_UNSCALE[2])), vload(sc, o + 32),
+                                    vadd(vload(zf, o + 32), zs) if zmode == 1 else zs, xsv, vload(part, d + 32)))
+        vstore(part, d + 48, _affine(p3, vsplat(np.float32(_UNSCALE[3])), vload(sc, o + 48),
+                                    vadd(vload(zf, o + 48), zs) if zmode == 1 else zs, xsv, vload(part, d + 48)))
+        p0 = p1 = p2 = p3 = zero
+        r = r0
+        for k in range(g * G, g * G + G):  # slots 4..7
+            xv = vbcast(xf, k)
+            p0 = vfma(xv, vnibu(w, r, m4), p0)
+            p1 = vfma(xv, vnibu(w, r, m5), p1)
+            p2 = vfma(xv, vnibu(w, r, m6), p2)
+            p3 = vfma(xv, vnib7(w, r), p3)
+            r += ROW_BYTES
+            if r >= end:
+                break
+        vstore(part, d + 64, _affine(p0, vsplat(np.float32(_UNSCALE[4])), vload(sc, o + 64),
+                                    vadd(vload(zf, o + 64), zs) if zmode == 1 else zs, xsv, vload(part, d + 64)))
+        vstore(part, d + 80, _affine(p1, vsplat(np.float32(_UNSCALE[5])), vload(sc, o + 80),
+                                    vadd(vload(zf, o + 80), zs) if zmode == 1 else zs, xsv, vload(part, d + 80)))
+        vstore(part, d + 96, _affine(p2, vsplat(np.float32(_UNSCALE[6])), vload(sc, o + 96),
+                                    vadd(vload(zf, o + 96), zs) if zmode == 1 else zs, xsv, vload(part, d + 96)))
+        vstore(part, d + 112, _affine(p3, vsplat(np.float32(_UNSCALE[7])), vload(sc, o + 112),
+                                    vadd(vload(zf, o + 112), zs) if zmode == 1 else zs, xsv, vload(part, d + 112)))
 
 
 @njit(inline="always", cache=True)
@@ -337,68 +424,102 @@ def _blk_rows_cvt(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, b
     """:func:`_blk_rows` for targets without a 16-float ``vpermps`` (AVX2, 16 vector
     registers of 8 floats): register tiles of 4 partial sums (8 registers), either 4
     activation rows x one nibble slot of 16 columns while 3 or more rows are left (one
-    unpack by :func:`vnib4` for 4 FMAs; a missing fourth row repeats the last and is not
-    stored), or 2 rows x the two slots of one byte offset.  The same sums in the same
-    order as :func:`_blk_rows` (identical results); per group each tile re-reads the
-    group's rows from L1."""
+    unpack, :func:`vnibu`, for 4 FMAs; a missing fourth row repeats the last and is not
+    stored), or 2 rows x two slots.  Per group each tile re-reads the group's rows from
+    L1; sums, scaling, results and written-out loops as :func:`_blk_m1_cvt`'s."""
     M, K = xf.shape
+    zs = vsplat(-table[0])
     zero = vsplat(np.float32(0.0))
     acc = np.zeros(M * BLOCK_COLS, np.float32)
-    last = w.shape[0] - ROW_BYTES
     for g in range(g0, g1):
         o = so + g * BLOCK_COLS
         r0 = wo + g * G * ROW_BYTES
+        k0 = g * G
+        end = r0 + G * ROW_BYTES
         for m0 in range(0, M - 2, 4):  # tiles of 4 rows while 3 or more are left
             x0 = m0 * K  # flat offsets of the tile's activation rows
             x1 = min(m0 + 1, M - 1) * K
             x2 = min(m0 + 2, M - 1) * K
             x3 = min(m0 + 3, M - 1) * K
-            for j in range(8):  # nibble slot j: columns 16 j .., bits 4 (j & 1) at byte offset j >> 1
+            for j in range(8):  # nibble slot j: columns 16 j ..
+                m = nib_mask(min(j, 6))
+                top = j == 7
+                pf = j == 0 and m0 == 0
                 p0 = p1 = p2 = p3 = zero
-                r = r0 + (j >> 1)
-                sh = 4 * (j & 1)
-                for k in range(g * G, g * G + G):
-                    if j == 0 and m0 == 0:
-                        prefetch(w, min(r + _PF, last))
-                    u = vnib4(w, r, sh)
+                r = r0
+                for k in range(k0, k0 + G):
+                    if pf:
+                        prefetch(w, r + _PF)
+                    if top:
+                        u = vnib7(w, r)
+                    else:
+                        u = vnibu(w, r, m)
                     p0 = vfma(vbcast(xf, x0 + k), u, p0)
                     p1 = vfma(vbcast(xf, x1 + k), u, p1)
                     p2 = vfma(vbcast(xf, x2 + k), u, p2)
                     p3 = vfma(vbcast(xf, x3 + k), u, p3)
                     r += ROW_BYTES
+                    if r >= end:
+                        break
                 c = 16 * j
-                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
+                f = vsplat(np.float32(_UNSCALE[j]))
+                sv = vload(sc, o + c)
+                zv = vadd(vload(zf, o + c), zs) if zmode == 1 else zs
+                b = m0 * BLOCK_COLS + c
+                vstore(acc, b, _affine(p0, f, sv, zv, vsplat(xs[m0, g]), vload(acc, b)))
                 if m0 + 1 < M:
-                    _scale1(acc, m0 + 1, c, p1, sc, zf, o, zmode, xs, g)
+                    b += BLOCK_COLS
+                    vstore(acc, b, _affine(p1, f, sv, zv, vsplat(xs[m0 + 1, g]), vload(acc, b)))
                 if m0 + 2 < M:
-                    _scale1(acc, m0 + 2, c, p2, sc, zf, o, zmode, xs, g)
+                    b += BLOCK_COLS
+                    vstore(acc, b, _affine(p2, f, sv, zv, vsplat(xs[m0 + 2, g]), vload(acc, b)))
                 if m0 + 3 < M:
-                    _scale1(acc, m0 + 3, c, p3, sc, zf, o, zmode, xs, g)
+                    b += BLOCK_COLS
+                    vstore(acc, b, _affine(p3, f, sv, zv, vsplat(xs[m0 + 3, g]), vload(acc, b)))
         m0 = (M + 1) // 4 * 4  # the rows after the 4-row tiles (1 or 2 of them, if any)
         if m0 < M:
             x0 = m0 * K
             x1 = min(m0 + 1, M - 1) * K
-            for b in range(4):  # byte offset b: slots 2b (low nibbles) and 2b + 1 (high)
+            for b in range(4):  # slots 2b and 2b + 1
+                ma = nib_mask(2 * b)
+                mb = nib_mask(min(2 * b + 1, 6))
+                top = b == 3
+                pf = b == 0 and M < 3
                 p0 = p1 = q0 = q1 = zero
-                r = r0 + b
-                for k in range(g * G, g * G + G):
-                    if b == 0 and M < 3:
-                        prefetch(w, min(r + _PF, last))
-                    ulo = vnib4(w, r, 0)
-                    uhi = vnib4(w, r, 4)
+                r = r0
+                for k in range(k0, k0 + G):
+                    if pf:
+                        prefetch(w, r + _PF)
+                    ua = vnibu(w, r, ma)
+                    if top:
+                        ub = vnib7(w, r)
+                    else:
+                        ub = vnibu(w, r, mb)
                     v0 = vbcast(xf, x0 + k)
                     v1 = vbcast(xf, x1 + k)
-                    p0 = vfma(v0, ulo, p0)
-                    p1 = vfma(v0, uhi, p1)
-                    q0 = vfma(v1, ulo, q0)
-                    q1 = vfma(v1, uhi, q1)
+                    p0 = vfma(v0, ua, p0)
+                    p1 = vfma(v0, ub, p1)
+                    q0 = vfma(v1, ua, q0)
+                    q1 = vfma(v1, ub, q1)
                     r += ROW_BYTES
+                    if r >= end:
+                        break
                 c = 32 * b
-                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
-                _scale1(acc, m0, c + 16, p1, sc, zf, o, zmode, xs, g)
+                fa = vsplat(np.float32(_UNSCALE[2 * b]))
+                fb = vsplat(np.float32(_UNSCALE[2 * b + 1]))
+                sa = vload(sc, o + c)
+                sb = vload(sc, o + c + 16)
+                za = vadd(vload(zf, o + c), zs) if zmode == 1 else zs
+                zb = vadd(vload(zf, o + c + 16), zs) if zmode == 1 else zs
+                xv = vsplat(xs[m0, g])
+                e = m0 * BLOCK_COLS + c
+                vstore(acc, e, _affine(p0, fa, sa, za, xv, vload(acc, e)))
+                vstore(acc, e + 16, _affine(p1, fb, sb, zb, xv, vload(acc, e + 16)))
                 if m0 + 1 < M:
-                    _scale1(acc, m0 + 1, c, q0, sc, zf, o, zmode, xs, g)
-                    _scale1(acc, m0 + 1, c + 16, q1, sc, zf, o, zmode, xs, g)
+                    xv = vsplat(xs[m0 + 1, g])
+                    e += BLOCK_COLS
+                    vstore(acc, e, _affine(q0, fa, sa, za, xv, vload(acc, e)))
+                    vstore(acc, e + 16, _affine(q1, fb, sb, zb, xv, vload(acc, e + 16)))
     for m in range(M):
         for j in range(BLOCK_COLS):
             part[s, m, blk * BLOCK_COLS + j] = acc[m * BLOCK_COLS + j]
@@ -437,20 +558,14 @@ def _gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
               min(s * gps, ng), min((s + 1) * gps, ng), part, s, blk)
 
 
-def stream_view(w, table):
-    """The interleaved stream as int8 for s4 (its table's last entry, nibble 15, is -1)
-    and uint8 for u4: :func:`vnib4` reads the signedness from the dtype."""
-    return w.view(np.int8) if table[15] < 0 else w
-
-
 def gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
     """M == 1: part[S, 1, nblk*128] raw sums; work item = (block, K split)."""
-    _gemv_m1(xf, xs, w if HAS_VPERMPS else stream_view(w, table), wbs, table, sc, zf, sbs, zmode, G, part)
+    _gemv_m1(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part)
 
 
 def gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part):
     """1 < M <= 8: the weights are read and unpacked once for all M rows."""
-    _gemv_rows(xf, xs, w if HAS_VPERMPS else stream_view(w, table), wbs, table, sc, zf, sbs, zmode, G, part)
+    _gemv_rows(xf, xs, w, wbs, table, sc, zf, sbs, zmode, G, part)
 
 
 @njit(inline="always", cache=True)

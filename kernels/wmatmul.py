@@ -21,9 +21,10 @@ Layouts (``W`` logical ``[K, N]``; the graph may give ``[N, K]`` with
 * **interleaved** (fastest; made by :func:`prepare` once per constant int4
   weight): blocks of 128 columns, each one contiguous stream of 64-byte rows
   whose 16 dwords hold 8 nibbles each (see :mod:`graph_api.kernels.wgemv4`:
-  one 512-bit load and a ``vpermps`` lookup per 16 weights, the nibbles
-  stored as given and looked up as the exact integer ``q``, so ``z`` is the
-  zero point itself and s4 needs no +8).  int8 (**blocked**): 128 columns,
+  one 512-bit load and a ``vpermps`` lookup per 16 weights, which gives the
+  exact integer ``q``, so ``z`` is the zero point itself; s4 nibbles are
+  stored biased, ``q + 8``, which AVX2's mask-and-convert kernels read as ``u``
+  with ``z + 8``).  int8 (**blocked**): 128 columns,
   one byte each, ``[nblk, K, 128]``.  One scale (and zero point) per column
   and group.  Each thread streams whole blocks.
 * **natural [K, N]** (packed row-major, ``N % 128 == 0``, groups along K): the
@@ -926,7 +927,10 @@ def _fast_is_exact(xf, spec: WeightSpec, scales, zps, prepared, amax=None) -> bo
         smax, zmax = param_bounds(scales, zps)
     wmax = (16.0 if spec.kind in (S4, U4) else 256.0) + zmax + 8.0  # |u| + |z| (s4: +8)
     K = max(spec.K, 1)
-    return (amax * K * wmax < _SAFE and smax * wmax < _SAFE
+    # the interleaved int4 decode on AVX2 keeps its partial sums scaled by up to W4.SUM_SCALE
+    grow = W4.SUM_SCALE if (isinstance(prepared, PreparedWeight) and prepared.table is not None
+                            and not HAS_VPERMPS and xf.shape[0] <= DECODE_MAX_M) else 1.0
+    return (amax * K * wmax * grow < _SAFE and smax * wmax < _SAFE
             and amax * smax * wmax * K < _SAFE)  # NaN compares False
 
 
@@ -1027,7 +1031,11 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         pw = prepared
         S = _ksplits(pw.nblk, ng)
         cols = pw.nblk * (2 * pw.cbw if bits4 else pw.cbw)
-        part = np.empty((S, M, cols), np.float32)
+        # one K split, no post-op, f32 out without padding columns: the kernels' sums are the
+        # result, written in place (finish would copy them: 16 us of a ~1 ms decode at N = 4096)
+        direct = (S == 1 and cols == N and not ep.ops.shape[0] and okind == OUT_F32
+                  and out.dtype == np.float32 and out.flags.c_contiguous)
+        part = out.reshape(1, M, N) if direct else np.empty((S, M, cols), np.float32)
         args = (xf, xs, pw.w, pw.wbs, pw.wks)
         if pw.table is not None:
             (W4.gemv_m1 if M == 1 else W4.gemv_rows)(xf, xs, pw.w, pw.wbs, pw.table, pw.sc, pw.zf, pw.sbs,
@@ -1037,7 +1045,8 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
                                                    pw.sgs, pw.zmode, np.float32(pw.zc), G, part)
         else:
             W8.gemv(xf, xs, pw.w, pw.wbs, pw.sc, pw.zf, pw.sbs, pw.zmode, G, part)
-        finish(part, out, okind, ep)
+        if not direct:
+            finish(part, out, okind, ep)
         return out
     if M <= DECODE_MAX_M and rnd_w == 0 and bits4 and spec.transposed and G % 32 == 0 and spec.group_n == 1:
         sc, zp, has_zp = _scales_zps(spec, scales, zps)

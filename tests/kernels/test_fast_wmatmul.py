@@ -3,9 +3,12 @@
 Tolerance: the kernel sums each group sequentially in f32 with FMAs (G terms),
 subtracts the zero-point term, then adds K/G scaled group sums sequentially.
 Each rounding contributes at most u = 2**-24 relative to a partial sum bounded
-by sum |x| (|u_q| + |z|) |s|, so |y - y64| <= (G + K/G + 4) * u * B with
-B = |x| @ ((|q| + |z|) |s|) elementwise (the stored unsigned value is used for
-s4, hence the +8).  The prefill path uses BLAS sgemm (any order): K instead
+by sum |x| (|u_q| + |z'|) |s|, so |y - y64| <= (G + K/G + 4) * u * B with
+B = |x| @ ((|u_q| + |z'|) |s|) elementwise, where the kernels read s4 as the
+unsigned ``u_q = q + 8`` with zero point ``z' = z + 8`` (the natural-layout
+kernels and the interleaved layout's AVX2 kernels; the lookup kernels sum ``q``
+itself, a smaller bound); for the other kinds ``|q| + |z| + 8`` (as before this
+s4 rule).  The prefill path uses BLAS sgemm (any order): K instead
 of G + K/G.  With fpmath rounding the reference rounds the same inputs first.
 """
 import ml_dtypes
@@ -38,13 +41,14 @@ def make(kind, K, N, G, trans, zp, rng):
     return q, sc, z, w, scu, zu
 
 
-def ref(x64, q, sc, z, G, rnd_w=None):
+def ref(x64, q, sc, z, G, kind, rnd_w=None):
     s = np.repeat(sc, G, 0).astype(np.float64)
     zz = 0 if z is None else np.repeat(z, G, 0)
     w = ((q - zz) * s).astype(np.float32)  # the reference dequantizes in f32
     if rnd_w is not None:
         w = rnd_w(w)
-    wa = (np.abs(q) + 8 + np.abs(zz)) * s
+    # s4: |u_q| + |z'| (derivation above); other kinds as before, |q| + |z| with 8 to spare
+    wa = (np.abs(q + 8) + np.abs(zz + 8) if kind == "s4" else np.abs(q) + 8 + np.abs(zz)) * s
     return x64 @ w.astype(np.float64), np.abs(x64) @ wa
 
 
@@ -72,7 +76,7 @@ def test_wmatmul_direct_and_prepared(monkeypatch, kind, trans, M, K, N, G, dense
         q, sc, z, w, scu, zu = make(kind, K, N, G, trans, zp, rng)
         x = rng.standard_normal((M, K)).astype(np.float32)
         spec = W.WeightSpec(kind, K, N, G, trans)
-        r, b = ref(x.astype(np.float64), q, sc, z, G)
+        r, b = ref(x.astype(np.float64), q, sc, z, G, kind)
         terms = K if M > W.DECODE_MAX_M else G + K // G
         check(W.wmatmul(x, w, spec, scu, zu), r, b, terms)
         pw = W.prepare(w, spec, scu, zu)
@@ -88,7 +92,7 @@ def test_activation_dtypes(act, M):
     x = rng.standard_normal((M, K)).astype(np.float32)
     xin = {"f32": x, "bf16": x.astype(ml_dtypes.bfloat16), "f16": x.astype(np.float16)}[act]
     spec = W.WeightSpec("s4", K, N, G, True)
-    r, b = ref(xin.astype(np.float64), q, sc, z, G)
+    r, b = ref(xin.astype(np.float64), q, sc, z, G, "s4")
     terms = K if M > 8 else G + K // G
     check(W.wmatmul(xin, w, spec, scu), r, b, terms)
     check(W.wmatmul(xin.view(np.uint16) if act != "f32" else x, w, spec, scu,
@@ -116,7 +120,7 @@ def test_fpmath_roundings(rnd, apply_to_int, M):
     x = rng.standard_normal((M, K)).astype(np.float32)
     rx = _round(rnd)
     x64 = (rx(x) if rx else x).astype(np.float64)
-    r, b = ref(x64, q, sc, z, G, rx if apply_to_int else None)
+    r, b = ref(x64, q, sc, z, G, "u4", rx if apply_to_int else None)
     y = W.wmatmul(x, w, W.WeightSpec("u4", K, N, G, False), scu, zu, rnd_x=rnd,
                   rnd_w=rnd if apply_to_int else 0)
     terms = K if (M > 8 or (apply_to_int and rnd)) else G + K // G
@@ -131,7 +135,7 @@ def test_epilogue_chain_and_bf16_out():
     bias = rng.standard_normal(N).astype(np.float32)
     full = rng.standard_normal((M, N)).astype(np.float32)
     col = rng.standard_normal((M, 1)).astype(np.float32)
-    r, _ = ref(x.astype(np.float64), q, sc, z, G)
+    r, _ = ref(x.astype(np.float64), q, sc, z, G, "s4")
     import math
     erf = np.vectorize(math.erf)
     sig = lambda v: 1 / (1 + np.exp(-v))
@@ -161,7 +165,7 @@ def test_ksplit_small_n_and_preallocated_out():
     out = np.empty((M, N), np.float32)
     y = W.wmatmul(x, w, W.WeightSpec("s4", K, N, G, False), scu, out=out)
     assert y is out
-    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    r, b = ref(x.astype(np.float64), q, sc, z, G, "s4")
     check(y, r, b, G + K // G + 8)
 
 
@@ -198,10 +202,42 @@ def test_groups_along_n(kind, trans, M):
     zu = None if zn is None else (np.ascontiguousarray(zn.T) if trans else zn)
     x = rng.standard_normal((M, K)).astype(np.float32)
     spec = W.WeightSpec(kind, K, N, G, trans, Gn)
-    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    r, b = ref(x.astype(np.float64), q, sc, z, G, kind)
     terms = K if M > W.DECODE_MAX_M else G + K // G
     check(W.wmatmul(x, w, spec, scu, zu), r, b, terms)
     check(W.wmatmul(x, None, spec, prepared=W.prepare(w, spec, scu, zu)), r, b, terms)
+
+
+@pytest.mark.parametrize("kind,zp", [("s4", False), ("u4", True), ("s8", False)])
+@pytest.mark.parametrize("M", [1, 3])
+def test_decode_writes_sums_in_place(monkeypatch, kind, zp, M):
+    """One K split, no post-op, a C-contiguous f32 out: the decode kernels write their
+    sums into ``out`` (no partials buffer, no finish pass) -- every element (out starts
+    as NaN), the same values as through the partials and finish (a strided out), and
+    within the bound above."""
+    monkeypatch.setattr(W, "_ksplits", lambda nblk, ng: 1)
+    rng = np.random.default_rng(hash((kind, zp, M)) % 2**32)
+    K, N, G = 256, 384, 64
+    q, sc, z, w, scu, zu = make(kind, K, N, G, True, zp, rng)
+    spec = W.WeightSpec(kind, K, N, G, True)
+    pw = W.prepare(w, spec, scu, zu)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    out = np.full((M, N), np.nan, np.float32)
+    assert W.wmatmul(x, None, spec, prepared=pw, out=out) is out
+    strided = np.full((M, 2 * N), np.nan, np.float32)[:, ::2]
+    W.wmatmul(x, None, spec, prepared=pw, out=strided)
+    np.testing.assert_array_equal(out, strided)
+    r, b = ref(x.astype(np.float64), q, sc, z, G, kind)
+    check(out, r, b, G + K // G)
+    if kind in ("s4", "u4"):  # the user's natural [K, N] int4 buffer, read in place
+        q, sc, z, w, scu, zu = make(kind, K, N, G, False, zp, rng)
+        spec = W.WeightSpec(kind, K, N, G, False)
+        out[:] = np.nan
+        assert W.wmatmul(x, w, spec, scu, zu, out=out) is out
+        W.wmatmul(x, w, spec, scu, zu, out=strided)
+        np.testing.assert_array_equal(out, strided)
+        r, b = ref(x.astype(np.float64), q, sc, z, G, kind)
+        check(out, r, b, G + K // G)
 
 
 @pytest.mark.parametrize("kind,zp", [("s4", False), ("u4", True), ("s4", True)])
@@ -219,7 +255,7 @@ def test_prefill_chunks_ragged(monkeypatch, kind, zp, M, K, N, G, blas):
     q, sc, z, w, scu, zu = make(kind, K, N, G, True, zp, rng)
     x = rng.standard_normal((M, K)).astype(np.float32)
     spec = W.WeightSpec(kind, K, N, G, True)
-    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    r, b = ref(x.astype(np.float64), q, sc, z, G, kind)
     pw = W.prepare(w, spec, scu, zu)
     out = np.full((M, N), np.nan, np.float32)
     assert W.wmatmul(x, None, spec, prepared=pw, out=out) is out
@@ -240,7 +276,7 @@ def test_prefill_chunks_fpmath_weight_rounding(monkeypatch, rnd, dense):
     x = rng.standard_normal((M, K)).astype(np.float32)
     rx = _round(rnd)
     spec = W.WeightSpec("u4", K, N, G, True)
-    r, b = ref(rx(x).astype(np.float64), q, sc, z, G, rx)
+    r, b = ref(rx(x).astype(np.float64), q, sc, z, G, "u4", rx)
     y = W.wmatmul(x, None, spec, prepared=W.prepare(w, spec, scu, zu), rnd_x=rnd, rnd_w=rnd)
     check(y, r, b, K)
 
@@ -261,7 +297,7 @@ def test_prefill_chunks_epilogue_bf16_out_and_threads(monkeypatch, dense):
     pw = W.prepare(w, spec, scu)
     bias = rng.standard_normal(N).astype(np.float32)
     xs = [rng.standard_normal((M, K)).astype(np.float32) for _ in range(4)]
-    refs = [ref(x.astype(np.float64), q, sc, z, G) for x in xs]
+    refs = [ref(x.astype(np.float64), q, sc, z, G, "s4") for x in xs]
     got = [None] * 4
 
     def call(i):
@@ -319,7 +355,7 @@ def test_dense_copy_budget_and_release(monkeypatch):
     q, sc, z, w, scu, zu = make("s4", K, N, G, False, False, rng)
     spec = W.WeightSpec("s4", K, N, G, False)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    r, b = ref(x.astype(np.float64), q, sc, z, G)
+    r, b = ref(x.astype(np.float64), q, sc, z, G, "s4")
     nbytes = 4 * K * N
     gc.collect()
     base = W.dense_bytes_held()
@@ -339,6 +375,23 @@ def test_dense_copy_budget_and_release(monkeypatch):
     assert W.dense_bytes_held() == base
     check(W.wmatmul(x, None, spec, prepared=pw2), r, b, K)
     assert pw2.dense is not None and W.dense_bytes_held() == base + nbytes
+
+
+def test_decode_guard_covers_scaled_partial_sums():
+    """The interleaved int4 decode keeps its AVX2 partial sums scaled by up to 2**24
+    (wgemv4.SUM_SCALE): activations whose scaled sums would overflow f32 where the
+    unscaled ones do not take the float64 path (here every product is 2**100 * 7 and the
+    scaled sums reach 2**131; the result, ~2**100, is finite).  Bound as above."""
+    K, N, G = 128, 128, 128
+    q = np.full((K, N), 7)
+    sc = np.full((1, N), 2.0 ** -10, np.float32)
+    spec = W.WeightSpec("s4", K, N, G, False)
+    pw = W.prepare(pack4(q), spec, sc)
+    x = np.full((1, K), 2.0 ** 100, np.float32)
+    y = W.wmatmul(x, None, spec, prepared=pw)
+    r, b = ref(x.astype(np.float64), q, sc, None, G, "s4")
+    assert np.isfinite(y).all()
+    check(y, r, b, G + K // G)
 
 
 def test_dense_prefill_overflow_and_inf_take_float64_sums():

@@ -10,6 +10,15 @@ group into the accumulator (``K/G`` roundings).  The reference dequantizes in
 f32 first (one rounding of ``(q - z) * s``).  Each rounding is at most
 ``u = 2**-24`` relative to a partial sum bounded by ``B = |x| @ ((|q| + |z|)
 |s|)`` (``|xs| <= sum |x|``), so ``|y - y64| <= (G + K/G + 4) * u * B``.
+
+The AVX2 convert kernels sum ``x * u`` over the stored nibble ``u`` (s4: ``q + 8``)
+and subtract ``(z + 8) * xs`` (u4: ``u = q``, ``z`` as given).  Their sums carry a
+factor 16**j (the nibble masked in place), removed per group by a multiplication by
+16**-j: powers of two scale every rounding exactly (no overflow: wmatmul's guard; no
+underflow: normal data), so the count of roundings is unchanged and the same
+derivation holds with ``|q| + |z|`` replaced by ``|u| + |z'|``, ``z' = z + 8`` for s4:
+``B' = |x| @ ((|q + 8| + |z + 8|) |s|)``, at most ``B + 16 |x| @ |s|``.  For u4 the
+sums are the lookup kernels' exactly (bit-identical results).
 The dequantized panel is exact: ``q - z`` is an exact small integer and
 ``(q - z) * s`` is rounded once, as the reference does.
 """
@@ -26,13 +35,14 @@ U = 2.0 ** -24
 
 def decode_layout(wb, K, Np, signed):
     """Numpy decoding of the documented layout: column 128 b + 16 j + l is
-    nibble j (bits 4j..4j+3) of little-endian dword l of row k of block b."""
+    nibble j (bits 4j..4j+3) of little-endian dword l of row k of block b,
+    s4 stored as q + 8."""
     words = wb[:Np // 128 * K * 64].view("<u4").reshape(Np // 128, K, 16).astype(np.int64)
     q = np.empty((K, Np), np.int64)
     for b in range(Np // 128):
         for j in range(8):
             q[:, 128 * b + 16 * j:128 * b + 16 * j + 16] = (words[b] >> (4 * j)) & 15
-    return np.where(q >= 8, q - 16, q) if signed else q
+    return q - 8 if signed else q
 
 
 def operands(M, K, N, G, signed, zp, rng):
@@ -55,8 +65,7 @@ def test_layout_round_trip(signed):
     wb, table = L.pack_interleaved(q, signed)
     assert np.array_equal(decode_layout(wb, 40, 384, signed), q)
     assert wb.dtype == np.uint8 and wb.size == 3 * 40 * 64 + 64 and not wb[-64:].any()  # + one zero row
-    assert np.array_equal(table[np.arange(16)], np.where(np.arange(16) >= 8, np.arange(16) - 16, np.arange(16))
-                          if signed else np.arange(16))
+    assert np.array_equal(table, np.arange(16) - 8 if signed else np.arange(16))
 
 
 CASES = [  # M, K, N, G, splits (K splits of the grid)
@@ -66,11 +75,28 @@ CASES = [  # M, K, N, G, splits (K splits of the grid)
 ]
 
 
+def bound(x, q, z, sc, G, S, signed, convert):
+    """The module doc's bound: (G + K/G + 4 + S) u |x| @ ((|q| + |z|) |s|), with the
+    convert kernels' |q + 8| + |z + 8| for s4."""
+    K = x.shape[1]
+    zz = np.repeat(z, G, 0) if z is not None else np.zeros(1)
+    if convert and signed:
+        q, zz = q + 8, zz + 8
+    s = np.repeat(sc, G, 0).astype(np.float64)
+    return (G + K // G + 4 + S) * U * (np.abs(x.astype(np.float64)) @ ((np.abs(q) + np.abs(zz)) * s))
+
+
+def reference(x, q, z, sc, G):
+    zz = np.repeat(z, G, 0) if z is not None else 0.0
+    w32 = ((q - zz) * np.repeat(sc, G, 0).astype(np.float64)).astype(np.float32).astype(np.float64)
+    return x.astype(np.float64) @ w32
+
+
 @pytest.mark.parametrize("signed,zp", [(True, False), (False, False), (False, True), (True, True)])
 @pytest.mark.parametrize("M,K,N,G,S", CASES)
 def test_gemv_against_float64(M, K, N, G, S, signed, zp):
-    """The drivers' kernel form (lookup with AVX-512, convert without); the other form
-    equals it bit for bit (test_gemv_forms_identical)."""
+    """The drivers' kernel form (lookup with AVX-512, convert without); the other form is
+    checked in test_gemv_forms."""
     rng = np.random.default_rng(hash((M, K, N, G, S, signed, zp)) % 2**32)
     q, sc, z, x = operands(M, K, N, G, signed, zp, rng)
     nblk = N // 128
@@ -82,12 +108,8 @@ def test_gemv_against_float64(M, K, N, G, S, signed, zp):
     (L.gemv_m1 if M == 1 else L.gemv_rows)(x, xs, wb, wbs, table, per_block(sc, nblk), zf, sbs,
                                             1 if zp else 0, G, part)
     y = part.astype(np.float64).sum(0)
-    zz = np.repeat(z, G, 0) if zp else 0.0
-    s = np.repeat(sc, G, 0).astype(np.float64)
-    w32 = ((q - zz) * s).astype(np.float32).astype(np.float64)
-    x64 = x.astype(np.float64)
-    bound = (G + K // G + 4 + S) * U * (np.abs(x64) @ ((np.abs(q) + np.abs(zz)) * s))
-    assert np.all(np.abs(y - x64 @ w32) <= bound)
+    b = bound(x, q, z, sc, G, S, signed, not lut4.HAS_VPERMPS)
+    assert np.all(np.abs(y - reference(x, q, z, sc, G)) <= b)
 
 
 @pytest.mark.parametrize("zp", [False, True])
@@ -141,51 +163,58 @@ def test_lookup_every_code_path(monkeypatch, path):
             assert np.array_equal(out[base + 16 * j:base + 16 * j + 16], table[(words >> (4 * j)) & 15])
 
 
+@pytest.mark.parametrize("signed", [True, False])
 @pytest.mark.parametrize("M,K,N,G,S", CASES)
-def test_gemv_forms_identical(M, K, N, G, S):
-    """The convert kernels sum the same products in the same order as the lookup ones:
-    bit-identical outputs (s4 with zero points: both unpacks and the z * xs term)."""
-    rng = np.random.default_rng(hash((M, K, N, G, S)) % 2**32)
-    q, sc, z, x = operands(M, K, N, G, True, True, rng)
+def test_gemv_forms(M, K, N, G, S, signed):
+    """Both block kernel forms on every target, with zero points: the convert kernels
+    sum the same u4 products in the same order as the lookup ones (bit-identical
+    outputs, both unpacks and the z * xs term); for s4 they sum x * (q + 8), so each
+    form is checked against float64 with its own bound (module doc)."""
+    rng = np.random.default_rng(hash((M, K, N, G, S, signed)) % 2**32)
+    q, sc, z, x = operands(M, K, N, G, signed, True, rng)
     nblk = N // 128
-    wb, table = L.pack_interleaved(q, True)
+    wb, table = L.pack_interleaved(q, signed)
     wbs, sbs, sgs = L.block_params(K, G, nblk)
     xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
-    sc, zf = per_block(sc, nblk), per_block(z, nblk)
+    scb, zf = per_block(sc, nblk), per_block(z, nblk)
     ng = K // G
     gps = (ng + S - 1) // S
     out = []
-    for blk_fn, stream in (((L._blk_m1, L._blk_rows), wb), ((L._blk_m1_cvt, L._blk_rows_cvt), wb.view(np.int8))):
+    for blk_fn in ((L._blk_m1, L._blk_rows), (L._blk_m1_cvt, L._blk_rows_cvt)):
         part = np.full((S, M, N), np.nan, np.float32)
         for b in range(nblk):  # the drivers' work items, serially
             for sp in range(S):
-                blk_fn[0 if M == 1 else 1](x, xs, stream, b * wbs, table, sc, zf, b * sbs, 1, G,
+                blk_fn[0 if M == 1 else 1](x, xs, wb, b * wbs, table, scb, zf, b * sbs, 1, G,
                                            min(sp * gps, ng), min((sp + 1) * gps, ng), part, sp, b)
         out.append(part)
-    assert not np.isnan(out[0]).any()
-    assert np.array_equal(out[0], out[1])
+    assert not np.isnan(out[0]).any() and not np.isnan(out[1]).any()
+    if not signed:
+        assert np.array_equal(out[0], out[1])
+    ref = reference(x, q, z, sc, G)
+    for part, convert in zip(out, (False, True)):
+        assert np.all(np.abs(part.astype(np.float64).sum(0) - ref) <= bound(x, q, z, sc, G, S, signed, convert))
 
 
-@pytest.mark.parametrize("signed", [True, False])
-def test_vnib4_every_nibble(signed):
-    """vnib4 gives the exact integer of each nibble position of 16 dwords at any byte
-    offset: two's complement for an int8 stream, unsigned for uint8."""
+def test_masked_nibbles_every_slot():
+    """vnibu gives u * 16**j for the unsigned nibble u under nib_mask(j), j < 7, and vnib7
+    the top nibble, of 16 dwords at any byte offset: exact f32 values."""
     def unpack(w, out):
-        for j in range(8):
-            vstore(out, 16 * j, lut4.vnib4(w, 0, 4 * j))
-            vstore(out, 128 + 16 * j, lut4.vnib4(w, 3, 4 * j))  # unaligned byte offset
+        for off, base in ((0, 0), (3, 128)):  # aligned and unaligned byte offsets
+            for j in range(7):
+                vstore(out, base + 16 * j, lut4.vnibu(w, off, lut4.nib_mask(j)))
+            vstore(out, base + 112, lut4.vnib7(w, off))
 
     from graph_api.kernels.bits import vstore
     f = numba.njit(unpack)
     w = np.random.default_rng(5).integers(0, 256, 80, dtype=np.uint8)
+    w[:8] = 255  # every nibble 15: the largest values, 15 * 16**6 for j = 6
     out = np.empty(256, np.float32)
-    f(w.view(np.int8) if signed else w, out)
+    f(w, out)
     for off, base in ((0, 0), (3, 128)):
         words = w[off:off + 64].view("<u4").astype(np.int64)
         for j in range(8):
             nib = (words >> (4 * j)) & 15
-            want = np.where(nib >= 8, nib - 16, nib) if signed else nib
-            assert np.array_equal(out[base + 16 * j:base + 16 * j + 16], want)
+            assert np.array_equal(out[base + 16 * j:base + 16 * j + 16], nib * 16.0 ** (j if j < 7 else 0))
 
 
 @pytest.mark.parametrize("kind,zp", [("s8", False), ("s8", True), ("u8", False), ("u8", True)])

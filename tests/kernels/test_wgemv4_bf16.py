@@ -112,7 +112,7 @@ def test_both_paths(monkeypatch, have_bf16, M, act):
         r, b = ref_scaled(x64, q, sc, z, G)
         terms = G + K // G
     else:  # the prefill path: BLAS sums (any order) of the bf16-rounded dequantized weights
-        r, b = ref(x64, q, sc, z, G, bf16)
+        r, b = ref(x64, q, sc, z, G, "s4", bf16)
         terms = K
     assert np.all(np.abs(y - r) <= (terms + 4) * U * b)
 
