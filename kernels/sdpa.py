@@ -1035,7 +1035,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     return out
 
 
-#: prefill_items' probability-quantize parameters when there is none (see _quantize_row)
+#: the prefill kernel's probability-quantize parameters when there is none (see _quantize_row)
 _NO_PROB_QUANT = (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0)
 
 
@@ -1208,13 +1208,14 @@ def _widen_ints(buf, kind, G, sc, has_sc, zp, has_zp, ktr, bh0, nbh, S, D, out):
 
 def _prefill_call(q, k: KV, v: KV, scale, scale_mode, mflat, mstr, has_mask, causal, dest, want_rows,
                   rmax, rsum, prob_quant=None, score_rnd=0):
-    """(:func:`_run_items`' arguments for ``sdpa_prefill.prefill_items``, its work) over
+    """(:func:`_run_items`' arguments for the ``sdpa_prefill`` work-item kernel, its work) over
     f32 Q/K/V (rows read through their strides) into the row-strided f32 ``dest``."""
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
-    args = (sdpa_prefill.prefill_items, B * Hq, *_rows(q), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
+    fn = sdpa_prefill.kernel(prob_quant is not None, score_rnd, has_mask, mstr[3])
+    args = (fn, B * Hq, *_rows(q), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
             Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal],
-            *_flat_out(dest), want_rows, rmax, rsum, prob_quant is not None,
+            *_flat_out(dest), want_rows, rmax, rsum,
             np.asarray(prob_quant if prob_quant is not None else _NO_PROB_QUANT, np.float32), score_rnd)
     return args, 2 * B * Hq * Sq * S * D
 

@@ -413,14 +413,19 @@ def _pv16(sc, vb, v0, vs, acc, Rp, D, Sp, n):
             acc[i] = np.float32(0.0)
 
 
-def _make_items(narrow: bool):
-    """The work-item kernel with the products of one register-block shape.
+def _make_items(narrow: bool, quantized: bool = False, row_steps: bool = False):
+    """The work-item kernel with the products of one register-block shape, and only the
+    softmax path its calls take.
 
-    ``narrow`` is a closure constant, not an argument: Numba prunes the other
-    branch before it inlines or types anything, so only this CPU's form
-    compiles (the 4 x 32 steps cost ~2 s of compile on an empty cache on an AVX2
-    host, where they never run).  Its value is part of the closure's on-disk
-    cache key, so the two forms never share a cache entry.
+    The three choices are closure constants, not arguments: Numba prunes the untaken
+    branches before it inlines or types anything, so a kernel compiles only what it
+    runs, and each choice's value is part of the closure's on-disk cache key (the forms
+    never share a cache entry).  ``narrow``: this CPU's register blocks (the 4 x 32
+    steps cost ~2 s of compile on an empty cache on an AVX2 host, where they never
+    run).  ``quantized``: the probabilities pass :func:`_quantize_row` (static-quantized
+    SDPA only; with its roundings ~1.7 s of compile).  ``row_steps``: the separate
+    per-row steps of rounded scores and key-strided masks (:func:`_softmax_row`,
+    :func:`_round_row`: ~1.8 s) instead of the two-pass :func:`_scaled_softmax_rows`.
     """
 
     height = 6 if narrow else 4  # register-block rows of the products
@@ -428,7 +433,7 @@ def _make_items(narrow: bool):
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def prefill_items(ids, qf, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, smul, mflat, mstr, has_mask,
-                      causal, obuf, ostr, want_rows, rmax, rsum, pq, pq_param, srnd):
+                      causal, obuf, ostr, want_rows, rmax, rsum, pq_param, srnd):
         """Work items ``b * Hq + h`` of the module formula.
 
         Q [B, Hq, Sq, D], K and V [B, Hkv, S, D] and the output are flat f32 buffers read
@@ -441,10 +446,11 @@ def _make_items(narrow: bool):
         (stride 0 on broadcast axes); causal 0 none, 1 top-left, 2 bottom-right.
         ``want_rows``: each row's score max and sum of exponentials go to
         ``rmax``/``rsum`` flat [B, Hq, Sq] (the SoftMax stats of a training forward).
-        ``pq``: the probabilities pass a Quantize -> Dequantize pair before ``P V``
-        (static-quantized SDPA): see :func:`_quantize_row` for ``pq_param`` (f32).
+        ``quantized`` (closure): the probabilities pass a Quantize -> Dequantize pair before
+        ``P V`` (static-quantized SDPA): see :func:`_quantize_row` for ``pq_param`` (f32).
         ``srnd``: rounding code (:func:`bits.round_code`) of the scores after the product,
-        the scale and the mask (each a half-precision op output in the graph), 0 none.
+        the scale and the mask (each a half-precision op output in the graph), 0 none; read
+        only by the ``row_steps`` kernel (the one :func:`kernel` picks when it is nonzero).
         The products are 6 x 16 register blocks (:func:`score_rows16`, :func:`_pv16`) in
         blocks of 30 query rows when ``narrow``, else 4 x 32 (:func:`score_rows`,
         :func:`_pv`) in blocks of 32: equal results.
@@ -459,9 +465,6 @@ def _make_items(narrow: bool):
         lsum = np.empty(QB, np.float32)
         rmx = np.empty(QB, np.float32)
         part = np.empty(16, np.float32)
-        # scale, mask and max in one pass, exponentials and sums in another (the separate
-        # row steps stay for rounded scores and masks strided along the keys)
-        one_pass = srnd == 0 and (not has_mask or mstr[3] == 1)
         for it in ids:
             b = it // Hq
             h = it % Hq
@@ -493,51 +496,47 @@ def _make_items(narrow: bool):
                 for r in range(nq, Rp):  # padding rows: zero probabilities
                     for t in range(ntc):
                         sc[r * Sp + t] = np.float32(0.0)
-                if one_pass:
+                if row_steps:  # rounded scores, masks strided along the keys
+                    for r in range(nq):
+                        row = sc[r * Sp:r * Sp + ntc]
+                        i = i0 + r
+                        if srnd != 0:
+                            _round_row(row, n, srnd)
+                        if smul:
+                            for t in range(n):
+                                row[t] = row[t] * scale
+                        else:
+                            for t in range(n):
+                                row[t] = row[t] / scale
+                        if srnd != 0:
+                            _round_row(row, n, srnd)
+                        if has_mask:
+                            mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
+                            ms = mstr[3]
+                            if ms == 1:
+                                mrow = mflat[mo:mo + n]
+                                for t in range(n):
+                                    row[t] = row[t] + mrow[t]
+                            else:
+                                for t in range(n):
+                                    row[t] = row[t] + mflat[mo + t * ms]
+                            if srnd != 0:
+                                _round_row(row, n, srnd)
+                        if causal != 0:
+                            for t in range(max(0, i + coff + 1), n):
+                                row[t] = NEG_INF
+                        mx, lsum[r] = _softmax_row(row, n, ntc, part)
+                        rmx[r] = mx
+                else:  # scale, mask and max in one pass, exponentials and sums in another
                     _scaled_softmax_rows(sc, Sp, nq, n, ntc, scale, smul, mflat,
                                          b * mstr[0] + h * mstr[1] + i0 * mstr[2], mstr[2], has_mask, part,
                                          rmx, lsum, i0 + coff + 1 if causal != 0 else n)
-                    for r in range(nq):
-                        if want_rows:
-                            rmax[it * Sq + i0 + r] = rmx[r]
-                            rsum[it * Sq + i0 + r] = lsum[r]
-                        if pq:
-                            _quantize_row(sc[r * Sp:r * Sp + ntc], n, lsum[r], pq_param)
-                            lsum[r] = np.float32(1.0)
-                for r in range(nq if one_pass else 0, nq):  # the separate row steps
-                    row = sc[r * Sp:r * Sp + ntc]
-                    i = i0 + r
-                    if srnd != 0:
-                        _round_row(row, n, srnd)
-                    if smul:
-                        for t in range(n):
-                            row[t] = row[t] * scale
-                    else:
-                        for t in range(n):
-                            row[t] = row[t] / scale
-                    if srnd != 0:
-                        _round_row(row, n, srnd)
-                    if has_mask:
-                        mo = b * mstr[0] + h * mstr[1] + i * mstr[2]
-                        ms = mstr[3]
-                        if ms == 1:
-                            mrow = mflat[mo:mo + n]
-                            for t in range(n):
-                                row[t] = row[t] + mrow[t]
-                        else:
-                            for t in range(n):
-                                row[t] = row[t] + mflat[mo + t * ms]
-                        if srnd != 0:
-                            _round_row(row, n, srnd)
-                    if causal != 0:
-                        for t in range(max(0, i + coff + 1), n):
-                            row[t] = NEG_INF
-                    mx, lsum[r] = _softmax_row(row, n, ntc, part)
+                for r in range(nq):
                     if want_rows:
-                        rmax[it * Sq + i] = mx
-                        rsum[it * Sq + i] = lsum[r]
-                    if pq:
-                        _quantize_row(row, n, lsum[r], pq_param)
+                        rmax[it * Sq + i0 + r] = rmx[r]
+                        rsum[it * Sq + i0 + r] = lsum[r]
+                    if quantized:
+                        _quantize_row(sc[r * Sp:r * Sp + ntc], n, lsum[r], pq_param)
                         lsum[r] = np.float32(1.0)
                 if narrow:
                     _pv16(sc, vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], acc, Rp, D, Sp, n)
@@ -553,16 +552,22 @@ def _make_items(narrow: bool):
     return prefill_items
 
 
-_ITEMS = {NARROW: _make_items(NARROW)}
+_ITEMS = {}
 
 
-def items_kernel(narrow: bool):
-    """The work-item kernel of either register-block shape (tests run both; outside
-    them only :data:`prefill_items`, this CPU's, is ever compiled)."""
-    if narrow not in _ITEMS:
-        _ITEMS[narrow] = _make_items(narrow)
-    return _ITEMS[narrow]
+def items_kernel(narrow: bool, quantized: bool = False, row_steps: bool = False):
+    """The work-item kernel of either register-block shape with the given softmax path
+    (:func:`_make_items`), made on first use (tests run both shapes; elsewhere only this
+    CPU's, :data:`NARROW`, is ever made)."""
+    key = (narrow, quantized, row_steps)
+    if key not in _ITEMS:
+        _ITEMS[key] = _make_items(*key)
+    return _ITEMS[key]
 
 
-#: the work-item kernel for this CPU's register blocks (:data:`NARROW`)
-prefill_items = _ITEMS[NARROW]
+def kernel(quantized: bool, srnd: int, has_mask: bool, mask_key_stride: int):
+    """The work-item kernel for a call: this CPU's register blocks (:data:`NARROW`), the
+    quantize step only for quantized probabilities, the separate row steps only for
+    rounded scores (``srnd``) or a mask strided along the keys."""
+    row_steps = srnd != 0 or (has_mask and mask_key_stride != 1)
+    return items_kernel(NARROW, quantized, row_steps)

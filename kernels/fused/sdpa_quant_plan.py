@@ -18,7 +18,7 @@ Rounding at every quantize point is the reference's (kernels/reference/quant.py)
   output; the kernel's f32 dot products differ from the reference's float64 ones
   by summation order, so a score within that distance of a bf16 rounding boundary
   may round the other way.
-* Probabilities (s8/u8/f8): the kernel (``sdpa_prefill.prefill_items`` with ``pq``)
+* Probabilities (s8/u8/f8): the kernel (``sdpa_prefill``'s ``quantized`` work-item kernel)
   has each row's scores, max and sum before ``P V``; it normalises ``p = e / sum``,
   rounds it to the SoftMax output type, applies the Quantize -> Dequantize pair in
   f32 as the reference (``q = saturate(rne(p / qs + qz))``, ``p' = (q - dz) * ds``)

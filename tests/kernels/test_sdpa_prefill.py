@@ -27,7 +27,7 @@ CASES = [  # B, Hq, Hkv, Sq, S, D
 def blocks(request, monkeypatch):
     """Both register-block shapes of the score and P V products (4 x 32 lanes for
     AVX-512, 4 x 16 for AVX2), whatever this CPU has."""
-    monkeypatch.setattr(sdpa_prefill, "prefill_items", sdpa_prefill.items_kernel(request.param))
+    monkeypatch.setattr(sdpa_prefill, "NARROW", request.param)
     return request.param
 
 
@@ -64,7 +64,7 @@ def test_block_shapes_give_equal_results(case, monkeypatch):
     mask = rng.standard_normal((B, 1, 1, S)).astype(np.float32)
     outs = []
     for narrow in (False, True):
-        monkeypatch.setattr(sdpa_prefill, "prefill_items", sdpa_prefill.items_kernel(narrow))
+        monkeypatch.setattr(sdpa_prefill, "NARROW", narrow)
         outs.append(SD.sdpa(q, SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), mask=mask,
                             causal="top_left"))
     assert np.array_equal(outs[0], outs[1])
