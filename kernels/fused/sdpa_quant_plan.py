@@ -49,7 +49,6 @@ import numpy as np
 
 from graph_api import dtypes
 from graph_api.dtypes import DataType
-from graph_api.enums import OpKind as K
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, rounding_code
 from graph_api.kernels.plan import CompileRequest
 
