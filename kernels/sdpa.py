@@ -50,11 +50,10 @@ indexing.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
-from graph_api.kernels.numba_setup import numba  # noqa: F401
+from graph_api.kernels.numba_setup import numba, target_features  # noqa: F401  (numba: configured first)
 
 import numpy as np
 from llvmlite import ir
@@ -977,7 +976,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     vperm = vk >= 5 and D % 2 == 0 and (vG % 2 == 0)
     kperm = kk >= 5 and ktr == 0 and D % 2 == 0 and (kG % 2 == 0)
     dec = None
-    if stats is None and os.environ.get("SDPA_OLD") != "1":  # stats: the tiled kernels' partials
+    if stats is None:  # stats: the tiled kernels' partials
         if bf16_dot and rnd == RND_BF16 and sdpa_bf16.usable(kk, vk, ktr, kG, vG, D, S, Sq):
             dec = sdpa_bf16.dec_items  # fpmath bf16: vdpbf16ps (Q and p * sv rounded to bf16)
         elif _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
@@ -1395,7 +1394,9 @@ def _merge_np(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out):
 # gathers and the per-group scale FMAs are the rest).  At rep = 1 (Hkv = Hq) the unpack
 # dominates: ~3 vector instructions per 16 elements, measured ~0.3 cycles per element.
 DT = 128  #: KV positions per decode tile
-_HAS_AVX512 = "+avx512f" in os.environ.get("NUMBA_CPU_FEATURES", "")
+#: the compile target has AVX-512 (numba_setup.target_features: also when the user set the
+#: CPU name and features, or left Numba's environment alone with GRAPH_API_NUMBA_DEFAULTS=0)
+_HAS_AVX512 = "+avx512f" in target_features().split(",")
 _NIB_S = [float(i if i < 8 else i - 16) for i in range(16)]
 _NIB_U = [float(i) for i in range(16)]
 
