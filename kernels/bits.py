@@ -240,32 +240,6 @@ def act_kind(arr: np.ndarray) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(arr, dtype=np.float32), 0
 
 
-def widen_bf16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bits (uint16, any shape) -> a new float32 array, exactly (the bits
-    become the high half).  Copied into the uint32 result and shifted in place: 0.8 ms
-    for 2 M values on one Zen 3 core, where ``(bits.astype(np.uint32) << 16)`` (two
-    new arrays) took 2.0."""
-    out = np.empty(bits.shape, np.uint32)
-    out[...] = bits
-    out <<= np.uint32(16)
-    return out.view(np.float32)
-
-
-@njit(cache=True, nogil=True)
-def _widen_f16(h, out):
-    for i in range(h.shape[0]):
-        out[i] = f16_bits_to_f32(h[i])
-
-
-def widen_f16(bits: np.ndarray) -> np.ndarray:
-    """IEEE half bits (uint16, any shape) -> a new float32 array, exactly
-    (``vcvtph2ps``): 0.3 ms for 2 M values on one Zen 3 core, where numpy's
-    ``astype(np.float32)`` of the float16 view took 4.7."""
-    out = np.empty(bits.shape, np.float32)
-    _widen_f16(np.ascontiguousarray(bits).reshape(-1), out.reshape(-1))
-    return out
-
-
 def to_bits_f16(arr) -> np.ndarray:
     """A float16 array as uint16 bits (for tests/benchmarks)."""
     return np.asarray(arr, dtype=np.float16).view(np.uint16)

@@ -67,7 +67,7 @@ from graph_api.kernels.wmatmul import make_epilogue
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, fma32, ld_kind,
                           nib_x, round_code,
                           vadd, vbcast, vfma, vhsum16, vld_any, vld_kind, vload, vload_even, vload_odd,
-                          vexp, vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub, widen_bf16, widen_f16,
+                          vexp, vmax, vmul, vnib_hi, vnib_lo, vsplat, vstore, vsub,
                           _V16, _flat_ptr, f32x16, prefetch)
 
 T = 128  #: KV positions per tile
@@ -1111,9 +1111,9 @@ def _widen(kv: KV, bh0: int, bh1: int, shape) -> KV:
     if kind == 0:
         x = flat[bh0 * n:bh1 * n]
     elif kind == 1:
-        x = widen_bf16(flat.view(np.uint16)[bh0 * n:bh1 * n])
+        x = _widen_half(flat.view(np.uint16)[bh0 * n:bh1 * n], 1)
     elif kind == 2:
-        x = widen_f16(flat.view(np.uint16)[bh0 * n:bh1 * n])
+        x = _widen_half(flat.view(np.uint16)[bh0 * n:bh1 * n], 2)
     else:
         buf, _, ktr, G, sc, has_sc, zp, has_zp = _kv_args(kv)
         x = np.empty((bh1 - bh0) * n, np.float32)
@@ -1312,12 +1312,22 @@ def _flat_mask(m):
     return mc.reshape(-1), np.array([0 if mc.shape[i] == 1 else mc.strides[i] // 4 for i in range(4)], np.int64)
 
 
+def _widen_half(bits, kind):
+    """bf16 (``kind`` 1) or f16 (2) bits, uint16 of any shape, as a new f32 array, exactly:
+    :func:`_widen_run` over the bytes (one compiled pass: numpy took 2.0 ms for
+    ``astype(np.uint32) << 16`` of 2 M bf16 values and 4.7 ms for float16's ``astype``)."""
+    out = np.empty(bits.shape, np.float32)
+    _widen_run(np.ascontiguousarray(bits).reshape(-1).view(np.uint8), np.int64(0), np.int64(kind),
+               out.reshape(-1))
+    return out
+
+
 def _q_f32(qk, qkind, rnd):
     """Q as f32 (bf16/f16 bits widened exactly; f32 rounded by ``rnd``)."""
     if qkind == 1:
-        return widen_bf16(qk)
+        return _widen_half(qk, 1)
     if qkind == 2:
-        return widen_f16(qk)
+        return _widen_half(qk, 2)
     if rnd == 0:
         return np.ascontiguousarray(qk, dtype=np.float32)
     qf = np.empty(qk.shape, np.float32)

@@ -407,3 +407,14 @@ def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
     for t in threads:
         t.join()
     assert not mismatches
+
+
+def test_widen_half_bits_exactly_every_value():
+    """_widen_half gives numpy's (ml_dtypes') exact widening of every one of the 65536
+    bf16 and f16 bit patterns (NaNs as NaNs), from a strided view, keeping the shape."""
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    strided = h[:, ::2]
+    for kind, dt in ((1, ml_dtypes.bfloat16), (2, np.float16)):
+        got = SD._widen_half(strided, kind)
+        assert got.dtype == np.float32 and got.shape == strided.shape
+        assert np.array_equal(got, strided.view(dt).astype(np.float32), equal_nan=True)
