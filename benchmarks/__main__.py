@@ -148,18 +148,7 @@ _FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx5
 
 def _cpu_line() -> str:
     """CPU model, core count and which of the flags that matter it has (from /proc/cpuinfo)."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
+    model, flags = suite.host_cpu()
     have = [f for f in _FLAGS if f in flags]
     missing = [f for f in _FLAGS if f not in flags]
     return (f"cpu: {model}, {os.cpu_count()} logical cores; has {' '.join(have) or '-'}; "

@@ -83,7 +83,7 @@ def build(c_in, layers, params, n, hw, int8):
     b = _Builder()
     feeds = {}
     x = b.lt((n, c_in, hw, hw), dt.u8 if int8 else dt.f32)
-    block_in, c = x, c_in
+    block_in = x
     for (oc, k, groups, post), (w, bias, w8, scales) in zip(layers, params):
         shape = (n, oc, hw, hw)
         if int8:
@@ -106,7 +106,6 @@ def build(c_in, layers, params, n, hw, int8):
         elif post == "relu6":
             y = b.op(K.Clamp, [y], shape, attrs={"min": 0.0, "max": 6.0})
         x = b.op(K.Quantize, [y], shape, dt.u8, _q([Y_SCALE], [0])) if int8 else y
-        c = oc
     b.g.finalize()
     return b.g, block_in.id, x.id, feeds
 

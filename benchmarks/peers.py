@@ -11,7 +11,6 @@ try:  # optional peers
 except Exception:  # pragma: no cover
     torch = None
 try:
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 except Exception:  # pragma: no cover
@@ -83,7 +82,7 @@ def make_torch_int4(x, copies, G, signed):
 
 
 def make_torch_dense(x, dense, dtype="bf16"):
-    """PyTorch dense matmul (bf16 uses AMX) on pre-dequantized weights."""
+    """PyTorch dense matmul on pre-dequantized weights (bf16 runs on AMX where the CPU has it)."""
     if torch is None:
         return None
     td = torch.bfloat16 if dtype == "bf16" else torch.float32

@@ -5,6 +5,7 @@ resident), cold = rotating through distinct copies totalling more than the L3.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,34 @@ from graph_api.kernels import wmatmul as WM
 from graph_api.kernels.bits import RND_BF16, prefetch
 
 COLD_BYTES = 1 << 30  # rotation working set for "cold" (quick: 640 MiB)
+
+
+def host_cpu() -> tuple[str, frozenset]:
+    """(CPU model name, its /proc/cpuinfo flags); ("unknown", {}) where that file is missing."""
+    global _HOST_CPU
+    if _HOST_CPU is None:
+        model, flags = platform.processor() or "unknown", frozenset()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.strip() == "model name":
+                        model = value.strip()
+                    elif key.strip() == "flags":
+                        flags = frozenset(value.split())
+                        break
+        except OSError:
+            pass
+        _HOST_CPU = (model, flags)
+    return _HOST_CPU
+
+
+_HOST_CPU: tuple | None = None
+
+
+def bf16_hardware() -> bool:
+    """The CPU multiplies bf16 natively (avx512_bf16 or AMX), as PyTorch's bf16 peers assume."""
+    return bool(host_cpu()[1] & {"avx512_bf16", "amx_bf16"})
 
 
 def timeit(fn, ncopies, reps, warm=2):
@@ -153,9 +182,12 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
                          for (w, sc, z, _, _) in pl[:dense_n]] if (not decode or mode == "hot") else None
                 if dense is not None:
                     jobs["numpy f32 BLAS (pre-dequantized)"] = (peers.make_numpy_dense(x, dense), len(dense), reps)
-                    f = peers.make_torch_dense(x, dense, "bf16")
+                    # without bf16 hardware PyTorch emulates bf16 GEMMs: about a minute per
+                    # call at M = 512 on an AVX2 host, and no peer a bf16 user would pick
+                    f = peers.make_torch_dense(x, dense, "bf16") if decode or bf16_hardware() else None
                     if f:
-                        jobs["torch bf16 dense (AMX)"] = (f, len(dense), reps)
+                        jobs[f"torch bf16 dense{' (AMX)' if 'amx_bf16' in host_cpu()[1] else ''}"] = \
+                            (f, len(dense), reps)
             f = peers.make_torch_int4(x, pl, G, signed)
             if f:
                 jobs["torch int4pack_mm (bf16 act)"] = (f, nc, reps)
