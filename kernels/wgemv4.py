@@ -277,22 +277,6 @@ def _blk_m1_cvt(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk
                                     vadd(vload(zf, o + 112), zs) if zmode == 1 else zs, xsv, vload(part, d + 112)))
 
 
-@njit(inline="always", cache=True)
-def scale_part(part, b, p0, p1, p2, p3, sc, zf, o, zmode, xsg):
-    """part.flat[b + 16 v ..] = fma(s, p_v - z * xs, part) for 4 vectors (scales and zero
-    points from ``o``): the per-group step of the AVX2 M = 1 kernels (int4 and int8)."""
-    if zmode == 1:
-        xsv = vsplat(xsg)
-        p0 = vsub(p0, vmul(vload(zf, o), xsv))
-        p1 = vsub(p1, vmul(vload(zf, o + 16), xsv))
-        p2 = vsub(p2, vmul(vload(zf, o + 32), xsv))
-        p3 = vsub(p3, vmul(vload(zf, o + 48), xsv))
-    vstore(part, b, vfma(vload(sc, o), p0, vload(part, b)))
-    vstore(part, b + 16, vfma(vload(sc, o + 16), p1, vload(part, b + 16)))
-    vstore(part, b + 32, vfma(vload(sc, o + 32), p2, vload(part, b + 32)))
-    vstore(part, b + 48, vfma(vload(sc, o + 48), p3, vload(part, b + 48)))
-
-
 @njit(cache=True)
 def _scale4(acc, m, c, q0, q1, q2, q3, sc, zf, o, zmode, xs, g):
     """acc[m, c + 16 j ..] = fma(s, p_j - z * xs[m, g], acc) for the four vectors of one row."""
@@ -420,15 +404,6 @@ def _blk_rows(xf, xs, w, wo, table, sc, zf, so, zmode, G, g0, g1, part, s, blk):
     for m in range(M):
         for j in range(BLOCK_COLS):
             part[s, m, blk * BLOCK_COLS + j] = acc[m * BLOCK_COLS + j]
-
-
-@njit(inline="always", cache=True)
-def _scale1(acc, m, c, p, sc, zf, o, zmode, xs, g):
-    """acc[m, c ..] = fma(s, p - z * xs[m, g], acc) for one vector of 16 columns."""
-    b = m * BLOCK_COLS + c
-    if zmode == 1:
-        p = vsub(p, vmul(vload(zf, o + c), vsplat(xs[m, g])))
-    vstore(acc, b, vfma(vload(sc, o + c), p, vload(acc, b)))
 
 
 @njit(cache=True)
