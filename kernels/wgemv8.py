@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vbcast, vstore, vsub
 from graph_api.kernels.lut4 import HAS_VPERMPS
-from graph_api.kernels.wgemv4 import _scale1, _scale4, scale_part
+from graph_api.kernels.wgemv4 import _scale4
 
 COLS = 128
 _PF = 4096  #: software prefetch distance in bytes of the block stream (32 rows)
@@ -143,6 +143,18 @@ def _blk_rows(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
 # results (tested against the forms above on every target).
 
 
+@njit(inline="always", cache=True)
+def _step(p, s, z, xsv, zmode, a):
+    """fma(s, p - z * xs, a), or fma(s, p, a) without zero points: one vector of the
+    per-group step of the AVX2 forms.  Vectors only (the caller loads): an inlined helper
+    taking the arrays left Numba's reference-count updates (atomics on counts the threads
+    share) in the group loop, and a called one added a call with them per
+    16 columns."""
+    if zmode == 1:
+        p = vsub(p, vmul(z, xsv))
+    return vfma(s, p, a)
+
+
 @njit(cache=True)
 def _blk_m1_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
     """:func:`_blk_m1`, 64 columns per pass."""
@@ -166,7 +178,17 @@ def _blk_m1_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                 p2 = vfma(xv, vcvt8(w, r + 32), p2)
                 p3 = vfma(xv, vcvt8(w, r + 48), p3)
                 r += COLS
-            scale_part(part, d + c, p0, p1, p2, p3, sc, zf, o + c, zmode, xs[0, g])
+            xsv = vsplat(xs[0, g])
+            b = d + c
+            oc = o + c
+            vstore(part, b, _step(p0, vload(sc, oc), vload(zf, oc) if zmode == 1 else zero, xsv, zmode,
+                                  vload(part, b)))
+            vstore(part, b + 16, _step(p1, vload(sc, oc + 16), vload(zf, oc + 16) if zmode == 1 else zero, xsv,
+                                       zmode, vload(part, b + 16)))
+            vstore(part, b + 32, _step(p2, vload(sc, oc + 32), vload(zf, oc + 32) if zmode == 1 else zero, xsv,
+                                       zmode, vload(part, b + 32)))
+            vstore(part, b + 48, _step(p3, vload(sc, oc + 48), vload(zf, oc + 48) if zmode == 1 else zero, xsv,
+                                       zmode, vload(part, b + 48)))
 
 
 @njit(cache=True)
@@ -198,13 +220,21 @@ def _blk_rows_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                     p2 = vfma(vbcast(xf, x2 + k), u, p2)
                     p3 = vfma(vbcast(xf, x3 + k), u, p3)
                     r += COLS
-                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
+                e = m0 * COLS + c
+                vstore(acc, e, _step(p0, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
+                                      vsplat(xs[m0, g]), zmode, vload(acc, e)))
                 if m0 + 1 < M:
-                    _scale1(acc, m0 + 1, c, p1, sc, zf, o, zmode, xs, g)
+                    e = (m0 + 1) * COLS + c
+                    vstore(acc, e, _step(p1, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
+                                          vsplat(xs[m0 + 1, g]), zmode, vload(acc, e)))
                 if m0 + 2 < M:
-                    _scale1(acc, m0 + 2, c, p2, sc, zf, o, zmode, xs, g)
+                    e = (m0 + 2) * COLS + c
+                    vstore(acc, e, _step(p2, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
+                                          vsplat(xs[m0 + 2, g]), zmode, vload(acc, e)))
                 if m0 + 3 < M:
-                    _scale1(acc, m0 + 3, c, p3, sc, zf, o, zmode, xs, g)
+                    e = (m0 + 3) * COLS + c
+                    vstore(acc, e, _step(p3, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
+                                          vsplat(xs[m0 + 3, g]), zmode, vload(acc, e)))
         m0 = (M + 1) // 4 * 4  # the rows after the 4-row tiles (1 or 2 of them, if any)
         if m0 < M:  # 2 rows x 32 columns
             x0 = m0 * K
@@ -225,11 +255,19 @@ def _blk_rows_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                     q0 = vfma(v1, u0, q0)
                     q1 = vfma(v1, u1, q1)
                     r += COLS
-                _scale1(acc, m0, c, p0, sc, zf, o, zmode, xs, g)
-                _scale1(acc, m0, c + 16, p1, sc, zf, o, zmode, xs, g)
+                e = m0 * COLS + c
+                vstore(acc, e, _step(p0, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
+                                      vsplat(xs[m0, g]), zmode, vload(acc, e)))
+                e = m0 * COLS + c + 16
+                vstore(acc, e, _step(p1, vload(sc, o + c + 16), vload(zf, o + c + 16) if zmode == 1 else zero,
+                                      vsplat(xs[m0, g]), zmode, vload(acc, e)))
                 if m0 + 1 < M:
-                    _scale1(acc, m0 + 1, c, q0, sc, zf, o, zmode, xs, g)
-                    _scale1(acc, m0 + 1, c + 16, q1, sc, zf, o, zmode, xs, g)
+                    e = (m0 + 1) * COLS + c
+                    vstore(acc, e, _step(q0, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
+                                          vsplat(xs[m0 + 1, g]), zmode, vload(acc, e)))
+                    e = (m0 + 1) * COLS + c + 16
+                    vstore(acc, e, _step(q1, vload(sc, o + c + 16), vload(zf, o + c + 16) if zmode == 1 else zero,
+                                          vsplat(xs[m0 + 1, g]), zmode, vload(acc, e)))
     for m in range(M):
         for j in range(COLS):
             part[s, m, blk * COLS + j] = acc[m * COLS + j]

@@ -132,7 +132,9 @@ def make_epilogue(post_ops, M: int, N: int, buf: np.ndarray | None = None) -> Ep
     ``buf``: an f32 array of the operands' total size to copy several operands into
     (a caller that runs the same program again keeps it: no allocation per call).
     """
-    post_ops = list(post_ops or ())
+    if not post_ops:
+        return _NO_POSTOPS
+    post_ops = list(post_ops)
     P = len(post_ops)
     ops = np.zeros(max(P, 1), np.int32)
     fpar = np.zeros((max(P, 1), 2), np.float32)
@@ -172,6 +174,13 @@ def make_epilogue(post_ops, M: int, N: int, buf: np.ndarray | None = None) -> Ep
     else:
         buf = np.concatenate(chunks)
     return Epilogue(ops[:P] if P else ops[:0], fpar, ipar, buf)
+
+
+#: the program without post-ops, shared (the kernels only read it; building it was ~3 us
+#: of Python per decode call, several times that right after a kernel has evicted the
+#: interpreter's data from the caches)
+_NO_POSTOPS = Epilogue(np.zeros(0, np.int32), np.zeros((1, 2), np.float32), np.zeros((1, 3), np.int64),
+                       np.zeros(1, np.float32))
 
 
 @njit(inline="always", cache=True)

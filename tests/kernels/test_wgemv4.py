@@ -245,19 +245,25 @@ def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
     assert np.all(np.abs(y - x64 @ w32) <= bound)
 
 
+@pytest.mark.parametrize("zp", [True, False])
 @pytest.mark.parametrize("M,K,N,G,S", CASES)
-def test_int8_gemv_forms_identical(M, K, N, G, S):
+def test_int8_gemv_forms_identical(M, K, N, G, S, zp):
     """wgemv8's AVX2 block kernels (4 partial sums per pass) and its AVX-512 ones (16)
     sum the same products in the same order: bit-identical on every target (the gemv
-    driver runs one of them; test_int8_gemv_against_float64 checks that one)."""
+    driver runs one of them; test_int8_gemv_against_float64 checks that one), with zero
+    points (u8) and without (s8: the group step without the subtraction)."""
     from graph_api.kernels import wgemv8
     from graph_api.kernels import wmatmul as W
     rng = np.random.default_rng(hash((M, K, N, G, S, "forms")) % 2**32)
-    q = rng.integers(0, 256, (K, N)).astype(np.uint8)
-    z = rng.integers(0, 256, (K // G, N))
     sc = (rng.random((K // G, N)) + 0.5).astype(np.float32)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    pw = W.prepare(q, W.WeightSpec("u8", K, N, G, False), sc, z)
+    if zp:
+        q = rng.integers(0, 256, (K, N)).astype(np.uint8)
+        pw = W.prepare(q, W.WeightSpec("u8", K, N, G, False), sc, rng.integers(0, 256, (K // G, N)))
+    else:
+        q = rng.integers(-128, 128, (K, N)).astype(np.int8)
+        pw = W.prepare(q, W.WeightSpec("s8", K, N, G, False), sc)
+    assert pw.zmode == (1 if zp else 0)
     xs = x.reshape(M, K // G, G).sum(-1, dtype=np.float32)
     ng = K // G
     gps = (ng + S - 1) // S
