@@ -182,6 +182,31 @@ def test_layer_norm_with_one_or_no_affine_operand(affine):
     np.testing.assert_allclose(norm.layer_norm(x, g, b, 1e-5), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("R,C", [(3, 37), (4, 96)])
+def test_norm_rows_take_every_type_pair_through_one_signature(R, C):
+    """``norm._rows`` takes its input and output as uint16 views whatever they hold
+    (one compiled signature instead of one per type pair).  Each pair must give the
+    values of the f32 row the others give: a bf16/f16 output is that f32 row rounded
+    (ml_dtypes' round-to-nearest-even), and a half input is the f32 computation on
+    the widened values.  Exact equality: the same f32 operations in the same order.
+    ``R * C`` odd (3 x 37): a half buffer of odd length has no f32 view."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((R, C)) * 3 + 1).astype(np.float32)
+    g = rng.standard_normal(C).astype(np.float32)
+    for half in (ml_dtypes.bfloat16, np.float16):
+        xh = x.astype(half)
+        ref = norm.layer_norm(xh.astype(np.float32), g, g, post_ops=[("relu", None)])
+        got = norm.layer_norm(xh, g, g, post_ops=[("relu", None)])
+        np.testing.assert_array_equal(got, ref)
+        for out in ("bf16", "f16"):
+            odt = ml_dtypes.bfloat16 if out == "bf16" else np.float16
+            for src in (xh, xh.astype(np.float32)):
+                y = norm.layer_norm(src, g, g, post_ops=[("relu", None)], out_dtype=out)
+                assert y.dtype == np.uint16
+                np.testing.assert_array_equal(y, ref.astype(odt).view(np.uint16))
+    assert len(norm._rows.signatures) == 1
+
+
 def test_epilogue_program_layout():
     ep = W.make_epilogue([("add", np.ones(5, np.float32)), ("relu", None), ("mul", np.ones((3, 1))),
                           ("clamp", (0.0, 1.0))], 3, 5)
