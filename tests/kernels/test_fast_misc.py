@@ -145,6 +145,25 @@ def test_quantize_dequantize(dtype, shape, G, src):
     np.testing.assert_array_equal(d, ((expect - z_) * s_.astype(np.float32)).astype(np.float32))
 
 
+@pytest.mark.parametrize("dtype", ["s8", "u8"])
+def test_dequantize_every_byte_through_one_signature(dtype):
+    """The kernels read int8 as the bytes' uint8 view (two's complement) and write f32
+    and bf16/f16 outputs through one uint16 view: every byte value against numpy's own
+    int8/uint8 reading, exactly ((q - z) * s in f32, then rounded to nearest even for a
+    half output, as ml_dtypes rounds); one compiled signature for all of them."""
+    npd = np.int8 if dtype == "s8" else np.uint8
+    q = np.arange(256, dtype=np.uint8).view(npd).reshape(8, 32)
+    sc = np.array([0.37, 1.0, 3.0e-3, 7.5], np.float32).repeat(2).reshape(8, 1)
+    zp = np.arange(8, dtype=np.float32).reshape(8, 1) - 3
+    want = (q.astype(np.float32) - zp) * sc
+    got = quantize.dequantize(q, q.shape, sc, zp, dtype=dtype, group=32)
+    np.testing.assert_array_equal(got, want)
+    for out, half in (("bf16", ml_dtypes.bfloat16), ("f16", np.float16)):
+        got = quantize.dequantize(q, q.shape, sc, zp, dtype=dtype, group=32, out_dtype=out)
+        np.testing.assert_array_equal(got, want.astype(half).view(np.uint16))
+    assert len(quantize._dequant.signatures) == 1
+
+
 @pytest.mark.parametrize("R,C", [(1, 1), (3, 37), (5, 256)])
 @pytest.mark.parametrize("src", ["f32", "bf16"])
 def test_norms_and_softmax(R, C, src):
