@@ -403,7 +403,9 @@ def epilogue(y, scale, bias, codes, srcs, fpar, chan, full, fscale, fzp, out, is
         ob = np.empty(_PIECE, np.float32)
         tb = np.empty(_PIECE, np.float32)
         fr = full[c] if full.shape[0] == C and full.shape[1] == P else full[0, :0]
-        _ep_row(y[c], c, scale, bias, codes, srcs, fpar, chan, fr, fscale, fzp, out[c], is_int, lo, hi, vb, ob, tb)
+        # int64 channel: prange's unsigned index compiled a second _ep_row (~3.5 s cold each)
+        _ep_row(y[c], np.int64(c), scale, bias, codes, srcs, fpar, chan, fr, fscale, fzp, out[c], is_int, lo, hi,
+                vb, ob, tb)
 
 
 @njit(cache=True)

@@ -236,7 +236,7 @@ def _int8_params(request, conv, ops_by_out):
     scale = np.float64(np.float32(xd.attrs["scales"][0])) * w_scales.astype(np.float32).astype(np.float64)
     return {"x_id": xd.inputs[0].id, "w_id": wd.inputs[0].id, "x_zp": zp,
             "scale": np.broadcast_to(scale, (oc,)).reshape(-1, 1),
-            "scale_vec": np.ascontiguousarray(np.broadcast_to(scale, (oc,)), np.float64),
+            "scale_vec": _read_only(np.array(np.broadcast_to(scale, (oc,)), np.float64)),
             "chunk": cv.exact_chunk(max(abs(lo - zp), abs(hi - zp)), 128), "skip": {xd.id, wd.id},
             "x_range": max(abs(lo - zp), abs(hi - zp))}
 
@@ -301,6 +301,17 @@ def _chain_reason(op, lts, fmt, flow_ids) -> str | None:
 _FAST_BINARY = {K.Add: (cf.ADD, cf.ADD), K.Subtract: (cf.SUB, cf.RSUB), K.Multiply: (cf.MUL, cf.MUL),
                 K.Divide: (cf.DIV, cf.RDIV), K.Maximum: (cf.MAX, cf.MAX), K.Minimum: (cf.MIN, cf.MIN)}
 _EMPTY = np.zeros(0, np.float32)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, made read-only: the epilogue's scale operand always has this one Numba type."""
+    a.flags.writeable = False
+    return a
+
+
+#: no requantization scale: float64 and read-only as the int8 convolutions' ``scale_vec``,
+#: so the epilogue kernels compile one scale type (not one more per float convolution)
+_NO_SCALE = _read_only(np.zeros(0, np.float64))
 
 
 @dataclass
@@ -759,7 +770,7 @@ class ConvPlan:
                 oh, ow = geo.out_spatial
                 P, OC = oh * ow, geo.out_channels
                 zp = np.float32(0.0 if st.int8 is None else st.int8["x_zp"])
-                scale = _EMPTY if st.int8 is None else st.int8["scale_vec"]
+                scale = _NO_SCALE if st.int8 is None else st.int8["scale_vec"]
                 dest = _view2d(out_ncx[n], OC, P) if s == last else buffer(("mid", s), (OC, P), np.float32)
                 f = dummy_full if full is None else full[n].reshape(OC, P)
                 ep = (scale, bias, seg.codes, seg.srcs, fpar, chan, f, np.float32(seg.fscale), np.float32(seg.fzp),

@@ -218,9 +218,8 @@ class NormPlan(ChainPlan):
         g = np.ones(1, np.float32) if self.gamma is None else _f32(arrays[self.gamma]).reshape(-1)
         b = np.zeros(1, np.float32) if self.beta is None else _f32(arrays[self.beta]).reshape(-1)
         ep = self.epilogue(arrays, R, self.C)
-        return (xv, kind, R, self.C, op, g, self.gamma is not None, b, self.beta is not None,
-                self.eps, self.okind, ep.ops, ep.fpar, ep.ipar, ep.buf,
-                buf.view(np.uint16) if self.okind else buf, norm.blocks(R))
+        return (norm.bits16(xv), kind, R, self.C, op, g, self.gamma is not None, b, self.beta is not None,
+                self.eps, self.okind, ep.ops, ep.fpar, ep.ipar, ep.buf, norm.bits16(buf), norm.blocks(R))
 
     def bind(self, inputs, outputs):
         """A callable that runs this plan on these tensors (see

@@ -101,3 +101,27 @@ def test_pair_im2col_equals_igemm16_packing_of_the_columns(dtype, zp, C, H, W, k
     got[:] = 0xDEADBEEF
     cf.im2col_pairs_2d(x_nxc, np.float32(zp), k, k, stride, stride, dilation, dilation, pad, pad, oh, ow, k2, got)
     np.testing.assert_array_equal(got, want)
+
+
+def test_epilogue_rows_take_the_int8_scale_type():
+    """Float convolutions pass the int8 ones' read-only float64 scale type (empty) to the
+    epilogue kernels, so ``epilogue`` / ``conv_bands`` and the ``_ep_row`` they call compile
+    one scale type: values exactly ``relu(y + bias)`` in f32 (one f32 add and a product
+    with 0 or 1: no rounding beyond numpy's own f32 add), and every ``epilogue``
+    signature so far has that scale type.  (``_ep_row`` is also called with an int64
+    channel, not prange's unsigned index: not observable here, since a callee loaded
+    with its caller from the disk cache records no signature.)"""
+    from numba import types
+
+    from graph_api.kernels.fused.conv_plan import _NO_SCALE
+
+    C, P = 3, 1100  # P over two of _ep_row's 512-float pieces
+    y = RNG.standard_normal((C, P)).astype(np.float32)
+    bias = RNG.standard_normal(C).astype(np.float32)
+    out = np.empty((C, P), np.float32)
+    codes = np.array([cf.RELU], np.int32)
+    cf.epilogue(y, _NO_SCALE, bias, codes, np.zeros(1, np.int32), np.zeros((1, 2), np.float32),
+                np.zeros((1, C), np.float32), np.zeros((1, 1), np.float32), np.float32(1.0), np.float32(0.0),
+                out, False, np.float32(0.0), np.float32(0.0))
+    np.testing.assert_array_equal(out, np.maximum(y + bias[:, None], np.float32(0.0)))
+    assert {sig[1] for sig in cf.epilogue.signatures} == {types.Array(types.float64, 1, "C", readonly=True)}

@@ -145,6 +145,25 @@ def test_quantize_dequantize(dtype, shape, G, src):
     np.testing.assert_array_equal(d, ((expect - z_) * s_.astype(np.float32)).astype(np.float32))
 
 
+@pytest.mark.parametrize("dtype", ["s8", "u8"])
+def test_dequantize_every_byte_through_one_signature(dtype):
+    """The kernels read int8 as the bytes' uint8 view (two's complement) and write f32
+    and bf16/f16 outputs through one uint16 view: every byte value against numpy's own
+    int8/uint8 reading, exactly ((q - z) * s in f32, then rounded to nearest even for a
+    half output, as ml_dtypes rounds); one compiled signature for all of them."""
+    npd = np.int8 if dtype == "s8" else np.uint8
+    q = np.arange(256, dtype=np.uint8).view(npd).reshape(8, 32)
+    sc = np.array([0.37, 1.0, 3.0e-3, 7.5], np.float32).repeat(2).reshape(8, 1)
+    zp = np.arange(8, dtype=np.float32).reshape(8, 1) - 3
+    want = (q.astype(np.float32) - zp) * sc
+    got = quantize.dequantize(q, q.shape, sc, zp, dtype=dtype, group=32)
+    np.testing.assert_array_equal(got, want)
+    for out, half in (("bf16", ml_dtypes.bfloat16), ("f16", np.float16)):
+        got = quantize.dequantize(q, q.shape, sc, zp, dtype=dtype, group=32, out_dtype=out)
+        np.testing.assert_array_equal(got, want.astype(half).view(np.uint16))
+    assert len(quantize._dequant.signatures) == 1
+
+
 @pytest.mark.parametrize("R,C", [(1, 1), (3, 37), (5, 256)])
 @pytest.mark.parametrize("src", ["f32", "bf16"])
 def test_norms_and_softmax(R, C, src):
@@ -180,6 +199,31 @@ def test_layer_norm_with_one_or_no_affine_operand(affine):
     if b is not None:
         want = want + b
     np.testing.assert_allclose(norm.layer_norm(x, g, b, 1e-5), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("R,C", [(3, 37), (4, 96)])
+def test_norm_rows_take_every_type_pair_through_one_signature(R, C):
+    """``norm._rows`` takes its input and output as uint16 views whatever they hold
+    (one compiled signature instead of one per type pair).  Each pair must give the
+    values of the f32 row the others give: a bf16/f16 output is that f32 row rounded
+    (ml_dtypes' round-to-nearest-even), and a half input is the f32 computation on
+    the widened values.  Exact equality: the same f32 operations in the same order.
+    ``R * C`` odd (3 x 37): a half buffer of odd length has no f32 view."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((R, C)) * 3 + 1).astype(np.float32)
+    g = rng.standard_normal(C).astype(np.float32)
+    for half in (ml_dtypes.bfloat16, np.float16):
+        xh = x.astype(half)
+        ref = norm.layer_norm(xh.astype(np.float32), g, g, post_ops=[("relu", None)])
+        got = norm.layer_norm(xh, g, g, post_ops=[("relu", None)])
+        np.testing.assert_array_equal(got, ref)
+        for out in ("bf16", "f16"):
+            odt = ml_dtypes.bfloat16 if out == "bf16" else np.float16
+            for src in (xh, xh.astype(np.float32)):
+                y = norm.layer_norm(src, g, g, post_ops=[("relu", None)], out_dtype=out)
+                assert y.dtype == np.uint16
+                np.testing.assert_array_equal(y, ref.astype(odt).view(np.uint16))
+    assert len(norm._rows.signatures) == 1
 
 
 def test_epilogue_program_layout():
