@@ -24,8 +24,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import (erf32, exp32, f32_to_bf16, f32_to_f16_bits, round_bf16, round_f16, tanh32, vadd,
-                                    vload, vmax, vmul, vsplat, vstore, vsub)
+from graph_api.kernels.bits import (exp32, f32_to_bf16, f32_to_f16_bits, gelu_erf32, gelu_tanh32, round_bf16, round_f16,
+                                    tanh32, vadd, vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
 from graph_api.kernels.wmatmul import _ep_steps
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
@@ -53,7 +53,8 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
 
     One loop over the row per step (the step's branch is outside the loop, so
     the loops vectorise), the same f32 formulas as ``wmatmul._ep_steps``, except
-    GELU's erf and tanh, which are :func:`bits.erf32` and :func:`bits.tanh32`,
+    GELU, which is :func:`bits.gelu_erf32` / :func:`bits.gelu_tanh32` (one rational
+    function each, within 4 u |x|, u = 2**-24), Tanh's :func:`bits.tanh32`,
     and the exponentials of Exp, Sigmoid and Swish, which are
     :func:`bits.exp32` (<= 2 ulp each, vectorised)
     instead of scalar libm calls (``error_model="numpy"``: IEEE divisions, no
@@ -93,8 +94,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
                 _ep_steps(v, r, c0, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
         elif op == GELU_ERF:
             for n in range(N):
-                x = v[n]
-                v[n] = np.float32(0.5) * x * (np.float32(1.0) + erf32(x * np.float32(0.7071067811865476)))
+                v[n] = gelu_erf32(v[n])
         elif op == RELU:  # x * 0 below 0 (NaN at -inf), as _ep_steps
             # as a product with the comparison, not ``x if x > 0 else x * 0``: LLVM turns
             # that select, which leaves v[n] unchanged when x > 0, into a masked store
@@ -105,9 +105,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
                 v[n] = x * np.float32(x > np.float32(0.0))
         elif op == GELU_TANH:
             for n in range(N):
-                x = v[n]
-                v[n] = np.float32(0.5) * x * (np.float32(1.0) + tanh32(
-                    np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)))
+                v[n] = gelu_tanh32(v[n])
         elif op == TANH:
             for n in range(N):
                 v[n] = tanh32(v[n])
