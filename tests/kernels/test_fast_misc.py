@@ -102,7 +102,7 @@ def test_erf32_ulp():
 def test_gelu32_within_4u_of_x(mode, which, lim):
     """gelu_erf32 / gelu_tanh32 against the float64 reference on every 97th f32 of
     [-8, 8] (every exponent, ~22 M values), a dense grid and random bit patterns:
-    |error| <= 4 u |x| (u = 2**-24; the a priori bound in bits.gelu_erf32 is 6.6 u |x|,
+    |error| <= 4 u |x| (u = 2**-24; the a priori bound in bits.gelu_erf32 is 7.9 u |x|,
     measured 3.3 u).  Above the clamp the result is x itself, below it -0 (as the
     reference's 0.5 x (1 + -1)); inf, -inf and NaN as the reference."""
     from graph_api.kernels.reference.eltwise import gelu
