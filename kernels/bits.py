@@ -484,9 +484,9 @@ _GELU_TANH_X = 5.5
 @njit(inline="always", cache=True, error_model="numpy")
 def _gelu_rational(x, p, q, lim):
     """x Phi(x) with Phi(x) = 1/2 + xc P(s) / Q(s), xc = x clamped to [-lim, lim], s = xc**2;
-    Phi is held in [0, 1] (the rounded fit leaves [0, 1] by an ulp at the clamps: exactly
-    x above lim) and set to 0 below -lim (-0 there, -inf and NaN give NaN, as the
-    reference's 0.5 x (1 + -1))."""
+    Phi is held in [0, 1]: the rounded fits leave it by an ulp at the clamps, so Phi is
+    exactly 1 above lim (the result is x) and exactly 0 below -lim (-0 there, NaN for
+    -inf, as the reference's 0.5 x (1 + -1)); tests/kernels/test_fast_misc.py checks both."""
     xc = min(max(x, np.float32(-lim)), np.float32(lim))
     s = xc * xc
     a = fma32(np.float32(p[5]), s, np.float32(p[4]))
@@ -500,7 +500,7 @@ def _gelu_rational(x, p, q, lim):
     b = fma32(b, s, np.float32(q[1]))
     b = fma32(b, s, np.float32(1.0))
     phi = min(max(fma32(xc, a / b, np.float32(0.5)), np.float32(0.0)), np.float32(1.0))
-    return x * phi * np.float32(x > np.float32(-lim))
+    return x * phi
 
 
 @njit(inline="always", cache=True, error_model="numpy")
