@@ -196,12 +196,14 @@ def _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r
 
 
 @njit(parallel=True, cache=True)
-def _store_par(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks):
+def _store_par(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks, bad):
+    """_store_block over ``blocks`` row blocks; ``bad``: :data:`NO_ROWS`, passed in (a global
+    array would be a read-only constant here: another _store_block signature)."""
     R = acc.shape[0]
     step = (R + blocks - 1) // blocks
     for b in prange(blocks):
         _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, b * step,
-                     min(R, b * step + step), NO_ROWS)
+                     min(R, b * step + step), bad)
 
 
 #: no bias row before the epilogue
@@ -316,7 +318,7 @@ def store_runner(acc2d, out_flat, roff, coff, okind, ep, run: int | None = None,
                                   NO_ROWS)
     else:
         fn, args = _store_par, (acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf,
-                                min(R, 4 * numba.get_num_threads()))
+                                min(R, 4 * numba.get_num_threads()), NO_ROWS)
 
     def runner() -> None:
         fn(*args)
