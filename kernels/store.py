@@ -24,8 +24,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import (erf32, exp32, f32_to_bf16, f32_to_f16_bits, round_bf16, round_f16, tanh32, vadd,
-                                    vload, vmax, vmul, vsplat, vstore, vsub)
+from graph_api.kernels.bits import (exp32, f32_to_bf16, f32_to_f16_bits, gelu_erf32, gelu_tanh32, round_bf16, round_f16,
+                                    tanh32, vadd, vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
 from graph_api.kernels.wmatmul import _ep_steps
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
@@ -53,7 +53,8 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
 
     One loop over the row per step (the step's branch is outside the loop, so
     the loops vectorise), the same f32 formulas as ``wmatmul._ep_steps``, except
-    GELU's erf and tanh, which are :func:`bits.erf32` and :func:`bits.tanh32`,
+    GELU, which is :func:`bits.gelu_erf32` / :func:`bits.gelu_tanh32` (one rational
+    function each, within 4 u |x|, u = 2**-24), Tanh's :func:`bits.tanh32`,
     and the exponentials of Exp, Sigmoid and Swish, which are
     :func:`bits.exp32` (<= 2 ulp each, vectorised)
     instead of scalar libm calls (``error_model="numpy"``: IEEE divisions, no
@@ -93,8 +94,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
                 _ep_steps(v, r, c0, ops[i:i + 1], fpar[i:i + 1], ipar[i:i + 1], buf)
         elif op == GELU_ERF:
             for n in range(N):
-                x = v[n]
-                v[n] = np.float32(0.5) * x * (np.float32(1.0) + erf32(x * np.float32(0.7071067811865476)))
+                v[n] = gelu_erf32(v[n])
         elif op == RELU:  # x * 0 below 0 (NaN at -inf), as _ep_steps
             # as a product with the comparison, not ``x if x > 0 else x * 0``: LLVM turns
             # that select, which leaves v[n] unchanged when x > 0, into a masked store
@@ -105,9 +105,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
                 v[n] = x * np.float32(x > np.float32(0.0))
         elif op == GELU_TANH:
             for n in range(N):
-                x = v[n]
-                v[n] = np.float32(0.5) * x * (np.float32(1.0) + tanh32(
-                    np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)))
+                v[n] = gelu_tanh32(v[n])
         elif op == TANH:
             for n in range(N):
                 v[n] = tanh32(v[n])
@@ -170,10 +168,15 @@ def _put_row(v, out, base, coff, run, okind):
 
 
 @njit(cache=True)
-def _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1):
+def _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1, bad):
+    """Rows ``r0 .. r1`` of ``acc`` through the epilogue into ``out``.  With a non-empty
+    ``bad`` (one flag per row): a row of ``acc`` holding an inf or a NaN is not stored
+    and gets ``bad[r] = 1`` (checked once the row is in L1, instead of a pass of its own
+    over the tile)."""
     N = acc.shape[1]
     v = np.empty(N, np.float32)
     orow = np.empty(N, np.float32)
+    check = bad.shape[0] > 0
     for r in range(r0, r1):
         row = acc[r]
         if head.shape[0]:  # the head's own bias, added as the row is read
@@ -182,21 +185,31 @@ def _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r
         else:
             for n in range(N):
                 v[n] = row[n]
+        if check:
+            if _finite(row, 0, N):
+                bad[r] = 0
+            else:
+                bad[r] = 1
+                continue
         ep_row(v, r, ops, fpar, ipar, buf, orow, np.int64(0))
         _put_row(v, out, roff[r], coff, run, okind)
 
 
 @njit(parallel=True, cache=True)
-def _store_par(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks):
+def _store_par(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, blocks, bad):
+    """_store_block over ``blocks`` row blocks; ``bad``: :data:`NO_ROWS`, passed in (a global
+    array would be a read-only constant here: another _store_block signature)."""
     R = acc.shape[0]
     step = (R + blocks - 1) // blocks
     for b in prange(blocks):
         _store_block(acc, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, b * step,
-                     min(R, b * step + step))
+                     min(R, b * step + step), bad)
 
 
 #: no bias row before the epilogue
 NO_HEAD = np.zeros(0, np.float32)
+#: no per-row overflow flags (the store checks nothing)
+NO_ROWS = np.zeros(0, np.uint8)
 
 
 @njit(cache=True, nogil=True)
@@ -301,10 +314,11 @@ def store_runner(acc2d, out_flat, roff, coff, okind, ep, run: int | None = None,
     if run is None:
         run = contiguous_run(coff)
     if acc2d.size < SERIAL_BELOW:
-        fn, args = _store_block, (acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, 0, R)
+        fn, args = _store_block, (acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, 0, R,
+                                  NO_ROWS)
     else:
         fn, args = _store_par, (acc2d, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf,
-                                min(R, 4 * numba.get_num_threads()))
+                                min(R, 4 * numba.get_num_threads()), NO_ROWS)
 
     def runner() -> None:
         fn(*args)
@@ -337,28 +351,23 @@ def _gemm_store_par(fn, a, b, head, out, roff, coff, run, okind, ops, fpar, ipar
     tile after another on each thread) each stored by _store_block while it is in
     cache; a non-empty ``dout`` (the dense f32 output, with no epilogue): the sgemm writes
     its rows itself.
-    A tile holding an inf or a NaN is not stored: ``bad[t] = 1`` (its f32 sums may
-    have overflowed; the caller redoes it)."""
+    A row holding an inf or a NaN is not stored: ``bad[r] = 1`` (its f32 sums may
+    have overflowed; the caller redoes it); with ``dout``, every row of such a tile."""
     R, K = a.shape
     N = b.shape[1]
     direct = dout.shape[0] > 0
     acc2 = acc[:0].reshape(0, N) if direct else acc[:R * N].reshape(R, N)
-    for t in prange(bad.shape[0]):
+    for t in prange((R + rows - 1) // rows):
         r0 = t * rows
         r1 = min(R, r0 + rows)
-        bad[t] = 0
-        if r0 >= r1:
-            continue
         if direct:
             sgemm(fn, r1 - r0, N, K, a, r0 * K, K, b, 0, N, np.float32(0.0), dout, r0 * N, N)
-            if not _finite(dout, r0 * N, r1 * N):
-                bad[t] = 1
+            flag = 0 if _finite(dout, r0 * N, r1 * N) else 1
+            for r in range(r0, r1):
+                bad[r] = flag
             continue
         sgemm(fn, r1 - r0, N, K, a, r0 * K, K, b, 0, N, np.float32(0.0), acc, r0 * N, N)
-        if _finite(acc, r0 * N, r1 * N):
-            _store_block(acc2, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1)
-        else:
-            bad[t] = 1
+        _store_block(acc2, head, out, roff, coff, run, okind, ops, fpar, ipar, buf, r0, r1, bad)
 
 
 #: bytes of one row tile's f32 products in :func:`gemm_store`: each thread's rows in
@@ -373,9 +382,10 @@ def gemm_store(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct=
     threads (OpenBLAS's own threads never run: after a GEMM they spin for ~0.1 s and took
     half of the other core from the Numba kernels that followed; measured on Zen 3:
     the BERT encoder's SDPA 22 -> 12 ms with them held off), each tile's epilogue
-    store run while the tile is in cache.  Tiles with an inf or a NaN (an f32 sum may
+    store run while the tile is in cache.  Rows with an inf or a NaN (an f32 sum may
     have overflowed where the reference's float64 sum did not) are redone with float64
-    sums rounded once, as the reference MatMul; only those tiles are written again.
+    sums rounded once, as the reference MatMul (with no epilogue, the whole tile of
+    such a row); only those rows are written, once.
     The tile products go to the execution's scratchpad (:mod:`graph_api.kernels.scratch`).
     Requires ``openblas.available()``."""
     gemm_runner(a, b, out_flat, roff, coff, okind, ep, run, head, direct)()
@@ -394,9 +404,8 @@ def gemm_runner(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct
     per_thread = -(-R // threads)
     tiles = threads * max(1, -(-per_thread * N * 4 // GEMM_TILE_BYTES))
     rows = -(-R // tiles)
-    tiles = -(-R // rows)
     acc = NO_HEAD if direct else scratch.empty(R * N, np.float32)
-    bad = np.zeros(tiles, np.uint8)
+    bad = np.zeros(R, np.uint8)
     args = (openblas.sgemm_address(), a, b, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar,
             ep.ipar, ep.buf, acc, rows, bad, out_flat if direct else NO_HEAD)
     single_threaded = openblas.single_threaded
@@ -405,24 +414,28 @@ def gemm_runner(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct
         with single_threaded():
             _gemm_store_par(*args)
         if bad.any():
-            _redo_tiles(a, b, out_flat, roff, coff, okind, ep, run, head, direct, rows, bad)
+            _redo_rows(a, b, out_flat, roff, coff, okind, ep, run, head, direct, bad)
 
     return runner
 
 
-def _redo_tiles(a, b, out_flat, roff, coff, okind, ep, run, head, direct, rows, bad) -> None:
-    """The tiles ``bad`` marks, again with float64 sums rounded once (see :func:`gemm_store`)."""
+def _redo_rows(a, b, out_flat, roff, coff, okind, ep, run, head, direct, bad) -> None:
+    """The rows ``bad`` marks, again with float64 sums rounded once (see :func:`gemm_store`)."""
     R, N = a.shape[0], b.shape[1]
     fix = np.empty((R, N), np.float32)
     b64 = b.astype(np.float64)
-    for t in np.flatnonzero(bad):
-        r0, r1 = t * rows, min(R, t * rows + rows)
-        with np.errstate(all="ignore"):
-            fix[r0:r1] = a[r0:r1].astype(np.float64) @ b64
+    rows = np.flatnonzero(bad)
+    with np.errstate(all="ignore"):
+        fix[rows] = a[rows].astype(np.float64) @ b64
+    # runs of consecutive marked rows, each stored as one block
+    cut = np.flatnonzero(np.diff(rows) != 1) + 1
+    for run_rows in np.split(rows, cut):
+        r0, r1 = int(run_rows[0]), int(run_rows[-1]) + 1
         if direct:
             out_flat[r0 * N:r1 * N] = fix[r0:r1].reshape(-1)
         else:
-            _store_block(fix, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, r0, r1)
+            _store_block(fix, head, out_flat, roff, coff, run, okind, ep.ops, ep.fpar, ep.ipar, ep.buf, r0, r1,
+                         NO_ROWS)
 
 
 @njit(parallel=True, cache=True)

@@ -1027,7 +1027,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     # prepare()'s copies only (int4 interleaved, int8 blocked; not a per-call view of the
     # user's [K, N] int4 buffer).  After the guard above: f32 sums of huge products that
     # cancel end as a large finite rounding error, not an inf or a NaN that would make
-    # gemm_store redo the tile in float64 (the reference's exact 0)
+    # gemm_store redo the row in float64 (the reference's exact 0)
     if M > DECODE_MAX_M and isinstance(prepared, PreparedWeight) and (prepared.table is not None or not bits4) \
             and _dense_prefill(xf, prepared, rnd_w, out, okind, ep):
         return out

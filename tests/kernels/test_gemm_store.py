@@ -1,10 +1,10 @@
 """kernels/store.py ``gemm_store``: row tiles of ``a @ b`` by single-threaded sgemm, each
-stored through the epilogue while in cache, tiles with an inf or a NaN redone in float64.
+stored through the epilogue while in cache, rows with an inf or a NaN redone in float64.
 
 Tolerance: K products (exact in float64 from f32 inputs) summed in f32 in any order:
 at most K roundings of ``u = 2**-24`` relative to ``|A| @ |B|`` (no epilogue), plus one
 rounding of the bias add and the output's own (2u relative to the result, ReLU exact).
-Tiles redone in float64 are the reference's float64 sum rounded once: ``u |exact|``.
+Rows redone in float64 are the reference's float64 sum rounded once: ``u |exact|``.
 """
 import numpy as np
 import pytest
@@ -58,7 +58,8 @@ def test_bias_head_and_relu():
 @pytest.mark.parametrize("direct", [False, True])
 def test_overflowing_f32_sums_are_redone_in_float64(direct):
     """Row 7: 1e20 * 1e19 overflows f32 (inf - inf = NaN in sgemm) where the float64 sum
-    is finite; row 300 holds a NaN.  Only their tiles are redone; the others stay f32."""
+    is finite; row 300 holds a NaN.  Only their rows (with no epilogue: their tiles) are
+    redone; the others stay f32."""
     rng = np.random.default_rng(3)
     R, K, N = 600, 16, 96
     a = rng.standard_normal((R, K)).astype(np.float32)
@@ -75,6 +76,32 @@ def test_overflowing_f32_sums_are_redone_in_float64(direct):
     assert np.all(np.abs(got[7] - exact[7]) <= U * np.abs(exact[7]))  # float64 sum rounded once
     assert np.all(np.isfinite(got[rows]))
 
+
+def test_overflow_row_redone_with_an_in_place_residual():
+    """A residual add whose operand is the output buffer itself (the bound BERT step writes
+    ``out = a @ b + bias + out``): the row whose f32 sums overflow is redone in float64
+    from the residual as it was (the row is not stored before the check), its neighbours
+    in the same tile are stored once (a second store would add the residual twice)."""
+    rng = np.random.default_rng(8)
+    R, K, N = 400, 16, 96  # one tile per thread: rows 9 and 10 share theirs
+    a = rng.standard_normal((R, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    a[9, :2], a[9, 2:] = 1e20, 0.0  # f32: inf - inf; float64: exactly 0 in any order
+    b[0, :], b[1, :] = 1e19, -1e19
+    bias = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((R, N)).astype(np.float32)
+    out = res.reshape(-1).copy()  # the residual operand and the destination: one buffer
+    ep = wm.make_epilogue([("add", out.reshape(R, N))], R, N)
+    roff, coff = _dense(R, N)
+    store.gemm_store(a, b, out, roff, coff, 0, ep, N, bias)
+    A, B = a.astype(np.float64), b.astype(np.float64)
+    exact = A @ B + bias + res
+    got = out.reshape(R, N)
+    # row 9: the float64 sum is 0, then the bias and residual adds (two roundings, and a
+    # residual added twice would be off by |res|); the others: the f32 bound plus those two
+    bound = (K + 3) * U * (np.abs(A) @ np.abs(B) + np.abs(bias) + np.abs(res))
+    bound[9] = 2 * U * (np.abs(bias) + np.abs(res[9]))
+    assert np.all(np.abs(got - exact) <= bound)
 
 @pytest.mark.parametrize("kwargs", [
     dict(post=("gelu",), bias="op"),
