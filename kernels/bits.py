@@ -367,70 +367,6 @@ def exp32(x):
     return y if x == x else x
 
 
-@njit(inline="always", cache=True)
-def _exp32_in_range(x):
-    """exp(x) for ``-87 < x < 88`` whose result is a normal number (at most
-    ``2**-126``): :func:`exp32`'s range reduction and polynomial without its range
-    clamps, special cases and two-step power of two, and with each Horner step one
-    single-rounding FMA (a chain of 4-cycle steps instead of 7-cycle multiply-adds: erf32
-    is latency-bound).  Any other x gives an unspecified value (erf32 discards those)."""
-    n = np.floor(fma32(x, np.float32(1.4426950408889634), np.float32(0.5)))
-    r = fma32(n, np.float32(-0.693359375), x)
-    r = fma32(n, np.float32(2.12194440e-4), r)
-    p = fma32(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))
-    p = fma32(p, r, np.float32(8.3334519073e-3))
-    p = fma32(p, r, np.float32(4.1665795894e-2))
-    p = fma32(p, r, np.float32(1.6666665459e-1))
-    p = fma32(p, r, np.float32(5.0000001201e-1))
-    p = fma32(p, r * r, r) + np.float32(1.0)
-    return p * pow2i(n)
-
-
-#: erf on |x| < 1: x + x * P(x**2), 1 + P fitted (weighted least squares, relative error 1.2e-9 in f64)
-_ERF_SMALL = (7.853855640860274e-05, -0.0008010191959328949, 0.00518832728266716, -0.026853810995817184,
-              0.1128358542919159, -0.3761262595653534, 0.1283791670955126)
-#: erf on 1 <= |x| <= 4: 1 - exp(-Q(|x| - 2.5)), Q fitted to -log(erfc) (relative error 1.2e-9)
-_ERF_LARGE = (-1.6432253460152424e-06, 1.3301098078954965e-05, -7.726350304437801e-05, 0.00042017665691673756,
-              -0.002165343379601836, 0.010858481749892235, 0.9438937306404114, 5.352680683135986,
-              7.806815147399902)
-
-
-@njit(inline="always", cache=True)
-def erf32(x):
-    """erf(x) in f32, branch-free (vectorises; <= 2 ulp, tests/kernels/test_fast_misc.py).
-
-    |x| < 1: x + x P(x**2); 1 <= |x|: 1 - exp32(-Q(min(|x|, 4) - 2.5)) with the
-    sign of x (erf rounds to 1 in f32 from |x| ~ 3.92).  Horner steps are
-    single-rounding FMAs.  Both branches are computed and one is selected.
-    """
-    t = abs(x)
-    s = x * x
-    a = _ERF_SMALL
-    p = fma32(np.float32(a[0]), s, np.float32(a[1]))
-    p = fma32(p, s, np.float32(a[2]))
-    p = fma32(p, s, np.float32(a[3]))
-    p = fma32(p, s, np.float32(a[4]))
-    p = fma32(p, s, np.float32(a[5]))
-    p = fma32(p, s, np.float32(a[6]))
-    small = fma32(x, p, x)  # x + x P: the leading 1 exact, P's roundings are small beside it
-    u = min(t, np.float32(4.0)) - np.float32(2.5)
-    b = _ERF_LARGE
-    q = fma32(np.float32(b[0]), u, np.float32(b[1]))
-    q = fma32(q, u, np.float32(b[2]))
-    q = fma32(q, u, np.float32(b[3]))
-    q = fma32(q, u, np.float32(b[4]))
-    q = fma32(q, u, np.float32(b[5]))
-    q = fma32(q, u, np.float32(b[6]))
-    q = fma32(q, u, np.float32(b[7]))
-    q = fma32(q, u, np.float32(b[8]))
-    # q = -log(erfc(|x|)) for 1 <= |x| <= 4 lies in [1.8, 18.1]: exp(-q) is a normal
-    # number (lanes with |x| < 1, where q may be anything, take the other branch)
-    big = np.float32(1.0) - _exp32_in_range(-q)
-    big = -big if x < 0 else big
-    r = small if t < np.float32(1.0) else big
-    return r if x == x else x
-
-
 #: tanh on |x| < 0.55: x P(x**2), P the Taylor series to x**16 (the next term is below
 #: 2**-27 of the sum there: the coefficients shrink by ~4/pi**2 per order and x**2 <= 0.31)
 _TANH_SMALL = (6404582 / 10854718875, -929569 / 638512875, 21844 / 6081075, -1382 / 155925, 62 / 2835,
@@ -459,7 +395,6 @@ def tanh32(x):
     big = np.float32(1.0) - np.float32(2.0) / (exp32(t + t) + np.float32(1.0))
     big = -big if x < 0 else big
     return small if t < np.float32(0.55) else big
-
 
 
 #: GELU's Phi(x) - 1/2 as x P(x**2) / Q(x**2) on |x| <= _GELU_X (Q(0) = 1, every coefficient
@@ -507,7 +442,7 @@ def _gelu_rational(x, p, q, lim):
 def gelu_erf32(x):
     """GELU, erf form: x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2, by one rational
     function (:func:`_gelu_rational`), branch-free: ~3x cheaper than
-    ``0.5 x (1 + erf32(x / sqrt 2))`` on Zen 3 (one division, 12 FMAs, no exponential).
+    ``0.5 x (1 + erf(x / sqrt 2))`` with an f32 erf on Zen 3 (one division, 12 FMAs, no exponential).
 
     Error (u = 2**-24, each f32 rounding within u relative): a priori, s = xc**2 moves
     P / Q by at most ~u relative (|d ln(P/Q) / d ln s| < 1), each 5-step Horner sum of
@@ -516,8 +451,8 @@ def gelu_erf32(x):
     [1/2, 1]), Phi within 6.9 u, and the product with x: |error| <= 7.9 u |x|.  Measured
     on every 97th f32 of [-8, 8]: 3.3 u |x| (x > 0), 2.5 u |x| (x < 0), which
     tests/kernels/test_fast_misc.py asserts as 4 u |x| (the Horner errors do not all
-    reach their bounds at once).  The composition 0.5 x (1 + erf32(x / sqrt 2)) it
-    replaces, erf32 <= 2 ulp, is within 1.75 u |x| + u |gelu(x)|.
+    reach their bounds at once).  The composition 0.5 x (1 + erf(x / sqrt 2)) with a
+    <= 2 ulp f32 erf, which it replaces, was within 1.75 u |x| + u |gelu(x)|.
     """
     return _gelu_rational(x, _GELU_ERF_P, _GELU_ERF_Q, _GELU_ERF_X)
 
