@@ -39,7 +39,8 @@ def main(argv=None):
             f"({numba.config.THREADING_LAYER} layer, {numba.get_num_threads()} threads), "
             f"torch {'yes' if peers.have_torch() else 'no'}, onnxruntime {'yes' if peers.have_ort() else 'no'}",
             _cpu_line(), _openblas_line(),
-            f"measured read bandwidth: cold (> L3) {bw[0]:.1f} GB/s, L3-resident {bw[1]:.1f} GB/s", ""]
+            f"measured read bandwidth: cold (> L3) {bw[0]:.1f} GB/s, "
+            f"L3-resident ({suite.l3_probe_mib()} MiB) {bw[1]:.1f} GB/s", ""]
     print("\n".join(head), flush=True)
 
     def flush():

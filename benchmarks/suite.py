@@ -122,11 +122,31 @@ def _read(a, nch):
     return s.sum()
 
 
+def l3_bytes() -> int:
+    """The last-level cache's size from sysfs (its largest ``cache/index*``), or 32 MiB."""
+    best = 0
+    for index in range(8):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        best = max(best, int(text.rstrip("KMG") or 0) * scale)
+    return best or 32 << 20
+
+
+def l3_probe_mib() -> int:
+    """MiB read for the L3-resident bandwidth: half the L3, at most 32."""
+    return max(1, min(32, l3_bytes() // 2 >> 20))
+
+
 def measure_bandwidth(quick):
     """(cold GB/s, L3 GB/s): best of a prefetching Numba read and, if present,
-    torch.sum, over 512 MiB (cold) and 32 MiB (L3-resident)."""
+    torch.sum, over 512 MiB (cold) and half the L3, at most 32 MiB (L3-resident:
+    a buffer the size of a 32 MiB L3 does not stay in it, and reads DRAM)."""
     out = []
-    for mib in (512 if not quick else 384, 32):
+    for mib in (512 if not quick else 384, l3_probe_mib()):
         a = np.ones(mib * (1 << 20) // 4, np.float32)
         nch = numba.get_num_threads()
         _read(a, nch)
