@@ -411,7 +411,7 @@ def bench_compile(rows, quick=False):
     rows.append(("compile: sdpa new KV length (in-process)", "warm", "project", warm[3] * 1e3, 1.0,
                  f"new signatures: {int(warm[4])}"))
     for label, i in (("compile: sdpa f32 prefill (K stored [D, S]), first call", 5),
-                     ("compile: int8 GEMM (VNNI), first call", 6)):
+                     (f"compile: int8 GEMM ({'VNNI' if 'avx512_vnni' in host_cpu()[1] else 'AVX2'}), first call", 6)):
         if not quick:
             rows.append((label, "cold (empty cache)", "project", cold[i] * 1e3, 1.0, ""))
         rows.append((label, "warm (disk cache, new process)", "project", warm[i] * 1e3, 1.0, ""))
