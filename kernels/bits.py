@@ -864,6 +864,14 @@ def load_f32(x, kind, i):
     return f16_bits_to_f32(x[i])
 
 
+@njit(inline="always", cache=True)
+def f32_view(a):
+    """A flat uint16 buffer as f32, for kernels that take every float type as uint16 bits
+    (one compiled signature) and read it as f32 only where it holds f32.  Its even
+    prefix: a half-precision buffer of odd length has no f32 view."""
+    return a[:a.shape[0] - a.shape[0] % 2].view(np.float32)
+
+
 # ------------------------------------------------------- explicit f64 vectors
 # ``f64x8``: LLVM ``<8 x double>`` (one zmm), for sums of f32 data kept in f64 with
 # 8 independent lanes in a fixed order (LLVM does not vectorise such a reduction by

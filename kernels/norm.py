@@ -17,7 +17,7 @@ from graph_api.kernels.numba_setup import numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import (act_kind, exp32, load_f32, vadd64, vlane64, vload8_f64, vmul64, vsplat64,
+from graph_api.kernels.bits import (act_kind, exp32, f32_view, load_f32, vadd64, vlane64, vload8_f64, vmul64, vsplat64,
                                     vsub64)
 from graph_api.kernels.store import ep_row, put_dense
 from graph_api.kernels.wmatmul import make_epilogue
@@ -98,8 +98,8 @@ def _rows(x, kind, R, C, op, gamma, has_g, beta, has_b, eps, okind, ops, fpar, i
     # the f32 rows of x / out when kind / okind is 0 (else unused), viewed once per call: a
     # view per row cost ~10% of a 512 x 768 LayerNorm; the even prefix: a half-precision
     # buffer of odd length has no f32 view
-    xf = x[:x.shape[0] - x.shape[0] % 2].view(np.float32)
-    of = out[:out.shape[0] - out.shape[0] % 2].view(np.float32)
+    xf = f32_view(x)
+    of = f32_view(out)
     for b in prange(blocks):
         row = np.empty(C, np.float32)
         orow = np.empty(C, np.float32)

@@ -18,7 +18,7 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.bits import load_f32, f32_to_bf16, f32_to_f16_bits, nib_x
+from graph_api.kernels.bits import f32_to_bf16, f32_to_f16_bits, f32_view, load_f32, nib_x
 
 _RANGES = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
 
@@ -87,7 +87,7 @@ def _dequant(q, kind, R, C, G, sc, zp, has_zp, okind, out):
     the uint16 view of f32 (``okind`` 0) or bf16/f16 bits (1/2): one compiled signature
     (four cost ~4 s more CPU cold)."""
     ng = C // G
-    of = _f32_view(out)
+    of = f32_view(out)
     for r in prange(R):
         for c in range(C):
             i = r * C + c
@@ -109,13 +109,6 @@ def _dequant(q, kind, R, C, G, sc, zp, has_zp, okind, out):
                 out[i] = f32_to_bf16(v)
             else:
                 out[i] = f32_to_f16_bits(v)
-
-
-@njit(inline="always", cache=True)
-def _f32_view(a):
-    """The flat uint16 ``a`` as f32 (used only where it holds f32; its even prefix: a
-    half buffer of odd length has no f32 view)."""
-    return a[:a.shape[0] - a.shape[0] % 2].view(np.float32)
 
 
 def _kind_of(x):

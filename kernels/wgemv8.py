@@ -220,21 +220,19 @@ def _blk_rows_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                     p2 = vfma(vbcast(xf, x2 + k), u, p2)
                     p3 = vfma(vbcast(xf, x3 + k), u, p3)
                     r += COLS
+                sv = vload(sc, o + c)  # the group's scales and zero points: the same for every row
+                zv = vload(zf, o + c) if zmode == 1 else zero
                 e = m0 * COLS + c
-                vstore(acc, e, _step(p0, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
-                                      vsplat(xs[m0, g]), zmode, vload(acc, e)))
+                vstore(acc, e, _step(p0, sv, zv, vsplat(xs[m0, g]), zmode, vload(acc, e)))
                 if m0 + 1 < M:
-                    e = (m0 + 1) * COLS + c
-                    vstore(acc, e, _step(p1, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
-                                          vsplat(xs[m0 + 1, g]), zmode, vload(acc, e)))
+                    e += COLS
+                    vstore(acc, e, _step(p1, sv, zv, vsplat(xs[m0 + 1, g]), zmode, vload(acc, e)))
                 if m0 + 2 < M:
-                    e = (m0 + 2) * COLS + c
-                    vstore(acc, e, _step(p2, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
-                                          vsplat(xs[m0 + 2, g]), zmode, vload(acc, e)))
+                    e += COLS
+                    vstore(acc, e, _step(p2, sv, zv, vsplat(xs[m0 + 2, g]), zmode, vload(acc, e)))
                 if m0 + 3 < M:
-                    e = (m0 + 3) * COLS + c
-                    vstore(acc, e, _step(p3, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
-                                          vsplat(xs[m0 + 3, g]), zmode, vload(acc, e)))
+                    e += COLS
+                    vstore(acc, e, _step(p3, sv, zv, vsplat(xs[m0 + 3, g]), zmode, vload(acc, e)))
         m0 = (M + 1) // 4 * 4  # the rows after the 4-row tiles (1 or 2 of them, if any)
         if m0 < M:  # 2 rows x 32 columns
             x0 = m0 * K
@@ -255,19 +253,19 @@ def _blk_rows_v(xf, xs, w, wo, sc, zf, so, zmode, G, g0, g1, part, s, blk):
                     q0 = vfma(v1, u0, q0)
                     q1 = vfma(v1, u1, q1)
                     r += COLS
+                s0 = vload(sc, o + c)
+                s1 = vload(sc, o + c + 16)
+                z0 = vload(zf, o + c) if zmode == 1 else zero
+                z1 = vload(zf, o + c + 16) if zmode == 1 else zero
+                xa = vsplat(xs[m0, g])
                 e = m0 * COLS + c
-                vstore(acc, e, _step(p0, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
-                                      vsplat(xs[m0, g]), zmode, vload(acc, e)))
-                e = m0 * COLS + c + 16
-                vstore(acc, e, _step(p1, vload(sc, o + c + 16), vload(zf, o + c + 16) if zmode == 1 else zero,
-                                      vsplat(xs[m0, g]), zmode, vload(acc, e)))
+                vstore(acc, e, _step(p0, s0, z0, xa, zmode, vload(acc, e)))
+                vstore(acc, e + 16, _step(p1, s1, z1, xa, zmode, vload(acc, e + 16)))
                 if m0 + 1 < M:
-                    e = (m0 + 1) * COLS + c
-                    vstore(acc, e, _step(q0, vload(sc, o + c), vload(zf, o + c) if zmode == 1 else zero,
-                                          vsplat(xs[m0 + 1, g]), zmode, vload(acc, e)))
-                    e = (m0 + 1) * COLS + c + 16
-                    vstore(acc, e, _step(q1, vload(sc, o + c + 16), vload(zf, o + c + 16) if zmode == 1 else zero,
-                                          vsplat(xs[m0 + 1, g]), zmode, vload(acc, e)))
+                    xb = vsplat(xs[m0 + 1, g])
+                    e += COLS
+                    vstore(acc, e, _step(q0, s0, z0, xb, zmode, vload(acc, e)))
+                    vstore(acc, e + 16, _step(q1, s1, z1, xb, zmode, vload(acc, e + 16)))
     for m in range(M):
         for j in range(COLS):
             part[s, m, blk * COLS + j] = acc[m * COLS + j]
