@@ -4,6 +4,7 @@ resident), cold = rotating through distinct copies totalling more than the L3.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -24,27 +25,22 @@ from graph_api.kernels.bits import RND_BF16, prefetch
 COLD_BYTES = 1 << 30  # rotation working set for "cold" (quick: 640 MiB)
 
 
+@functools.cache
 def host_cpu() -> tuple[str, frozenset]:
     """(CPU model name, its /proc/cpuinfo flags); ("unknown", {}) where that file is missing."""
-    global _HOST_CPU
-    if _HOST_CPU is None:
-        model, flags = platform.processor() or "unknown", frozenset()
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    key, _, value = line.partition(":")
-                    if key.strip() == "model name":
-                        model = value.strip()
-                    elif key.strip() == "flags":
-                        flags = frozenset(value.split())
-                        break
-        except OSError:
-            pass
-        _HOST_CPU = (model, flags)
-    return _HOST_CPU
-
-
-_HOST_CPU: tuple | None = None
+    model, flags = platform.processor() or "unknown", frozenset()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = frozenset(value.split())
+                    break
+    except OSError:
+        pass
+    return model, flags
 
 
 def bf16_hardware() -> bool:
