@@ -39,7 +39,7 @@ blocks of KC bytes so a block of the panel stays in L1.
 """
 from __future__ import annotations
 
-from graph_api.kernels import numba_setup
+from graph_api.kernels.isa import ISA
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 
@@ -60,7 +60,7 @@ MB = 96
 
 
 #: whether the compiled code may use vpdpbusd (tests switch it off to run the portable kernel)
-HAVE_VNNI = "+avx512vnni" in numba_setup.target_features().split(",")
+HAVE_VNNI = ISA.avx512_vnni
 
 
 # ------------------------------------------------------------------ the micro-kernel
