@@ -289,3 +289,126 @@ def gemm(a_packed: np.ndarray, b_packed: np.ndarray, c: np.ndarray, K: int, task
     for m_lo in range(0, padded(M), M_CHUNK):
         _gemm_par(a_packed, b_packed, c.reshape(-1), M, N, steps, _CFG, chunks, m_lo,
                   min(padded(M), m_lo + M_CHUNK), partial)
+
+
+# ====================================================================== int8 (tdpbusd / tdpbsud)
+# The exact 8-bit GEMM of ``kernels.igemm`` (u8 x s8 or s8 x u8 -> s32, zero points as
+# int32 corrections) on the tile unit.  B is igemm's packed panel (``PackedB``: 64
+# columns, rows of 4-byte K quadruples, 256 bytes a row), read in place: a B tile is 16
+# quadruple rows x 16 columns of one panel at a row stride of 256 bytes.  A is packed
+# per call into 16 x 64-byte tiles (:func:`pack_a8`), K padded with zeros to 64: the
+# B rows past K (the next panel's, or the panel array's zero tail) meet zero bytes of A.
+dot8_0_4_6 = _asm("tdpbusd %tmm6, %tmm4, %tmm0", 0)
+dot8_1_4_7 = _asm("tdpbusd %tmm7, %tmm4, %tmm1", 0)
+dot8_2_5_6 = _asm("tdpbusd %tmm6, %tmm5, %tmm2", 0)
+dot8_3_5_7 = _asm("tdpbusd %tmm7, %tmm5, %tmm3", 0)
+dots8_0_4_6 = _asm("tdpbsud %tmm6, %tmm4, %tmm0", 0)
+dots8_1_4_7 = _asm("tdpbsud %tmm7, %tmm4, %tmm1", 0)
+dots8_2_5_6 = _asm("tdpbsud %tmm6, %tmm5, %tmm2", 0)
+dots8_3_5_7 = _asm("tdpbsud %tmm7, %tmm5, %tmm3", 0)
+#: bytes of K one int8 step covers (a tile row), and the bytes igemm's panel rows hold
+KSTEP8, PANEL_ROW = 64, 256
+#: zero bytes igemm's packed panels need after their end for the last step's tile rows
+B8_TAIL = 16 * PANEL_ROW
+
+
+@njit(cache=True, nogil=True)
+def _block8(a_addr, b_addr, steps, dst, a_unsigned):
+    """A 32 x 32 int32 block (rows of 128 bytes at ``dst``) = ``steps`` 64-deep steps of
+    a packed A row block (2 KiB a step) times 32 columns of a B panel (16 quadruple
+    rows a step: 4 KiB of the panel, two 16-column tiles)."""
+    zero0()
+    zero1()
+    zero2()
+    zero3()
+    for s in range(steps):
+        load4(a_addr + s * 2048, 64)
+        load5(a_addr + s * 2048 + 1024, 64)
+        load6(b_addr + s * 16 * PANEL_ROW, PANEL_ROW)
+        load7(b_addr + s * 16 * PANEL_ROW + 64, PANEL_ROW)
+        if a_unsigned:
+            dot8_0_4_6()
+            dot8_1_4_7()
+            dot8_2_5_6()
+            dot8_3_5_7()
+        else:
+            dots8_0_4_6()
+            dots8_1_4_7()
+            dots8_2_5_6()
+            dots8_3_5_7()
+    store0(dst, 128)
+    store1(dst + 64, 128)
+    store2(dst + 16 * 128, 128)
+    store3(dst + 16 * 128 + 64, 128)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _igemm_par(ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c, cfg):
+    """``C[m, n] = (A @ B')[m, n] + colterm[n] - cb[n] * rowsum[m]`` (int32, wrapping),
+    igemm's contract: ``ap`` from :func:`pack_a8`, ``bp`` igemm's packed panels (with
+    :data:`B8_TAIL` zero bytes after them), ``c`` int32 [M, N] (any row stride).
+    Tasks: 32-column halves of the 64-column panels; each walks every row block."""
+    N = c.shape[1]
+    steps = -(-k4 * 4 // KSTEP8)
+    halves = -(-N // 32)
+    mblocks = -(-M // BLOCK)
+    a0 = ap.ctypes.data
+    b0 = bp.ctypes.data
+    for h in prange(halves):
+        blk = np.empty(BLOCK * BLOCK, np.int32)
+        tile_config(cfg.ctypes.data)
+        p = h // 2
+        n0 = h * 32
+        nn = min(32, N - n0)
+        b_addr = b0 + p * k4 * PANEL_ROW + (h % 2) * 128
+        col = colterm[n0:n0 + nn]
+        cbn = cb[n0:n0 + nn]
+        for mb in range(mblocks):
+            _block8(a0 + mb * steps * 2048, b_addr, steps, blk.ctypes.data, a_unsigned)
+            m0 = mb * BLOCK
+            for r in range(min(BLOCK, M - m0)):
+                corr = rowsum[m0 + r]
+                src = blk[r * BLOCK:r * BLOCK + nn]
+                dst = c[m0 + r, n0:n0 + nn]
+                for j in range(nn):
+                    dst[j] = np.int32(src[j] + col[j] - cbn[j] * corr)
+        tile_release()
+
+
+@njit(parallel=True, cache=True)
+def _pack_a8_par(a, out, rowsum, M, K, want_rowsum):
+    steps = -(-K // KSTEP8)
+    for rb in prange(-(-M // BLOCK)):
+        for r in range(BLOCK):
+            m = rb * BLOCK + r
+            s_row = 0
+            for s in range(steps):
+                base = ((rb * steps + s) * 2 + r // 16) * 1024 + (r % 16) * 64
+                for kk in range(KSTEP8):
+                    k = s * KSTEP8 + kk
+                    if m < M and k < K:
+                        v = a[m, k]
+                        out[base + kk] = v
+                        s_row += np.int32(v)
+                    else:
+                        out[base + kk] = 0
+            if want_rowsum and m < M:
+                rowsum[m] = s_row
+
+
+def pack_a8(a: np.ndarray, rowsum: np.ndarray, want_rowsum: bool, out: np.ndarray | None = None) -> np.ndarray:
+    """u8/s8 ``a`` [M, K] as int8 tiles (the layout of :func:`pack_a`, 64 bytes of K a
+    tile row, zeros past M and K) and, when wanted, its row sums into ``rowsum``."""
+    M, K = a.shape
+    size = padded(M) * -(-K // KSTEP8) * KSTEP8
+    if out is None:
+        out = np.empty(size, a.dtype)
+    _pack_a8_par(a, out[:size], rowsum, M, K, want_rowsum)
+    return out
+
+
+def igemm(ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c) -> None:
+    """:func:`_igemm_par` (requires ``ISA.amx_int8``)."""
+    if not ISA.amx_int8:
+        raise RuntimeError("AMX-INT8 is not available on this target")
+    _igemm_par(ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c, _CFG)

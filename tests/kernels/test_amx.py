@@ -145,3 +145,30 @@ def test_rows_whose_f32_sums_overflow_are_redone_in_float64():
     got = _run(g, feeds).outputs[4]
     ref = _run(g, feeds, reference=True).outputs[4]
     assert np.all(np.isfinite(got[0, 0])) and np.array_equal(got[0, 0], ref[0, 0])
+
+
+needs_amx_int8 = pytest.mark.skipif(not ISA.amx_int8, reason="needs AMX-INT8 (this target: " + ISA.describe() + ")")
+
+
+@needs_amx_int8
+@pytest.mark.parametrize("a_dtype,b_dtype", [(np.uint8, np.int8), (np.int8, np.uint8), (np.uint8, np.uint8),
+                                             (np.int8, np.int8)])
+@pytest.mark.parametrize("M,Kd,N", [(100, 384, 150), (33, 70, 64), (64, 1000, 97)])
+def test_int8_gemm_on_amx_is_exact(a_dtype, b_dtype, M, Kd, N, monkeypatch):
+    """igemm.gemm on the tile unit: the exact int32 (A - za)(B - zb), zero points per
+    column, every signedness pair (igemm flips B's to the one opposite A's); the same
+    array as the VNNI path."""
+    from graph_api.kernels import igemm
+
+    rng = np.random.default_rng(M + N)
+    info_a, info_b = np.iinfo(a_dtype), np.iinfo(b_dtype)
+    a = rng.integers(info_a.min, info_a.max + 1, (M, Kd)).astype(a_dtype)
+    b = rng.integers(info_b.min, info_b.max + 1, (Kd, N)).astype(b_dtype)
+    za, zb = 3, rng.integers(-5, 6, N)
+    packed = igemm.PackedB(b, a_dtype, zb)
+    monkeypatch.setattr(igemm, "SERIAL_BELOW", 0)  # the parallel driver, which runs on AMX
+    got = igemm.gemm(a, packed, za).copy()
+    want = (a.astype(np.int64) - za) @ (b.astype(np.int64) - zb)
+    assert np.array_equal(got, want)
+    monkeypatch.setattr(igemm, "USE_AMX", False)
+    assert np.array_equal(igemm.gemm(a, packed, za), got)
