@@ -432,8 +432,10 @@ class PackedB:
         offb = 0 if b.dtype == self.dtype else (128 if b.dtype == np.uint8 else -128)
         self.k4 = -(-self.K // 4)
         panels = -(-self.N // NR)
-        # (zeros after the panels: the AMX kernel's last K step reads up to 16 rows past a panel)
-        self.panels = np.zeros(panels * self.k4 * NR * 4 + _amx_tail(), self.dtype)
+        size = panels * self.k4 * NR * 4
+        # a view of the head of a buffer with zeros after it: the AMX kernel's last K step
+        # reads up to 16 rows past a panel (they meet A's zero padding)
+        self.panels = np.zeros(size + _amx_tail(), self.dtype)[:size]
         #: column sums of B' and cb = zb - offb (B - zb = B' - cb)
         self.colsum = np.zeros(self.N, np.int64)
         (_pack_b_ser if self.K * self.N < PACK_SERIAL_BELOW else _pack_b_par)(
