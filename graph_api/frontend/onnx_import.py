@@ -56,6 +56,8 @@ from . import onnx_contrib, onnx_ops
 OPSET_RANGE = (13, 24)
 #: the com.microsoft opset ONNX Runtime writes
 MS_DOMAIN = "com.microsoft"
+#: the consumers for which a constant DequantizeLinear is kept (not folded)
+WEIGHT_USERS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 #: op types that carry subgraphs: neither mapped nor run on the host here
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
 
@@ -207,9 +209,10 @@ class OnnxModel:
         input_names, output_names: the model's run-time inputs and outputs.
     """
 
-    def __init__(self, stages, constants, inputs, outputs, policy, opset):
+    def __init__(self, stages, constants, inputs, outputs, policy, opset, host_consts=None):
         self.stages = stages
         self.folded = constants
+        self.host_consts = dict(host_consts or {})
         self.inputs = inputs  # name -> Runtime
         self.input_names = list(inputs)
         self.output_names = list(outputs)
@@ -229,7 +232,8 @@ class OnnxModel:
 
     def run(self, feeds: dict) -> dict:
         """Run on ``feeds`` (input name -> array); returns {output name: array}."""
-        env = dict(self.folded)
+        env = dict(self.host_consts)
+        env.update(self.folded)
         for name in self.input_names:
             if name not in feeds:
                 raise InvalidArguments(f"no value for model input {name!r}; inputs: {self.input_names}")
@@ -322,6 +326,42 @@ def model_opset(model) -> int:
     return version
 
 
+def check_structure(model) -> None:
+    """Before shape inference: every node input defined earlier (a missing initializer is
+    named here, with its node), no name produced twice, ai.onnx op types ONNX knows."""
+    from onnx import defs
+
+    g = model.graph
+    known = {i.name for i in g.input} | {i.name for i in g.initializer}
+    if len(g.initializer) != len({i.name for i in g.initializer}):
+        raise InvalidGraph("two initializers share a name")
+    for node in g.node:
+        for name in node.input:
+            if name and name not in known:
+                raise InvalidGraph(f"{node_label(node)}: input {name!r} is neither a model input, an "
+                                   f"initializer nor the output of an earlier node (a missing initializer?)")
+        for name in node.output:
+            if name and name in known:
+                raise InvalidGraph(f"{node_label(node)}: output {name!r} is already defined")
+            known.add(name)
+        if node.domain not in ("", "ai.onnx", MS_DOMAIN):
+            raise Unimplemented(f"{node_label(node)}: domain {node.domain!r} is not supported "
+                                f"(ai.onnx and {MS_DOMAIN} are)")
+        if node.domain == MS_DOMAIN and node.op_type not in onnx_contrib.MAPPERS:
+            raise Unimplemented(f"{node_label(node)}: no graph_api mapping and no host implementation "
+                                f"for ONNX Runtime's {node.op_type}")
+        if node.domain in ("", "ai.onnx") and not defs.has(node.op_type) \
+                and node.op_type not in ORT_DEFAULT_DOMAIN_OPS:
+            raise Unimplemented(f"{node_label(node)}: ai.onnx has no op type {node.op_type!r}")
+    for out in g.output:
+        if out.name not in known:
+            raise InvalidGraph(f"graph output {out.name!r} is not produced by any node")
+
+
+#: ops ONNX Runtime registers in the ai.onnx domain although ONNX does not define them
+ORT_DEFAULT_DOMAIN_OPS = {"SimplifiedLayerNormalization"}
+
+
 def _infer_shapes(model, input_shapes):
     import onnx
 
@@ -388,6 +428,7 @@ class Importer:
         self.opset = model_opset(model)
         self.ms_opset = next((i.version for i in model.opset_import if i.domain == MS_DOMAIN), None)
         self.raw = model
+        check_structure(model)
         self.model = _infer_shapes(model, input_shapes)
         self.fpmath = fpmath
         self.policy = policy
@@ -409,8 +450,14 @@ class Importer:
             dtype, shape = self.info.get(inp.name, (None, None))
             rt = Runtime(inp.name, dtype, shape, ("input",))
             self.runtime[inp.name] = self.inputs[inp.name] = rt
+        self.consumers: dict[str, list] = {}
+        for node in g.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
         self.stages: list = []
         self.seg: Segment | None = None
+        #: constants host steps read (handed to them at run time)
+        self.host_consts: dict[str, np.ndarray] = {}
 
     # ------------------------------------------------------------ queries for mappers
     def dtype_of(self, name) -> np.dtype | None:
@@ -496,7 +543,10 @@ class Importer:
                 self.consts[node.output[0]] = onnx_host.constant_value(node)
                 continue
             ins = [n for n in node.input if n]
-            if all(n in self.consts for n in ins) and node.domain in ("", "ai.onnx") and node.output:
+            if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") and self.fold_shape(node):
+                continue
+            if all(n in self.consts for n in ins) and node.domain in ("", "ai.onnx") and node.output \
+                    and not self.keeps_dequantize(node):
                 self.fold(node)
                 continue
             if self.map_node(node):
@@ -525,7 +575,7 @@ class Importer:
                 stage.exports = list(dict.fromkeys(stage.exports))
                 stage.finalize()
         # a model output that is a model input is passed through by run()
-        return OnnxModel(self.stages, folded, self.inputs, outputs, self.policy, self.opset)
+        return OnnxModel(self.stages, folded, self.inputs, outputs, self.policy, self.opset, self.host_consts)
 
     def check_inputs(self, node) -> None:
         for name in node.input:
@@ -537,6 +587,29 @@ class Importer:
                 continue
             raise InvalidGraph(f"{node_label(node)}: input {name!r} is neither a model input, an "
                                f"initializer nor the output of an earlier node (a missing initializer?)")
+
+    def keeps_dequantize(self, node) -> bool:
+        """A DequantizeLinear of constant integer weights read only by MatMul/Gemm/Conv stays
+        an op (Dequantize, or DynamicDequantize for blocks): the quantized and
+        weight-compressed patterns take it, and the weights stay small."""
+        dtype = self.consts[node.input[0]].dtype if node.op_type == "DequantizeLinear" else None
+        if dtype is None or not (dtype.kind in "iu" or dtype.name in ("int4", "uint4")):
+            return False
+        users = self.consumers.get(node.output[0], [])
+        return bool(users) and all(u.op_type in WEIGHT_USERS and u.domain in ("", "ai.onnx") for u in users)
+
+    def fold_shape(self, node) -> bool:
+        """Shape / Size of a value whose shape is known at load: a constant."""
+        shape = self.shape_of(node.input[0])
+        if shape is None or any(d < 0 for d in shape):
+            return False
+        if node.op_type == "Size":
+            self.consts[node.output[0]] = np.array(int(np.prod(shape, dtype=np.int64)), np.int64)
+            return True
+        attrs = {a.name: a.i for a in node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", None)
+        self.consts[node.output[0]] = np.array(shape[start:end], np.int64)
+        return True
 
     def fold(self, node) -> None:
         from . import onnx_host
@@ -581,6 +654,7 @@ class Importer:
 
         fn = onnx_host.host_function(node, self.raw, self.opset)  # Unimplemented when none
         reads = [n for n in node.input if n]
+        self.host_consts.update({n: self.consts[n] for n in reads if n in self.consts})
         seg = self.seg
         needs_open = seg is not None and any(n in seg.values for n in reads)
         for name in reads:

@@ -114,13 +114,21 @@ def mlp(k: int = 16, hidden: int = 32, n: int = 10, seed: int = 0):
     return make_model(nodes, [("x", TP.FLOAT, ["batch", k])], [("y", TP.FLOAT, ["batch", n])], inits)
 
 
-def ort_run(model, feeds: dict, threads: int = 0) -> dict:
-    """ONNX Runtime's outputs on the same model (CPU provider)."""
+def ort_session(model, threads: int = 0):
+    """An ONNX Runtime CPU session on ``model``.  DequantizeLinear(blocked int4) -> MatMul is
+    fused by ORT into MatMulNBits with accuracy level 4 (int8 activations) by default; this
+    session asks for level 0 (f32 activations), what graph_api computes."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     if threads:
         opts.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def ort_run(model, feeds: dict, threads: int = 0) -> dict:
+    """ONNX Runtime's outputs on the same model (CPU provider, :func:`ort_session`)."""
+    sess = ort_session(model, threads)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, feeds)))

@@ -444,12 +444,15 @@ def _quant_params(ctx, x_shape):
 def _quantize(ctx):
     if not _floats(ctx, 0) or _target(ctx, 0) != DT.f32:
         return False
-    out_dt = _QTYPES.get(np.dtype(ctx.const(2).dtype)) if ctx.has(2) and ctx.const(2) is not None else \
-        DT.u8 if not ctx.has(2) and ctx.attr("output_dtype", 0) in (0, 2) else None
-    if out_dt is None and ctx.attr("output_dtype", 0) == 3 and not ctx.has(2):
-        out_dt = DT.s8
+    zp = ctx.const(2) if ctx.has(2) else None
+    if ctx.has(2) and zp is None:
+        return False
+    if zp is not None:
+        out_dt = _QTYPES.get(np.dtype(zp.dtype))
+    else:  # opset 21 output_dtype: 0 (default: uint8), 2 uint8, 3 int8
+        out_dt = {0: DT.u8, 2: DT.u8, 3: DT.s8}.get(int(ctx.attr("output_dtype", 0)))
     params = _quant_params(ctx, ctx.shape(0))
-    if out_dt is None or params is None or ctx.attr("saturate", 1) != 1:
+    if out_dt is None or params is None or int(ctx.attr("saturate", 1)) != 1:
         return False
     qtype, axis, scales, zps = params
     return ctx.out(ctx.b.quantize(ctx.value(0), qtype=qtype, axis=axis, scales=scales,

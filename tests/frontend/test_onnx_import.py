@@ -179,3 +179,212 @@ def test_matmulnbits_quantizer_model_from_onnxruntime():
         # int4 against the f32 model: the quantization error itself (not a runtime difference)
         f32_ref = x @ w
         assert np.abs(out["y"] - f32_ref).max() < 0.2 * np.abs(f32_ref).max()
+
+
+# ====================================================================== QDQ
+def _qdq_matmul_model(rng, k=64, n=32):
+    wq = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    ws = (rng.uniform(0.5, 1.5, n) / 256).astype(np.float32)
+    inits = {"sx": np.array(0.02, np.float32), "zx": np.array(128, np.uint8), "wq": wq, "ws": ws,
+             "sy": np.array(0.05, np.float32), "zy": np.array(120, np.uint8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
+    return om.make_model(nodes, [("x", TP.FLOAT, [4, k])], [("y", TP.FLOAT, [4, n])], inits)
+
+
+def test_qdq_int8_matmul_becomes_the_quantized_pattern():
+    """Q/DQ around MatMul -> Quantize, Dequantize(per_channel s8 weights), MatMul, Quantize: the
+    int8 pattern runs an exact integer GEMM; ORT's QDQ path is exact integer arithmetic too, so
+    the results may differ only where a requantization ties (at most one output step, 0.05)."""
+    rng = np.random.default_rng(8)
+    model = _qdq_matmul_model(rng)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    ref = om.ort_run(model, {"x": x})["y"]
+    graph = ga.from_onnx(model)
+    kinds = {op.kind for op in graph.ops.values()}
+    assert {ga.OpKind.Quantize, ga.OpKind.Dequantize, ga.OpKind.MatMul} == kinds
+    out, res = _run_graph(graph, x=x)
+    assert "matmul_quantized" in [r.partition.get_kind() for r in res.partitions]
+    assert np.abs(out["y"] - ref).max() <= 0.05 + 1e-6
+    assert np.mean(out["y"] == ref) > 0.95
+
+
+def test_blocked_dequantize_linear_int4_weights_opset21():
+    """DequantizeLinear with block_size (opset 21) on int4 weights -> DynamicDequantize per_group.
+    ORT fuses the pair into MatMulNBits; om.ort_session asks it for accuracy level 0 (f32
+    activations; its default, 4, quantizes the activations to int8: 1.5e-2 off here)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(9)
+    k, n, block = 128, 32, 32
+    wq = rng.integers(-8, 8, (k, n)).astype(ml_dtypes.int4)
+    scale = rng.uniform(0.01, 0.02, (k // block, n)).astype(np.float32)
+    w_init = onnx.helper.make_tensor("wq", TP.INT4, [k, n], wq.astype(np.int8).reshape(-1).tolist())
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], axis=0, block_size=block),
+             helper.make_node("MatMul", ["x", "wd"], ["y"])]
+    model = om.make_model(nodes, [("x", TP.FLOAT, [3, k])], [("y", TP.FLOAT, [3, n])], {"ws": scale})
+    model.graph.initializer.append(w_init)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    ref = om.ort_run(model, {"x": x})["y"]
+    graph = ga.from_onnx(model)
+    out, res = _run_graph(graph, x=x)
+    dq = [op for op in graph.ops.values() if op.kind == ga.OpKind.DynamicDequantize]
+    assert dq and dq[0].attrs["group_shape"] == [block, 1] and dq[0].inputs[0].dtype == ga.DataType.s4
+    assert [r.partition.get_kind() for r in res.partitions] == ["matmul_compressed"]
+    w = wq.astype(np.float64) * np.repeat(scale, block, axis=0)
+    assert np.all(np.abs(out["y"] - ref) <= _nbits_bound(x, w.T, k))
+
+
+# ====================================================================== ORT fused norms
+def test_skip_layer_normalization_matches_onnxruntime():
+    rng = np.random.default_rng(10)
+    d = 32
+    inits = {"g": rng.standard_normal(d).astype(np.float32), "b": rng.standard_normal(d).astype(np.float32),
+             "bias": rng.standard_normal(d).astype(np.float32)}
+    nodes = [helper.make_node("SkipLayerNormalization", ["x", "skip", "g", "b", "bias"], ["y", "", "", "sum"],
+                              domain="com.microsoft", epsilon=1e-6, name="sln")]
+    model = om.make_model(nodes, [("x", TP.FLOAT, [2, 5, d]), ("skip", TP.FLOAT, [2, 5, d])],
+                          [("y", TP.FLOAT, [2, 5, d]), ("sum", TP.FLOAT, [2, 5, d])], inits, ms_opset=True)
+    x, skip = (rng.standard_normal((2, 5, d)).astype(np.float32) for _ in range(2))
+    ref = om.ort_run(model, {"x": x, "skip": skip})
+    got = ga.import_onnx(model).run({"x": x, "skip": skip})
+    _close_f32(got["y"], ref["y"])
+    _close_f32(got["sum"], ref["sum"])
+
+
+# ====================================================================== folding and host steps
+def _reshape_by_shape_model(dims, d=16):
+    rng = np.random.default_rng(11)
+    inits = {"w": rng.standard_normal((d, 8)).astype(np.float32), "i0": np.array(0, np.int64),
+             "m1": np.array([-1], np.int64), "dd": np.array([d], np.int64)}
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i0"], ["b"]),
+             helper.make_node("Unsqueeze", ["b", "i0"], ["bu"]),
+             helper.make_node("Concat", ["bu", "m1", "dd"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["xr"]),
+             helper.make_node("MatMul", ["xr", "w"], ["y0"]), helper.make_node("Relu", ["y0"], ["y"])]
+    return om.make_model(nodes, [("x", TP.FLOAT, dims)], [("y", TP.FLOAT, None)], inits)
+
+
+def test_shape_gather_concat_fold_at_load_with_static_shapes():
+    model = _reshape_by_shape_model([2, 3, 4, 16])
+    x = np.random.default_rng(12).standard_normal((2, 3, 4, 16)).astype(np.float32)
+    ref = om.ort_run(model, {"x": x})["y"]
+    graph = ga.from_onnx(model)
+    assert isinstance(graph, ga.Graph)  # Shape, Gather, Unsqueeze, Concat folded; Reshape a StaticReshape
+    assert {op.kind for op in graph.ops.values()} == {ga.OpKind.StaticReshape, ga.OpKind.MatMul, ga.OpKind.ReLU}
+    out, _ = _run_graph(graph, x=x)
+    _close_f32(out["y"], ref)
+
+
+def test_symbolic_dims_run_shape_ops_as_host_steps():
+    model = _reshape_by_shape_model(["B", 3, 4, 16])
+    x = np.random.default_rng(13).standard_normal((2, 3, 4, 16)).astype(np.float32)
+    ref = om.ort_run(model, {"x": x})["y"]
+    imported = ga.from_onnx(model)
+    assert isinstance(imported, OnnxModel) and imported.graph is None
+    assert [s.node.op_type for s in imported.host_steps] == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"]
+    assert len(imported.segments) == 1 and imported.stages[-1] is imported.segments[0]
+    _close_f32(imported.run({"x": x})["y"], ref)
+    x5 = np.random.default_rng(14).standard_normal((5, 3, 4, 16)).astype(np.float32)
+    _close_f32(imported.run({"x": x5})["y"], om.ort_run(model, {"x": x5})["y"])
+    # the same model with the batch fixed at load folds into one graph
+    assert isinstance(ga.from_onnx(model, input_shapes={"x": [2, 3, 4, 16]}), ga.Graph)
+
+
+def test_embedding_gather_runs_on_the_host_before_the_graph():
+    rng = np.random.default_rng(15)
+    v, d = 50, 16
+    inits = {"emb": rng.standard_normal((v, d)).astype(np.float32), "g": np.ones(d, np.float32),
+             "bt": np.zeros(d, np.float32), "w": rng.standard_normal((d, 4)).astype(np.float32)}
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
+             helper.make_node("LayerNormalization", ["e", "g", "bt"], ["l"]),
+             helper.make_node("MatMul", ["l", "w"], ["y"])]
+    model = om.make_model(nodes, [("ids", TP.INT64, ["B", "S"])], [("y", TP.FLOAT, ["B", "S", 4])], inits)
+    ids = rng.integers(0, v, (2, 7))
+    imported = ga.from_onnx(model)
+    assert [type(s).__name__ for s in imported.stages] == ["HostStep", "Segment"]
+    _close_f32(imported.run({"ids": ids})["y"], om.ort_run(model, {"ids": ids})["y"])
+    with pytest.raises(ga.InvalidGraph, match="outside"):
+        imported.run({"ids": np.full((1, 3), v)})
+
+
+def test_a_host_step_between_two_graph_segments():
+    """Erf has no oneDNN op: the graph before it ends, Erf runs on the host, a new graph follows."""
+    rng = np.random.default_rng(16)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Erf", ["a"], ["e"]),
+             helper.make_node("MatMul", ["e", "w"], ["y"])]
+    model = om.make_model(nodes, [("x", TP.FLOAT, [3, 8])], [("y", TP.FLOAT, [3, 8])], {"w": w})
+    imported = ga.from_onnx(model)
+    assert [type(s).__name__ for s in imported.stages] == ["Segment", "HostStep", "Segment"]
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    _close_f32(imported.run({"x": x})["y"], om.ort_run(model, {"x": x})["y"])
+    assert any("host step" in line and "Erf" in line for line in imported.explain())
+
+
+# ====================================================================== bad files
+def test_truncated_and_garbage_files_are_invalid_arguments(tmp_path):
+    data = om.mlp().SerializeToString()
+    for i, blob in enumerate([data[: len(data) // 3], b"\x00\x01 not a model", b""]):
+        path = tmp_path / f"bad{i}.onnx"
+        path.write_bytes(blob)
+        with pytest.raises(ga.GraphError):
+            ga.from_onnx(str(path))
+    with pytest.raises(ga.InvalidArguments, match="no such"):
+        ga.from_onnx(str(tmp_path / "absent.onnx"))
+    with pytest.raises(ga.InvalidArguments):
+        ga.from_onnx(12)
+
+
+def test_wrong_opset_is_invalid_graph():
+    model = om.mlp()
+    model.opset_import[0].version = 9
+    with pytest.raises(ga.InvalidGraph, match="opset 9"):
+        ga.from_onnx(model)
+
+
+def test_missing_initializer_names_the_node():
+    model = om.mlp()
+    del model.graph.initializer[2]  # w2
+    with pytest.raises(ga.InvalidGraph, match=r'node "fc2".*w2'):
+        ga.from_onnx(model)
+
+
+def test_shape_mismatch_is_invalid_shape():
+    w = np.zeros((5, 4), np.float32)
+    model = om.make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [("x", TP.FLOAT, [2, 3])],
+                          [("y", TP.FLOAT, [2, 4])], {"w": w})
+    with pytest.raises(ga.InvalidShape, match="mm"):
+        ga.from_onnx(model)
+    # a run-time input of the wrong shape
+    model = om.mlp()
+    with pytest.raises(ga.InvalidShape, match="x"):
+        ga.import_onnx(model).run({"x": np.zeros((2, 7), np.float32)})
+
+
+def test_unknown_ops_are_unimplemented_at_load_naming_node_domain_and_type():
+    x = [("x", TP.FLOAT, [2, 3])]
+    y = [("y", TP.FLOAT, [2, 3])]
+    for node, words in [
+        (helper.make_node("FancyOp", ["x"], ["y"], domain="com.microsoft", name="f1"), ["f1", "com.microsoft", "FancyOp"]),
+        (helper.make_node("Foo", ["x"], ["y"], domain="org.example", name="f2"), ["f2", "org.example", "Foo"]),
+        (helper.make_node("NoSuchOp", ["x"], ["y"], name="f3"), ["f3", "ai.onnx", "NoSuchOp"]),
+    ]:
+        model = om.make_model([node], x, y, ms_opset=True)
+        with pytest.raises(ga.Unimplemented) as err:
+            ga.from_onnx(model)
+        assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_matmul_nbits_with_wrong_packed_size_is_invalid_shape():
+    model, _ = om.nbits_linear(64, 16, 4, 32, False)
+    node = model.graph.node[0]
+    for a in node.attribute:
+        if a.name == "K":
+            a.i = 128
+    with pytest.raises(ga.InvalidShape, match='"fc0".*MatMulNBits'):
+        ga.from_onnx(model)
