@@ -39,6 +39,7 @@ dangling input ``InvalidGraph``; a shape mismatch ``InvalidShape``; each names t
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,11 +124,16 @@ class Segment:
         self.graph.onnx_inputs = {n: v.id for n, v in self.inputs.items() if v.id in self.graph.input_ids}
         self.graph.onnx_outputs = {n: self.values[n].id for n in self.exports}
 
-    def run(self, env: dict, policy) -> None:
+    def run(self, env: dict, policy, repeat: int = 0) -> None:
         if self._runner is None:
             self._runner = _SegmentRunner(self.graph, policy)
         feeds = {self.graph.onnx_inputs[n]: env[n] for n in self.graph.onnx_inputs}
-        env.update(self._runner(feeds, self.graph.onnx_outputs))
+        env.update(self._runner(feeds, self.graph.onnx_outputs, repeat))
+
+    @property
+    def timings(self) -> list:
+        """(partition, compiled partition, compile ms, best execute ms) of the last timed run."""
+        return [] if self._runner is None else self._runner.timings
 
 
 def _consumed(graph, tid: int) -> bool:
@@ -147,8 +153,10 @@ class _SegmentRunner:
         self.engine = Engine()
         self.constants = graph.constants
         self._compiled: dict = {}
+        self.timings: list = []
 
-    def __call__(self, feeds: dict, outputs: dict) -> dict:
+    def __call__(self, feeds: dict, outputs: dict, repeat: int = 0) -> dict:
+        """Run; ``repeat`` > 0 executes each partition that often and keeps the best times."""
         values = {}
         for tid, array in feeds.items():
             lt = self.graph.tensors[tid]
@@ -168,8 +176,12 @@ class _SegmentRunner:
             if len(self._compiled) > 8:
                 self._compiled.clear()
             compiled = self._compiled[key] = compile_graph(self.graph, values, self.policy, self.partitions)
-        self.last = compiled
-        compiled(values)
+        if repeat:
+            times = compiled.run(values, repeat)
+            self.timings = [(part, comp, cms, ms) for (part, comp, _, _), ms, cms
+                            in zip(compiled.steps, times, compiled.compile_ms)]
+        else:
+            compiled(values)
         out = {}
         for name, tid in outputs.items():
             out[name] = compiled.produced[tid].numpy().copy() if tid in compiled.produced \
@@ -189,10 +201,13 @@ class HostStep:
     index: int
     node: object
     run_fn: object
+    ms: float = 0.0
 
-    def run(self, env: dict, policy) -> None:
+    def run(self, env: dict, policy, repeat: int = 0) -> None:
         ins = [env[n] if n else None for n in self.node.input]
+        start = time.perf_counter()
         outs = self.run_fn(ins)
+        self.ms = (time.perf_counter() - start) * 1e3
         for name, value in zip(self.node.output, outs):
             if name:
                 env[name] = value
@@ -230,8 +245,9 @@ class OnnxModel:
     def host_steps(self) -> list[HostStep]:
         return [s for s in self.stages if isinstance(s, HostStep)]
 
-    def run(self, feeds: dict) -> dict:
-        """Run on ``feeds`` (input name -> array); returns {output name: array}."""
+    def run(self, feeds: dict, repeat: int = 0) -> dict:
+        """Run on ``feeds`` (input name -> array); returns {output name: array}.  ``repeat`` > 0
+        times each partition (best of ``repeat``; ``Segment.timings``), as ``graph-api run``."""
         env = dict(self.host_consts)
         env.update(self.folded)
         for name in self.input_names:
@@ -242,8 +258,14 @@ class OnnxModel:
         if unknown:
             raise InvalidArguments(f"{sorted(unknown)} are not model inputs; inputs: {self.input_names}")
         for stage in self.stages:
-            stage.run(env, self.policy)
+            stage.run(env, self.policy, repeat)
         return {name: np.asarray(env[name]) for name in self.output_names}
+
+    def report(self, feeds=None, *, seed: int = 0, repeat: int = 1, check: bool = False):
+        """``graph-api run model.onnx``: (lines, ok); see :mod:`.onnx_report`."""
+        from . import onnx_report
+
+        return onnx_report.report(self, feeds, seed=seed, repeat=repeat, check=check)
 
     def explain(self) -> list[str]:
         """One line per stage: segments with their partitions, host steps with their node."""
@@ -768,7 +790,10 @@ def import_onnx(source, *, fpmath=FPMathMode.strict, policy=PartitionPolicy.fusi
             raise InvalidArguments(f"unknown fpmath mode {fpmath!r}; known: "
                                    f"{', '.join(m.name for m in FPMathMode)}") from None
     model = load_model(source)
-    return Importer(model, fpmath, policy, input_shapes).run()
+    imported = Importer(model, fpmath, policy, input_shapes).run()
+    imported.proto = model
+    imported.source = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<ModelProto>"
+    return imported
 
 
 def from_onnx(source, *, fpmath=FPMathMode.strict, policy=PartitionPolicy.fusion,

@@ -388,3 +388,33 @@ def test_matmul_nbits_with_wrong_packed_size_is_invalid_shape():
             a.i = 128
     with pytest.raises(ga.InvalidShape, match='"fc0".*MatMulNBits'):
         ga.from_onnx(model)
+
+
+# ====================================================================== command line
+def test_cli_runs_an_onnx_model_and_checks_it_against_onnxruntime(tmp_path, capsys):
+    from graph_api import cli
+
+    model, _ = om.nbits_linear(128, 32, 4, 32, True, layers=2)
+    path = tmp_path / "nbits.onnx"
+    onnx.save(model, str(path))
+    code = cli.main(["run", str(path), "--check", "--repeat", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("matmul_compressed") == 2 and "numba_wmatmul" in out
+    assert "check       1 of 1 outputs match ONNX Runtime" in out
+    np.savez(tmp_path / "in.npz", x=np.ones((3, 128), np.float32))
+    assert cli.main(["run", str(path), "--inputs", str(tmp_path / "in.npz"), "--check", "--fpmath", "bf16"]) == 0
+    assert "x float32[3x128]" in capsys.readouterr().out
+    (tmp_path / "bad.onnx").write_bytes(path.read_bytes()[:200])
+    assert cli.main(["run", str(tmp_path / "bad.onnx")]) == 2
+    assert "graph-api: error: [invalid_arguments]" in capsys.readouterr().err
+
+
+def test_cli_lists_host_steps(tmp_path, capsys):
+    from graph_api import cli
+
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_reshape_by_shape_model(["B", 3, 4, 16]), str(path))
+    assert cli.main(["run", str(path), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "host step" in out and "ai.onnx::Reshape" in out and "1 of 1 outputs match" in out
