@@ -51,7 +51,7 @@ from ..enums import FPMathMode, OpKind, PartitionPolicy, PropertyType
 from ..errors import GraphError, InvalidArguments, InvalidGraph, InvalidShape, Unimplemented
 from ..runner import compile_graph
 from ..tensor import Tensor
-from . import onnx_contrib, onnx_ops
+from . import onnx_attention, onnx_contrib, onnx_ops
 
 #: the ai.onnx opsets this importer reads (ops whose meaning changed are read per version)
 OPSET_RANGE = (13, 24)
@@ -274,8 +274,9 @@ class OnnxModel:
             if isinstance(stage, HostStep):
                 lines.append(f"stage {stage.index}: host step  {node_label(stage.node)}")
             else:
-                parts = stage.graph.get_partitions(self.policy)
-                kinds = ", ".join(p.get_kind() for p in parts if p.ops[0].kind != OpKind.End)
+                parts = [p for p in stage.graph.get_partitions(self.policy)
+                         if not all(op.kind == OpKind.End for op in p.ops)]
+                kinds = ", ".join(p.get_kind() for p in parts)
                 lines.append(f"stage {stage.index}: graph_api {len(stage.graph.ops)} ops, "
                              f"{len(parts)} partitions [{kinds}]")
         return lines
@@ -369,7 +370,8 @@ def check_structure(model) -> None:
         if node.domain not in ("", "ai.onnx", MS_DOMAIN):
             raise Unimplemented(f"{node_label(node)}: domain {node.domain!r} is not supported "
                                 f"(ai.onnx and {MS_DOMAIN} are)")
-        if node.domain == MS_DOMAIN and node.op_type not in onnx_contrib.MAPPERS:
+        if node.domain == MS_DOMAIN and node.op_type not in onnx_contrib.MAPPERS \
+                and node.op_type not in onnx_attention.MAPPERS:
             raise Unimplemented(f"{node_label(node)}: no graph_api mapping and no host implementation "
                                 f"for ONNX Runtime's {node.op_type}")
         if node.domain in ("", "ai.onnx") and not defs.has(node.op_type) \
@@ -652,7 +654,7 @@ class Importer:
         if node.domain in ("", "ai.onnx"):
             mapper = onnx_ops.MAPPERS.get(node.op_type)
         elif node.domain == MS_DOMAIN:
-            mapper = onnx_contrib.MAPPERS.get(node.op_type)
+            mapper = onnx_contrib.MAPPERS.get(node.op_type) or onnx_attention.MAPPERS.get(node.op_type)
             if mapper is None:
                 raise Unimplemented(f"{node_label(node)}: no graph_api mapping and no host "
                                     f"implementation for ONNX Runtime's {node.op_type}")
@@ -671,10 +673,22 @@ class Importer:
             return False
         return True
 
-    def host(self, node) -> None:
+    def host_step(self, fn, inputs: list, outputs: list, label: str) -> list[str]:
+        """A host step of the importer's own (a mapper's run-time length or guard):
+        ``fn(list of input arrays) -> list of outputs`` ((np dtype, shape) each); returns
+        the output names."""
+        names = [f"{label}:{i}" for i in range(len(outputs))]
+        node = self.onnx.helper.make_node("HostStep", list(inputs), names, name=label, domain="graph_api")
+        self.host(node, fn)
+        for name, (dtype, shape) in zip(names, outputs):
+            self.runtime[name].np_dtype, self.runtime[name].shape = np.dtype(dtype), tuple(shape)
+        return names
+
+    def host(self, node, fn=None) -> None:
         from . import onnx_host
 
-        fn = onnx_host.host_function(node, self.raw, self.opset)  # Unimplemented when none
+        if fn is None:
+            fn = onnx_host.host_function(node, self.raw, self.opset)  # Unimplemented when none
         reads = [n for n in node.input if n]
         self.host_consts.update({n: self.consts[n] for n in reads if n in self.consts})
         seg = self.seg

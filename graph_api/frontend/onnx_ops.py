@@ -539,4 +539,13 @@ MAPPERS = {
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
 }
 
+
+def _attention(ctx):
+    from .onnx_attention import _attention as mapper  # the SDPA chain lives with the ORT attention ops
+
+    return mapper(ctx)
+
+
+MAPPERS["Attention"] = _attention
+
 __all__ = ["MAPPERS", "InvalidGraph", "InvalidShape", "Unimplemented"]

@@ -418,3 +418,107 @@ def test_cli_lists_host_steps(tmp_path, capsys):
     assert cli.main(["run", str(path), "--check"]) == 0
     out = capsys.readouterr().out
     assert "host step" in out and "ai.onnx::Reshape" in out and "1 of 1 outputs match" in out
+
+
+# ====================================================================== attention
+def _feeds(rng, specs):
+    return {n: rng.standard_normal(shape).astype(np.float32) for n, t, shape in specs if t == TP.FLOAT}
+
+
+def _sdpa_kinds(imported):
+    return [p.get_kind() for s in imported.segments for p in s.graph.get_partitions() if "sdpa" in p.get_kind()]
+
+
+@pytest.mark.parametrize("causal,gqa,past,mask,three_d", [
+    (False, False, False, False, False), (True, False, False, False, False), (False, False, True, True, False),
+    (False, True, False, False, False), (True, True, True, False, False), (True, True, False, False, True),
+    (True, True, True, False, True),
+])
+def test_onnx_attention_opset23_becomes_sdpa(causal, gqa, past, mask, three_d):
+    """ai.onnx Attention (opset 23) -> the SDPA chain; against ONNX's reference and ONNX Runtime
+    (f32: scores, softmax and P V differ by summation order only)."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(20)
+    b, hq, s, p, d = 2, 8, 5, 3, 16
+    hkv = 2 if gqa else hq
+    if three_d:
+        ins = [("q", TP.FLOAT, [b, s, hq * d]), ("k", TP.FLOAT, [b, s, hkv * d]), ("v", TP.FLOAT, [b, s, hkv * d])]
+        attrs, y_shape = dict(q_num_heads=hq, kv_num_heads=hkv), [b, s, hq * d]
+    else:
+        ins = [("q", TP.FLOAT, [b, hq, s, d]), ("k", TP.FLOAT, [b, hkv, s, d]), ("v", TP.FLOAT, [b, hkv, s, d])]
+        attrs, y_shape = {}, [b, hq, s, d]
+    length = s + (p if past else 0)
+    if mask:
+        ins.append(("m", TP.FLOAT, [1, 1, s, length]))
+    if past:
+        ins += [("pk", TP.FLOAT, [b, hkv, p, d]), ("pv", TP.FLOAT, [b, hkv, p, d])]
+    outs = [("y", TP.FLOAT, y_shape)] + ([("prk", TP.FLOAT, None), ("prv", TP.FLOAT, None)] if past else [])
+    names = ["q", "k", "v", "m" if mask else "", "pk" if past else "", "pv" if past else ""]
+    node = helper.make_node("Attention", names, [o[0] for o in outs], is_causal=int(causal), **attrs)
+    model = om.make_model([node], ins, outs, opset=23)
+    feeds = _feeds(rng, ins)
+    if mask:
+        feeds["m"] = np.where(rng.random((1, 1, s, length)) < 0.2, -1e9, 0).astype(np.float32)
+    expected = dict(zip([o[0] for o in outs], ReferenceEvaluator(model).run(None, feeds)))
+    imported = ga.import_onnx(model)
+    assert _sdpa_kinds(imported) in (["sdpa"], ["sdpa_gqa"])  # one fused attention partition
+    got = imported.run(feeds)
+    _close_f32(got["y"], expected["y"])
+    _close_f32(got["y"], om.ort_run(model, feeds)["y"])
+    if past:
+        np.testing.assert_array_equal(got["prk"], expected["prk"])
+
+
+@pytest.mark.parametrize("past,unidirectional", [(False, 0), (False, 1), (True, 1)])
+def test_multi_head_attention_matches_onnxruntime(past, unidirectional):
+    rng = np.random.default_rng(21)
+    b, h, s, p, d = 2, 4, 5, 3, 8
+    length = s + (p if past else 0)
+    ins = [("q", TP.FLOAT, [b, s, h * d]), ("k", TP.FLOAT, [b, s, h * d]), ("v", TP.FLOAT, [b, s, h * d]),
+           ("ab", TP.FLOAT, [1, 1, s, length])]
+    names = ["q", "k", "v", "bias", "", "ab"]
+    outs = [("y", TP.FLOAT, [b, s, h * d])]
+    if past:
+        names += ["pk", "pv"]
+        ins += [("pk", TP.FLOAT, [b, h, p, d]), ("pv", TP.FLOAT, [b, h, p, d])]
+        outs += [("prk", TP.FLOAT, [b, h, length, d]), ("prv", TP.FLOAT, [b, h, length, d])]
+    node = helper.make_node("MultiHeadAttention", names, [o[0] for o in outs], domain="com.microsoft",
+                            num_heads=h, unidirectional=unidirectional)
+    model = om.make_model([node], ins, outs, {"bias": rng.standard_normal(3 * h * d).astype(np.float32)},
+                          ms_opset=True)
+    feeds = _feeds(rng, ins)
+    ref = om.ort_run(model, feeds)
+    imported = ga.import_onnx(model)
+    assert _sdpa_kinds(imported) == ["sdpa"]
+    got = imported.run(feeds)
+    for name in ref:
+        _close_f32(got[name], ref[name])
+
+
+@pytest.mark.parametrize("past", [False, True])
+def test_group_query_attention_matches_onnxruntime_and_guards_padding(past):
+    rng = np.random.default_rng(22)
+    b, hq, hkv, d = (2, 8, 2, 8)
+    s, p = (1, 6) if past else (5, 0)  # ORT: a prompt with past context needs batch 1
+    total = s + p
+    ins = [("q", TP.FLOAT, [b, s, hq * d]), ("k", TP.FLOAT, [b, s, hkv * d]), ("v", TP.FLOAT, [b, s, hkv * d])]
+    if past:
+        ins += [("pk", TP.FLOAT, [b, hkv, p, d]), ("pv", TP.FLOAT, [b, hkv, p, d])]
+    ins += [("seqlens_k", TP.INT32, [b]), ("total", TP.INT32, [])]
+    names = ["q", "k", "v", "pk" if past else "", "pv" if past else "", "seqlens_k", "total"]
+    outs = [("y", TP.FLOAT, [b, s, hq * d]), ("prk", TP.FLOAT, None), ("prv", TP.FLOAT, None)]
+    node = helper.make_node("GroupQueryAttention", names, [o[0] for o in outs], domain="com.microsoft",
+                            num_heads=hq, kv_num_heads=hkv, name="gqa")
+    model = om.make_model([node], ins, outs, ms_opset=True)
+    feeds = _feeds(rng, ins)
+    feeds["seqlens_k"], feeds["total"] = np.full(b, total - 1, np.int32), np.array(total, np.int32)
+    ref = om.ort_run(model, feeds)
+    imported = ga.import_onnx(model)
+    assert _sdpa_kinds(imported) == ["sdpa"]
+    got = imported.run(feeds)
+    for name in ref:
+        _close_f32(got[name], ref[name])
+    feeds["seqlens_k"][0] -= 1  # a padded row: refused, not computed for another mask
+    with pytest.raises(ga.InvalidArguments, match="unpadded"):
+        imported.run(feeds)
