@@ -132,3 +132,64 @@ def ort_run(model, feeds: dict, threads: int = 0) -> dict:
     sess = ort_session(model, threads)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, feeds)))
+
+
+def encoder_layer(hidden: int = 384, heads: int = 12, ffn: int = 1536, layers: int = 1, bits: int = 0,
+                  block: int = 32, seed: int = 0, batch="batch", seq="seq"):
+    """A post-LayerNorm BERT encoder (``layers`` layers) in ONNX ops: Q/K/V projections,
+    ``Attention`` (opset 23, 3-D), output projection, residual LayerNorm, GELU MLP, residual
+    LayerNorm.  ``bits`` 4 or 8: every projection a ``MatMulNBits`` (blocks of ``block``,
+    with zero points, accuracy level 0) instead of MatMul; the biases stay f32 Adds."""
+    onnx, TP, helper, nh = _helpers()
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], {}
+    count = iter(range(10**6))
+
+    def const(name, array):
+        inits[name] = np.asarray(array, np.float32)
+        return name
+
+    def linear(x, n_in, n_out, name):
+        w = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        y = f"{name}.mm"
+        if bits:
+            B, s, zp = quantize_nbits(w, bits, block, True)
+            inits.update({f"{name}.B": B, f"{name}.s": s, f"{name}.zp": zp})
+            nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.B", f"{name}.s", f"{name}.zp"], [y],
+                                          domain="com.microsoft", K=n_in, N=n_out, bits=bits, block_size=block,
+                                          accuracy_level=0, name=name))
+        else:
+            nodes.append(helper.make_node("MatMul", [x, const(f"{name}.w", w.T.copy())], [y], name=name))
+        out = f"{name}.out"
+        nodes.append(helper.make_node("Add", [y, const(f"{name}.b", rng.standard_normal(n_out) * 0.02)], [out]))
+        return out
+
+    def norm(x, name):
+        out = f"{name}.out"
+        nodes.append(helper.make_node("LayerNormalization", [x, const(f"{name}.g", rng.uniform(0.8, 1.2, hidden)),
+                                                             const(f"{name}.b", rng.standard_normal(hidden) * 0.02)],
+                                      [out], axis=-1, epsilon=1e-12, name=name))
+        return out
+
+    x = "x"
+    for i in range(layers):
+        p = f"l{i}"
+        q, k, v = (linear(x, hidden, hidden, f"{p}.{n}") for n in "qkv")
+        att = f"{p}.att"
+        nodes.append(helper.make_node("Attention", [q, k, v], [att], q_num_heads=heads, kv_num_heads=heads,
+                                      name=att))
+        o = linear(att, hidden, hidden, f"{p}.o")
+        r1 = f"{p}.r1"
+        nodes.append(helper.make_node("Add", [o, x], [r1]))
+        h = norm(r1, f"{p}.ln1")
+        u = linear(h, hidden, ffn, f"{p}.up")
+        g = f"{p}.gelu"
+        nodes.append(helper.make_node("Gelu", [u], [g], name=g))
+        d = linear(g, ffn, hidden, f"{p}.down")
+        r2 = f"{p}.r2"
+        nodes.append(helper.make_node("Add", [d, h], [r2]))
+        x = norm(r2, f"{p}.ln2")
+        next(count)
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    return make_model(nodes, [("x", TP.FLOAT, [batch, seq, hidden])], [("y", TP.FLOAT, [batch, seq, hidden])],
+                      inits, opset=23, ms_opset=bool(bits), name="encoder")

@@ -522,3 +522,21 @@ def test_group_query_attention_matches_onnxruntime_and_guards_padding(past):
     feeds["seqlens_k"][0] -= 1  # a padded row: refused, not computed for another mask
     with pytest.raises(ga.InvalidArguments, match="unpadded"):
         imported.run(feeds)
+
+
+# ====================================================================== a whole encoder
+@pytest.mark.parametrize("bits", [0, 4, 8])
+def test_bert_encoder_in_onnx_ops_is_one_graph_and_matches_onnxruntime(bits):
+    """Two post-LayerNorm BERT layers written in ONNX ops (MatMul or MatMulNBits projections,
+    opset-23 Attention, LayerNormalization, Gelu): one graph, every projection on a MatMul
+    pattern, attention on SDPA.  Against ORT (accuracy level 0 for MatMulNBits): f32 summation
+    order only, through two layers and LayerNorms: 1e-5 of the output scale."""
+    model = om.encoder_layer(hidden=64, heads=4, ffn=128, layers=2, bits=bits, block=32, seed=bits)
+    x = np.random.default_rng(23).standard_normal((2, 8, 64)).astype(np.float32)
+    graph = ga.from_onnx(model)
+    assert isinstance(graph, ga.Graph)
+    out, res = _run_graph(graph, x=x)
+    kinds = [r.partition.get_kind() for r in res.partitions]
+    assert kinds.count("sdpa") == 2
+    assert kinds.count("matmul_compressed" if bits else "matmul_post_ops") >= (12 if bits else 10)
+    _close_f32(out["y"], om.ort_run(model, {"x": x})["y"])
