@@ -559,7 +559,7 @@ class Importer:
         from . import onnx_host
 
         g = self.model.graph
-        for node in g.node:
+        for node in self.rewritten(g):
             self.check_inputs(node)
             if node.op_type in CONTROL_FLOW:
                 raise Unimplemented(f"{node_label(node)}: control flow (subgraphs) is not supported")
@@ -600,6 +600,19 @@ class Importer:
                 stage.finalize()
         # a model output that is a model input is passed through by run()
         return OnnxModel(self.stages, folded, self.inputs, outputs, self.policy, self.opset, self.host_consts)
+
+    def rewritten(self, g) -> list:
+        """The nodes with the decomposed forms of :mod:`.onnx_rewrite` put back together."""
+        from . import onnx_host, onnx_rewrite
+
+        known = dict(self.consts)
+        for node in g.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                try:
+                    known[node.output[0]] = onnx_host.constant_value(node)
+                except GraphError:
+                    pass
+        return onnx_rewrite.fuse_gelu(list(g.node), known, {o.name for o in g.output})
 
     def check_inputs(self, node) -> None:
         for name in node.input:

@@ -540,3 +540,29 @@ def test_bert_encoder_in_onnx_ops_is_one_graph_and_matches_onnxruntime(bits):
     assert kinds.count("sdpa") == 2
     assert kinds.count("matmul_compressed" if bits else "matmul_post_ops") >= (12 if bits else 10)
     _close_f32(out["y"], om.ort_run(model, {"x": x})["y"])
+
+
+@pytest.mark.parametrize("form", ["hf", "half_first", "mul_sqrt_half"])
+def test_erf_gelu_chains_become_one_gelu(form):
+    """Exporters below opset 20 write GELU with Erf; the chain becomes GELU (gelu_erf) so the
+    graph is not cut at an Erf host step, and fuses with the MatMul before it."""
+    rng = np.random.default_rng(24)
+    w = rng.standard_normal((16, 32)).astype(np.float32)
+    inits = {"w": w, "sqrt2": np.array(np.sqrt(2), np.float32), "one": np.array(1.0, np.float32),
+             "half": np.array(0.5, np.float32), "isqrt2": np.array(1 / np.sqrt(2), np.float32)}
+    pre = helper.make_node("Div", ["h", "sqrt2"], ["s"]) if form != "mul_sqrt_half" else \
+        helper.make_node("Mul", ["h", "isqrt2"], ["s"])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), pre, helper.make_node("Erf", ["s"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"])]
+    if form == "half_first":
+        nodes += [helper.make_node("Mul", ["h", "half"], ["hh"]), helper.make_node("Mul", ["hh", "a"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["h", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+    model = om.make_model(nodes, [("x", TP.FLOAT, [4, 16])], [("y", TP.FLOAT, [4, 32])], inits, opset=18)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    graph = ga.from_onnx(model)
+    assert isinstance(graph, ga.Graph)
+    assert [op.kind for op in graph.ops.values()] == [ga.OpKind.MatMul, ga.OpKind.GELU]
+    out, res = _run_graph(graph, x=x)
+    assert [r.partition.get_kind() for r in res.partitions] == ["matmul_post_ops"]
+    _close_f32(out["y"], om.ort_run(model, {"x": x})["y"])
