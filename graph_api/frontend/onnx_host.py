@@ -90,7 +90,41 @@ def _fast(node, opset):
     if op == "Concat":
         axis = attrs.get("axis", 0)
         return lambda ins: [np.concatenate([np.asarray(x) for x in ins], axis=axis)]
+    if op == "GatherElements":
+        axis = attrs.get("axis", 0)
+
+        def gather_elements(ins):
+            data, idx = np.asarray(ins[0]), np.asarray(ins[1]).astype(np.int64)
+            n = data.shape[axis]
+            if idx.size and (idx.min() < -n or idx.max() >= n):
+                raise InvalidGraph(f"GatherElements: an index is outside [-{n}, {n - 1}]")
+            return [np.take_along_axis(data, np.where(idx < 0, idx + n, idx), axis=axis)]
+        return gather_elements
+    if op == "Expand":
+        def expand(ins):
+            x = np.asarray(ins[0])
+            shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in np.asarray(ins[1]).reshape(-1)))
+            return [np.broadcast_to(x, shape).copy()]
+        return expand
+    if op == "Where":
+        return lambda ins: [np.where(np.asarray(ins[0]), ins[1], ins[2])]
+    if op in _ELEMENTWISE:
+        fn = _ELEMENTWISE[op]
+        return lambda ins: [np.asarray(fn(*[np.asarray(x) for x in ins]))]
+    if op == "Cast":
+        from onnx import helper
+        to = np.dtype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+        if to.kind in "biuf" and to.name not in ("int4", "uint4"):
+            return lambda ins: [np.asarray(ins[0]).astype(to)]
     return None
+
+
+#: element-wise ops whose numpy form is exact ONNX semantics for every type they take
+_ELEMENTWISE = {
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal, "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+    "Not": np.logical_not, "IsNaN": np.isnan, "Neg": np.negative, "Abs": np.abs,
+}
 
 
 def host_function(node, model, opset: int):

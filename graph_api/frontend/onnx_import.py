@@ -612,7 +612,9 @@ class Importer:
                     known[node.output[0]] = onnx_host.constant_value(node)
                 except GraphError:
                     pass
-        return onnx_rewrite.fuse_gelu(list(g.node), known, {o.name for o in g.output})
+        outputs = {o.name for o in g.output}
+        nodes = onnx_rewrite.fuse_gelu(list(g.node), known, outputs)
+        return onnx_rewrite.fuse_softmax_nan_guard(nodes, known, outputs)
 
     def check_inputs(self, node) -> None:
         for name in node.input:

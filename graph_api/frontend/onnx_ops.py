@@ -160,6 +160,12 @@ def _where(ctx):
     cond = ctx.dtype(0)
     if cond is None or np.dtype(cond) != np.bool_ or not _same_float(ctx, 1, 2):
         return False
+    shapes = [ctx.shape(i) for i in range(3)]
+    if any(s is None or any(d < 0 for d in s) for s in shapes):
+        return False
+    values = np.broadcast_shapes(shapes[1], shapes[2])
+    if np.broadcast_shapes(values, shapes[0]) != values:
+        return False  # Select broadcasts cond one way only: the host takes the wider condition
     a, b = _vals(ctx, 1, 2)
     return ctx.out(ctx.b.select(ctx.value(0), a, b))
 
@@ -266,6 +272,8 @@ def _softmax(method: str):
         if not _floats(ctx, 0) or shape is None:
             return False
         axis = int(ctx.attr("axis", -1))
+        if ctx.attr("graph_api_inf_as_zero", 0):  # onnx_rewrite.fuse_softmax_nan_guard
+            return ctx.out(ctx.b.softmax(ctx.value(0), axis=axis, mode="inf_as_zero"))
         return ctx.out(getattr(ctx.b, method)(ctx.value(0), axis=axis))
     return mapper
 

@@ -100,3 +100,40 @@ def fuse_gelu(nodes: list, consts: dict, outputs: set) -> list:
     if not replaced:
         return nodes
     return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
+def fuse_softmax_nan_guard(nodes: list, consts: dict, outputs: set) -> list:
+    """``Where(IsNaN(p), 0, p)`` after ``p = Softmax(s)`` (PyTorch's SDPA decomposition zeroes
+    the rows a mask hides completely) becomes the Softmax with oneDNN's ``inf_as_zero`` mode,
+    marked by the attribute ``graph_api_inf_as_zero`` on the rewritten node.  (A NaN that comes
+    from a NaN input stays NaN here, where PyTorch's form would zero it.)"""
+    from onnx import helper
+
+    producer = {o: n for n in nodes for o in n.output if o}
+    users: dict[str, list] = {}
+    for n in nodes:
+        for i in n.input:
+            if i:
+                users.setdefault(i, []).append(n)
+    replaced, dropped = {}, set()
+    for where in nodes:
+        if where.op_type != "Where" or len(where.input) != 3:
+            continue
+        isnan = producer.get(where.input[0])
+        p = where.input[2]
+        soft = producer.get(p)
+        zero = _scalar(consts, where.input[1])
+        if isnan is None or isnan.op_type != "IsNaN" or isnan.input[0] != p or soft is None or \
+                soft.op_type != "Softmax" or zero != 0.0:
+            continue
+        if {id(u) for u in users.get(p, [])} != {id(isnan), id(where)} or \
+                len(users.get(isnan.output[0], [])) != 1 or p in outputs or isnan.output[0] in outputs:
+            continue
+        new = helper.make_node("Softmax", list(soft.input), [where.output[0]], name=soft.name)
+        new.attribute.extend(soft.attribute)
+        new.attribute.append(helper.make_attribute("graph_api_inf_as_zero", 1))
+        replaced[id(where)] = new
+        dropped.update({id(soft), id(isnan)})
+    if not replaced:
+        return nodes
+    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]

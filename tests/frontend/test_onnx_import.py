@@ -566,3 +566,49 @@ def test_erf_gelu_chains_become_one_gelu(form):
     out, res = _run_graph(graph, x=x)
     assert [r.partition.get_kind() for r in res.partitions] == ["matmul_post_ops"]
     _close_f32(out["y"], om.ort_run(model, {"x": x})["y"])
+
+
+# ====================================================================== PyTorch exports
+def _export(module, args, names, tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    import warnings
+
+    path = tmp_path / "model.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), dynamo=True, input_names=names, verbose=False)
+    model = onnx.load(str(path))
+    model.ir_version = om.IR_VERSION
+    return model
+
+
+def _compute_on_host(imported):
+    """Host steps that do MatMul/Conv/attention compute (there must be none)."""
+    heavy = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "MatMulNBits", "Softmax"}
+    return [s.node.op_type for s in imported.host_steps if s.node.op_type in heavy]
+
+
+def test_torch_exported_hugging_face_bert(tmp_path):
+    """A small random-initialised Hugging Face BERT exported by torch.onnx (dynamo): embeddings
+    on the host, the encoder in graph_api with one SDPA partition per layer (PyTorch's
+    Where(IsNaN(p), 0, p) after SoftMax read as inf_as_zero), against ORT and PyTorch."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, max_position_embeddings=64)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    model = _export(bert, (ids, mask), ["input_ids", "attention_mask"], tmp_path)
+    imported = ga.import_onnx(model)
+    assert _sdpa_kinds(imported) == ["sdpa", "sdpa"] and _compute_on_host(imported) == []
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    got = imported.run(feeds)
+    ref = om.ort_run(model, feeds)
+    for name in ref:
+        _close_f32(got[name], ref[name])
+    with torch.no_grad():
+        _close_f32(got[imported.output_names[0]], bert(ids, mask).last_hidden_state.numpy())
