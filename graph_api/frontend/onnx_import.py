@@ -614,7 +614,10 @@ class Importer:
                     pass
         outputs = {o.name for o in g.output}
         nodes = onnx_rewrite.fuse_gelu(list(g.node), known, outputs)
-        return onnx_rewrite.fuse_softmax_nan_guard(nodes, known, outputs)
+        nodes = onnx_rewrite.fuse_softmax_nan_guard(nodes, known, outputs)
+        nodes, sliced = onnx_rewrite.split_projections(nodes, known, outputs)
+        self.consts.update(sliced)
+        return nodes
 
     def check_inputs(self, node) -> None:
         for name in node.input:

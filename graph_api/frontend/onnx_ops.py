@@ -156,6 +156,26 @@ def _pow(ctx):
     return ctx.out(ctx.b.pow(ctx.value(0), beta=beta))
 
 
+def _expand(ctx):
+    """Expand(x, shape) of a float graph value with a shape known at load: ``x * ones`` with
+    ``ones`` holding 1 only along the dims that grow (x * 1.0 is x exactly, inf and NaN included).
+    PyTorch's GQA ``repeat_kv`` writes this before the attention MatMuls."""
+    shape, target = ctx.shape(0), ctx.const(1)
+    if not _floats(ctx, 0) or shape is None or target is None or any(d < 0 for d in shape):
+        return False
+    target = [int(d) for d in target.reshape(-1)]
+    try:
+        out = np.broadcast_shapes(tuple(shape), tuple(target))
+    except ValueError:
+        raise ctx.fail(InvalidShape, f"cannot expand {list(shape)} to {target}") from None
+    full = (1,) * (len(out) - len(shape)) + tuple(shape)
+    grow = [o if s == 1 and o != 1 else 1 for s, o in zip(full, out)]
+    if all(g == 1 for g in grow) and len(out) == len(shape):
+        return _identity(ctx)
+    ones = ctx.constant(np.ones(grow, np.float32), _target(ctx, 0))
+    return ctx.out(ctx.b.multiply(ctx.value(0), ones))
+
+
 def _where(ctx):
     cond = ctx.dtype(0)
     if cond is None or np.dtype(cond) != np.bool_ or not _same_float(ctx, 1, 2):
@@ -531,7 +551,7 @@ MAPPERS = {
     "Gelu": _gelu, "Clip": _clip, "Neg": _neg, "Identity": _identity, "Dropout": _dropout,
     "Add": binary("add"), "Sub": binary("subtract"), "Mul": binary("multiply"), "Div": binary("divide"),
     "Max": variadic("maximum"), "Min": variadic("minimum"), "Sum": variadic("add"),
-    "Pow": _pow, "Where": _where, "PRelu": _prelu,
+    "Pow": _pow, "Where": _where, "PRelu": _prelu, "Expand": _expand,
     "MatMul": _matmul, "Gemm": _gemm,
     "Conv": lambda ctx: _conv(ctx, False), "ConvTranspose": lambda ctx: _conv(ctx, True),
     "MaxPool": lambda ctx: _pool(ctx, "max"), "AveragePool": lambda ctx: _pool(ctx, "avg"),
