@@ -612,3 +612,83 @@ def test_torch_exported_hugging_face_bert(tmp_path):
         _close_f32(got[name], ref[name])
     with torch.no_grad():
         _close_f32(got[imported.output_names[0]], bert(ids, mask).last_hidden_state.numpy())
+
+
+class _LastHidden:
+    """A Hugging Face model called with (ids, mask) returning its last hidden state."""
+
+    def __new__(cls, model):
+        import torch
+
+        class Wrap(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, ids, mask):
+                return self.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        return Wrap().eval()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_torch_exported_gpt2_and_llama(arch, tmp_path):
+    """GPT-2 (tanh GELU, fused QKV Split, Gemm) and Llama (RMSNorm decomposed, GQA repeat_kv Expand,
+    RoPE, gated MLP): every MatMul and attention in graph_api (RoPE's Slices stay host steps),
+    one SDPA per layer; against ORT and PyTorch."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        net = transformers.GPT2Model(transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4,
+                                                             n_positions=64, bos_token_id=0, eos_token_id=0))
+    else:
+        net = transformers.LlamaModel(transformers.LlamaConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, max_position_embeddings=64))
+    wrapped = _LastHidden(net.eval())
+    ids = torch.randint(0, 100, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    model = _export(wrapped, (ids, mask), ["input_ids", "attention_mask"], tmp_path)
+    imported = ga.import_onnx(model)
+    assert _sdpa_kinds(imported) == ["sdpa", "sdpa"] and _compute_on_host(imported) == []
+    if arch == "gpt2":
+        assert [s.node.op_type for s in imported.host_steps if s.node.op_type in ("Split", "Erf", "Tanh")] == []
+        assert len(imported.segments) == 1
+    else:
+        assert "gated_mlp" in [p.get_kind() for s in imported.segments for p in s.graph.get_partitions()]
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    got = imported.run(feeds)[imported.output_names[0]]
+    _close_f32(got, om.ort_run(model, feeds)[imported.output_names[0]])
+    with torch.no_grad():
+        _close_f32(got, wrapped(ids, mask).numpy())
+
+
+def test_split_of_a_gemm_output_is_cut_into_weight_slices():
+    rng = np.random.default_rng(25)
+    inits = {"w": rng.standard_normal((24, 8)).astype(np.float32), "b": rng.standard_normal(24).astype(np.float32),
+             "sizes": np.array([8, 4, 12], np.int64)}
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1),
+             helper.make_node("Split", ["h", "sizes"], ["a", "c", "d"], axis=1),
+             helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Sigmoid", ["c"], ["rc"])]
+    model = om.make_model(nodes, [("x", TP.FLOAT, [3, 8])],
+                          [("ra", TP.FLOAT, [3, 8]), ("rc", TP.FLOAT, [3, 4]), ("d", TP.FLOAT, [3, 12])], inits)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    graph = ga.from_onnx(model)
+    assert isinstance(graph, ga.Graph) and sum(op.kind == ga.OpKind.MatMul for op in graph.ops.values()) == 3
+    out, _ = _run_graph(graph, x=x)
+    ref = om.ort_run(model, {"x": x})
+    for name in ref:
+        _close_f32(out[name], ref[name])
+
+
+def test_expand_of_a_graph_value_is_a_multiply_by_ones():
+    rng = np.random.default_rng(26)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Expand", ["r", "shape"], ["y"])]
+    model = om.make_model(nodes, [("x", TP.FLOAT, [2, 1, 3, 1])], [("y", TP.FLOAT, [2, 4, 3, 5])],
+                          {"shape": np.array([2, 4, 3, 5], np.int64)})
+    x = rng.standard_normal((2, 1, 3, 1)).astype(np.float32)
+    x[0, 0, 0, 0] = np.inf
+    graph = ga.from_onnx(model)
+    assert [op.kind for op in graph.ops.values()] == [ga.OpKind.ReLU, ga.OpKind.Multiply]
+    out, _ = _run_graph(graph, x=x)
+    np.testing.assert_array_equal(out["y"], om.ort_run(model, {"x": x})["y"])
