@@ -735,3 +735,64 @@ def test_all_minilm_l6_v2_real_weights_f32_and_int4(tmp_path):
         # the int4 model against the f32 one: the quantization error itself
         cos = np.sum(int4 * got, -1) / np.linalg.norm(int4, axis=-1) / np.linalg.norm(got, axis=-1)
         assert cos.min() > 0.9  # per-token hidden states, int4 g32: 0.96-0.98 measured
+
+
+def test_torch_exported_resnet_bottleneck_and_mobilenet_block(tmp_path):
+    """A CNN in plain torch.nn (no torchvision here): a stem (Conv, BN, ReLU, MaxPool), a ResNet
+    bottleneck and a MobileNetV2 inverted residual (depthwise, ReLU6 as Clip), global average
+    pool and Linear: one Graph on convolution patterns, against ORT and PyTorch."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, c, mid):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(c, mid, 1, bias=False), nn.BatchNorm2d(mid)
+            self.c2, self.b2 = nn.Conv2d(mid, mid, 3, padding=1, bias=False), nn.BatchNorm2d(mid)
+            self.c3, self.b3 = nn.Conv2d(mid, c, 1, bias=False), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            y = torch.relu(self.b2(self.c2(y)))
+            return torch.relu(self.b3(self.c3(y)) + x)
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, c, e):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(c, c * e, 1, bias=False), nn.BatchNorm2d(c * e), nn.ReLU6(),
+                nn.Conv2d(c * e, c * e, 3, padding=1, groups=c * e, bias=False), nn.BatchNorm2d(c * e), nn.ReLU6(),
+                nn.Conv2d(c * e, c, 1, bias=False), nn.BatchNorm2d(c))
+
+        def forward(self, x):
+            return x + self.body(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16),
+                                      nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+            self.blocks = nn.Sequential(Bottleneck(16, 8), InvertedResidual(16, 4))
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            y = nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1)
+            return self.fc(torch.flatten(y, 1))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 32, 32)
+    model = _export(net, (x,), ["x"], tmp_path)
+    graph = ga.from_onnx(model)
+    assert isinstance(graph, ga.Graph)
+    name = next(iter(graph.onnx_outputs))
+    out, res = _run_graph(graph, x=x.numpy())
+    kinds = [r.partition.get_kind() for r in res.partitions]
+    assert "conv_depthwise" in kinds and kinds.count("conv_post_ops") >= 4
+    _close_f32(out[name], om.ort_run(model, {"x": x.numpy()})[name])
+    with torch.no_grad():
+        _close_f32(out[name], net(x).numpy())
