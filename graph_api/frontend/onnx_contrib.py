@@ -41,8 +41,8 @@ import math
 import numpy as np
 
 from ..dtypes import DataType as DT
-from ..errors import InvalidGraph, InvalidShape, Unimplemented
-from .onnx_ops import _floats, _target
+from ..errors import InvalidShape, Unimplemented
+from .onnx_ops import _floats, _rms_norm, _target
 
 
 def unpack_ort_nbits(packed: np.ndarray, rows: int, count: int, bits: int) -> np.ndarray:
@@ -96,11 +96,11 @@ def _mat_mul_nbits(ctx):
     g_idx = ctx.const(4) if ctx.has(4) else None
     if ctx.has(4) and (g_idx is None or not np.array_equal(g_idx.reshape(-1), np.arange(K) // block)):
         dense = _dequant_dense(q, s, zp, mid, block, K, g_idx)
-        return _finish(ctx, ctx.constant(dense, _target(ctx, 0)), N, transpose=True, dense=True)
+        return _finish(ctx, ctx.constant(dense, _target(ctx, 0)))
     if zp is not None and zp.dtype.kind == "f":
         if not np.array_equal(zp, np.round(zp)) or zp.min() < 0 or zp.max() >= (1 << bits):
             dense = _dequant_dense(q, s, zp, mid, block, K, None)
-            return _finish(ctx, ctx.constant(dense, _target(ctx, 0)), N, transpose=True, dense=True)
+            return _finish(ctx, ctx.constant(dense, _target(ctx, 0)))
         zp = zp.astype(np.int32)
     group = block if K % block == 0 else math.gcd(K, block)
     if group != block:  # repeat each block's scale (and zp) over its sub-groups
@@ -117,7 +117,7 @@ def _mat_mul_nbits(ctx):
     sc = ctx.constant(np.ascontiguousarray(s), sdt)
     args = [w, sc] + ([zps] if zps is not None else [])
     wf = ctx.b.dynamic_dequantize(*args, qtype="per_group", group_shape=[1, group])
-    return _finish(ctx, wf, N, transpose=True)
+    return _finish(ctx, wf)
 
 
 def _dequant_dense(q, s, zp, mid, block, K, g_idx) -> np.ndarray:
@@ -128,14 +128,14 @@ def _dequant_dense(q, s, zp, mid, block, K, g_idx) -> np.ndarray:
     return ((q.astype(np.float32) - zero) * scale).astype(np.float32)
 
 
-def _finish(ctx, w, N, transpose: bool, dense: bool = False):
+def _finish(ctx, w):
+    """MatMul(A, W [N, K], transpose_b) with MatMulNBits' optional bias (input 5)."""
     bias = None
     if ctx.has(5):
         c = ctx.const(5)
         bias = ctx.constant(c, _target(ctx, 0)) if c is not None else ctx.value(5)
     x = ctx.value(0)
-    y = ctx.b.matmul(x, w, bias, transpose_b=transpose) if bias is not None else \
-        ctx.b.matmul(x, w, transpose_b=transpose)
+    y = ctx.b.matmul(x, w, bias, transpose_b=True) if bias is not None else ctx.b.matmul(x, w, transpose_b=True)
     return ctx.out(y)
 
 
@@ -171,15 +171,5 @@ MAPPERS = {
     "MatMulNBits": _mat_mul_nbits,
     "SkipLayerNormalization": _skip_norm(False),
     "SkipSimplifiedLayerNormalization": _skip_norm(True),
-    "SimplifiedLayerNormalization": None,  # filled below (same as ai.onnx's, ORT registers both)
+    "SimplifiedLayerNormalization": _rms_norm,  # ORT registers it in both domains
 }
-
-
-def _late():
-    from .onnx_ops import _rms_norm
-    MAPPERS["SimplifiedLayerNormalization"] = _rms_norm
-
-
-_late()
-
-__all__ = ["MAPPERS", "unpack_ort_nbits", "InvalidGraph"]

@@ -47,7 +47,7 @@ import numpy as np
 from ..builder import GraphBuilder, Value
 from ..dtypes import DataType
 from ..engine import Engine
-from ..enums import FPMathMode, OpKind, PartitionPolicy, PropertyType
+from ..enums import FPMathMode, OpKind, PartitionPolicy
 from ..errors import GraphError, InvalidArguments, InvalidGraph, InvalidShape, Unimplemented
 from ..runner import compile_graph
 from ..tensor import Tensor

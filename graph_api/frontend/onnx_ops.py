@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import DataType as DT
-from ..errors import InvalidGraph, InvalidShape, Unimplemented
+from ..errors import InvalidShape
 
 FLOAT_NP = {np.dtype(np.float32), np.dtype(np.float16)}
 
@@ -575,5 +575,3 @@ def _attention(ctx):
 
 
 MAPPERS["Attention"] = _attention
-
-__all__ = ["MAPPERS", "InvalidGraph", "InvalidShape", "Unimplemented"]
