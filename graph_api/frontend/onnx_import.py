@@ -594,7 +594,10 @@ class Importer:
         for name in outputs:
             if name in self.inputs:
                 folded.pop(name, None)
-        for stage in self.stages:
+        # a segment a declining mapper opened but left without ops has nothing to run
+        self.stages = [st for st in self.stages if not (isinstance(st, Segment) and not st.builder.graph.ops)]
+        for index, stage in enumerate(self.stages):
+            stage.index = index
             if isinstance(stage, Segment):
                 stage.exports = list(dict.fromkeys(stage.exports))
                 stage.finalize()

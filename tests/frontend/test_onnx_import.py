@@ -796,3 +796,19 @@ def test_torch_exported_resnet_bottleneck_and_mobilenet_block(tmp_path):
     _close_f32(out[name], om.ort_run(model, {"x": x.numpy()})[name])
     with torch.no_grad():
         _close_f32(out[name], net(x).numpy())
+
+
+def test_a_model_of_host_steps_only_and_outputs_known_at_load():
+    rng = np.random.default_rng(27)
+    table = rng.standard_normal((10, 4)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["y"]),
+             helper.make_node("Shape", ["table"], ["s"])]
+    model = om.make_model(nodes, [("ids", TP.INT64, [3])], [("y", TP.FLOAT, [3, 4]), ("s", TP.INT64, [2])],
+                          {"table": table})
+    imported = ga.from_onnx(model)
+    assert isinstance(imported, OnnxModel) and imported.segments == [] and len(imported.host_steps) == 1
+    out = imported.run({"ids": np.array([1, 7, 2])})
+    np.testing.assert_array_equal(out["y"], table[[1, 7, 2]])
+    np.testing.assert_array_equal(out["s"], [10, 4])
+    with pytest.raises(ga.InvalidArguments, match="no value for model input"):
+        imported.run({})
