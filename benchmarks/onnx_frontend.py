@@ -40,9 +40,9 @@ def _with_accuracy_level(model, level: int):
     copy = onnx.ModelProto.FromString(model.SerializeToString())
     for node in copy.graph.node:
         if node.op_type == "MatMulNBits":
-            for attr in node.attribute:
-                if attr.name == "accuracy_level":
-                    attr.i = level
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend(kept + [onnx.helper.make_attribute("accuracy_level", level)])
     return copy
 
 
