@@ -25,7 +25,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="subset, < 2 minutes")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.md"))
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--only", default="", help="comma list: int4,prefill,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized,sdpa_backward")
+    ap.add_argument("--only", default="", help="comma list: int4,prefill,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized,sdpa_backward,onnx")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     want = lambda k: not only or k in only
@@ -38,7 +38,7 @@ def main(argv=None):
             f"python {platform.python_version()}, numba {numba.__version__} "
             f"({numba.config.THREADING_LAYER} layer, {numba.get_num_threads()} threads), "
             f"torch {'yes' if peers.have_torch() else 'no'}, onnxruntime {'yes' if peers.have_ort() else 'no'}",
-            _cpu_line(), _openblas_line(),
+            _cpu_line(), _units_line(), _openblas_line(),
             f"measured read bandwidth: cold (> L3) {bw[0]:.1f} GB/s, "
             f"L3-resident ({suite.l3_probe_mib()} MiB) {bw[1]:.1f} GB/s", ""]
     print("\n".join(head), flush=True)
@@ -118,6 +118,12 @@ def main(argv=None):
         n0 = len(rows)
         qmatmul.bench_qmatmul(rows, args.quick, peers_on)
         _print(rows[n0:])
+    if want("onnx"):
+        from benchmarks import onnx_frontend
+
+        n0 = len(rows)
+        onnx_frontend.bench_onnx(rows, args.quick, peers_on)
+        _print(rows[n0:])
     if want("sparse"):
         from benchmarks import sparse
 
@@ -154,6 +160,14 @@ def _cpu_line() -> str:
     missing = [f for f in _FLAGS if f not in flags]
     return (f"cpu: {model}, {os.cpu_count()} logical cores; has {' '.join(have) or '-'}; "
             f"lacks {' '.join(missing) or '-'}")
+
+
+def _units_line() -> str:
+    """The units this process's kernels use (kernels/isa.py): what a relaxed fpmath mode runs on."""
+    from graph_api.kernels.isa import ISA
+
+    return (f"kernel units: {ISA.describe()}; fpmath bf16 products on {ISA.bf16_unit or 'none (f32 FMA)'}, "
+            f"int8 products on {ISA.int8_unit}")
 
 
 def _openblas_line() -> str:

@@ -74,7 +74,9 @@ def bench_qmatmul(rows, quick=False, peers_on=True, shapes=((512, 384, 1536), (4
         t = _best(lambda: compiled(feeds), reps)
         plan = compiled.steps[0][1].plan.name
         label = f"int8 MatMul u8 x s8 -> u8 (per-column scales), M={M} K={K_} N={N}"
-        rows.append((label, "hot", "project", t * 1e3, 1.0,
+        from graph_api.kernels.isa import ISA
+
+        rows.append((label, "hot", f"project ({ISA.int8_unit} int8)", t * 1e3, 1.0,
                      f"{2 * M * K_ * N / t * 1e-9:.0f} GOP/s; {plan}"))
         run = _ort(x, w, w_scales) if peers_on else None
         if run is not None:

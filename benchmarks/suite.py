@@ -43,6 +43,13 @@ def host_cpu() -> tuple[str, frozenset]:
     return model, flags
 
 
+def amx_bf16() -> bool:
+    """The kernels may use the AMX tile unit (kernels/isa.py)."""
+    from graph_api.kernels.isa import ISA
+
+    return ISA.amx_bf16
+
+
 def bf16_hardware() -> bool:
     """The CPU multiplies bf16 natively (avx512_bf16 or AMX), as PyTorch's bf16 peers assume."""
     return bool(host_cpu()[1] & {"avx512_bf16", "amx_bf16"})
@@ -185,6 +192,9 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
     bf16_on = decode and WM.bf16_decode_applies(spec)
     pairs = [WM.prepare_bf16(w, spec, sc, z) for (w, sc, z, _, _) in copies] if bf16_on else []
     ours_bf16 = lambda i: WM.wmatmul(x, None, spec, prepared=pairs[i], out=out, rnd_x=RND_BF16, rnd_w=RND_BF16)
+    pairs_prefill = [WM.prepare(w, spec, sc, z) for (w, sc, z, _, _) in copies] if not decode and amx_bf16() else []
+    ours_bf16_prefill = lambda i: WM.wmatmul(x, None, spec, prepared=pairs_prefill[i], out=out, rnd_x=RND_BF16,
+                                             rnd_w=RND_BF16)
     reps = 60 if decode else (5 if quick else 10)
     label = f"int4 {'decode' if decode else 'prefill'} M={M} K={K} N={N} g{G} {kind}{'+zp' if zp else ''}"
     flops = 2.0 * M * K * N
@@ -193,6 +203,8 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
         jobs = {"project (blocked, prepared)": (ours, nc, reps)}
         if bf16_on:
             jobs["project fpmath bf16 (vdpbf16ps)"] = (ours_bf16, nc, reps)
+        if not decode and amx_bf16():  # bf16 + apply_to_int prefill: the AMX tile unit
+            jobs["project fpmath bf16 (AMX)"] = (ours_bf16_prefill, nc, reps)
         if decode and mode == "hot":
             jobs["project direct [N,K]"] = (direct, 1, 10)
         if peers_on:

@@ -377,23 +377,25 @@ def _igemm_par(ap, M, bp, k4, colterm, cb, rowsum, a_unsigned, c, cfg):
 
 @njit(parallel=True, cache=True)
 def _pack_a8_par(a, out, rowsum, M, K, want_rowsum):
+    """Row by row: each 64-byte piece of a row is one slice copy (a byte loop with the
+    bounds tests inside cost as much as the GEMM at K = 384)."""
     steps = -(-K // KSTEP8)
     for rb in prange(-(-M // BLOCK)):
         for r in range(BLOCK):
             m = rb * BLOCK + r
-            s_row = 0
             for s in range(steps):
                 base = ((rb * steps + s) * 2 + r // 16) * 1024 + (r % 16) * 64
-                for kk in range(KSTEP8):
-                    k = s * KSTEP8 + kk
-                    if m < M and k < K:
-                        v = a[m, k]
-                        out[base + kk] = v
-                        s_row += np.int32(v)
-                    else:
-                        out[base + kk] = 0
+                k0 = s * KSTEP8
+                n = min(KSTEP8, K - k0) if m < M else 0
+                if n > 0:
+                    out[base:base + n] = a[m, k0:k0 + n]
+                out[base + n:base + KSTEP8] = 0
             if want_rowsum and m < M:
-                rowsum[m] = s_row
+                total = 0
+                row = a[m]
+                for k in range(K):
+                    total += np.int32(row[k])
+                rowsum[m] = total
 
 
 def pack_a8(a: np.ndarray, rowsum: np.ndarray, want_rowsum: bool, out: np.ndarray | None = None) -> np.ndarray:
