@@ -47,10 +47,13 @@ from graph_api.check import compare
 from graph_api.errors import ExecutionError, GraphError, InvalidArguments
 
 from . import torch_graph as tg
+from . import torch_int4  # noqa: F401  (registers graph_api::dequantize_int4 and its rule)
 from . import torch_lower as tl
 from . import torch_threads
 
-__all__ = ["graph_api_backend", "backend", "Options", "Report", "reports", "reset_reports",
+from .torch_int4 import Int4Linear, quantize_linear_weights_int4
+
+__all__ = ["graph_api_backend", "backend", "quantize_linear_weights_int4", "Int4Linear", "Options", "Report", "reports", "reset_reports",
            "FallbackWarning", "CheckMismatch", "thread_policy"]
 
 thread_policy = torch_threads.apply

@@ -56,6 +56,7 @@ class _Lowerer(tl.Lowering):
         self.sources: dict[int, tuple] = {}  # graph input id -> ("node", FX node) | ("literal", array)
         self._source_lt: dict = {}
         self.reasons: dict = {}  # FX node -> why it stays in torch
+        self.packed_ids: set[int] = set()  # s4/u4 inputs fed as packed uint8 bytes
 
     def source(self, node):
         lt = self._source_lt.get(node)
@@ -73,6 +74,24 @@ class _Lowerer(tl.Lowering):
         lt = self._source_lt[node] = self.new_lt(tl.to_dtype(value.dtype), value.shape, prop)
         self.sources[lt.id] = ("node", node)
         return lt
+
+    def packed_source(self, node, dtype, shape):
+        """An s4/u4 constant [N, K] over a module's packed uint8 [N, K/2] buffer."""
+        lt = self._source_lt.get((node, "packed"))
+        if lt is None:
+            self.constant_value(node)  # a buffer of the module, or not lowered
+            lt = self._source_lt[(node, "packed")] = self.new_lt(dtype, shape, PropertyType.constant)
+            self.sources[lt.id] = ("node", node)
+            self.packed_ids.add(lt.id)
+        return lt
+
+    def constant_value(self, node) -> torch.Tensor:
+        """The value of a parameter or buffer (constant data known while lowering)."""
+        if node.op == "placeholder" and self.constant[self.index[node]]:
+            return self.args[self.index[node]]
+        if node.op == "get_attr":
+            return getattr(self.gm, node.target)
+        raise NotLowered(f"{node.name} is not a parameter or buffer of the module")
 
     def literal(self, array, dtype):
         lt = self.new_lt(dtype, array.shape, PropertyType.constant)
@@ -284,6 +303,7 @@ class PartitionCall:
             else:
                 self.var_ids.append(tid)
         self.value_nodes = value_nodes
+        self.packed = {tid for tid in self.var_ids if tid in low.packed_ids}
         examples = [strided(tid) for tid in self.var_ids]
         self.lit_lts = {tid: ga.LogicalTensor(tid, part.graph.tensors[tid].dtype, list(a.shape),
                                               property=PropertyType.constant) for tid, a in literals.items()}
@@ -306,7 +326,8 @@ class PartitionCall:
             lts = []
             for tid, st in zip(self.var_ids, strides):
                 port = graph.tensors[tid]
-                usable = st is not None and all(s > 0 for s, d in zip(st, port.shape) if d > 1)
+                usable = st is not None and tid not in self.packed and \
+                    all(s > 0 for s, d in zip(st, port.shape) if d > 1)
                 lts.append(ga.LogicalTensor(tid, port.dtype, list(port.shape),
                                             list(st) if usable else None, property=port.property))
             outs = [graph.tensors[t] for t in self.out_ids]
@@ -317,6 +338,11 @@ class PartitionCall:
         self._key = key
 
     def wrap(self, lt, t: torch.Tensor):
+        if lt.id in self.packed:  # s4/u4: the packed bytes are the tensor's memory
+            if t.dtype != torch.uint8 or t.numel() * 2 != lt.nelems():
+                raise ga.InvalidShape(f"{self.name}: packed input {lt.id} is {t.dtype} {list(t.shape)}, "
+                                      f"expected uint8 holding {list(lt.shape)} {lt.dtype.name}")
+            return ga.Tensor(lt, ENGINE, t.contiguous().numpy().reshape(-1))
         if tuple(t.shape) != tuple(lt.shape) or tl.DTYPES.get(t.dtype) != lt.dtype:
             raise ga.InvalidShape(f"{self.name}: input {lt.id} is {t.dtype} {list(t.shape)}, compiled for "
                                   f"{lt.dtype.name} {list(lt.shape)}")
