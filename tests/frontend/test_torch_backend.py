@@ -244,3 +244,23 @@ def test_import_graph_api_does_not_import_torch():
     code = "import sys, graph_api, graph_api.frontend; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_thread_policy_quiets_torchs_openmp_and_numpys_openblas():
+    """torch imported first: the policy docks threads in torch's libgomp (so every wait
+    there, torch's and Numba's, is libgomp's short throttled spin) and gives numpy's
+    OpenBLAS a short worker timeout; run in a fresh process (it changes process state)."""
+    code = ("import torch, os, numpy\n"
+            "from graph_api.frontend import torch_threads as t\n"
+            "before = len(os.listdir('/proc/self/task'))\n"
+            "done = t.apply()\n"
+            "assert t.apply() is done\n"
+            "print(done.get('gomp_docked_threads'), done.get('openblas_timeout'),\n"
+            "      len(os.listdir('/proc/self/task')) - before)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    docked, timeout, new_threads = done.stdout.split()
+    if docked == "0":
+        pytest.skip("torch does not use its own GNU libgomp here")
+    # the helper and its docked team (numpy's OpenBLAS workers, shut down, start again on demand)
+    assert int(docked) >= 3 and timeout == "4" and int(new_threads) >= 2
