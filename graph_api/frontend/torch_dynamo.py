@@ -111,6 +111,9 @@ class Report:
     unfused: dict = field(default_factory=dict)  # node -> why its op runs alone
     graphs: int = 1
     compiles: int = 0
+    graph: object = field(default=None, repr=False)  # the graph_api Graph (None: nothing lowered)
+    parts: list = field(default_factory=list, repr=False)  # its partitions that run in graph_api
+    kernels: dict = field(default_factory=dict, repr=False)  # partition id -> kernel name
 
     @property
     def coverage(self) -> float:
@@ -186,6 +189,9 @@ def _report(built, shapes) -> Report:
     report.by_category = Counter({k: tuple(v) for k, v in cats.items()})
     report.partitions = [(c.name, c.partition.get_kind(), c.kernel, c.node_names) for c in built.calls]
     report.unfused = dict(built.explained)
+    report.graph = built.graph
+    report.parts = [c.partition for c in built.calls]
+    report.kernels = {c.partition.id: c.kernel for c in built.calls}
     return report
 
 
