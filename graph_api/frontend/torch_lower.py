@@ -62,6 +62,7 @@ class Lowering:
         self.next_id = 1  # tensor ids; 0 is the scratchpad's id in graph_api
         self.next_op = 0
         self.node = None  # the node being lowered (ops are named after it)
+        self.prepared: dict = {}  # constant weight id -> its transposed contiguous copy
 
     # ------------------------------------------------------------ tensors
     def new_lt(self, dtype, shape, prop=PropertyType.variable) -> LogicalTensor:
@@ -181,6 +182,26 @@ def ta_swapped(L, a) -> bool:
     return False
 
 
+def _prepared_weight(L, w):
+    """A constant 2-D weight read transposed (``nn.Linear``'s [N, K]) as a contiguous
+    [K, N] copy made once here, as oneDNN prepares constant weights: the MatMul plans
+    run their fused GEMM + epilogue on contiguous operands (a transposed view takes a
+    slower path).  (logical tensor, transpose_b)."""
+    kind, node = L.sources.get(w.id, (None, None))
+    if kind != "node" or len(w.shape) != 2:
+        return w, True
+    try:
+        value = L.constant_value(node)
+    except NotLowered:
+        return w, True
+    done = L.prepared.get(w.id)
+    if done is None:
+        t = value.detach().t().contiguous()
+        array = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+        done = L.prepared[w.id] = L.literal(array, w.dtype)
+    return done, False
+
+
 def _matmul(L, a, b, bias=None):
     folded = _folded_rows(L, a) if meta(a).dim() == 2 else None
     if folded is not None:
@@ -189,6 +210,8 @@ def _matmul(L, a, b, bias=None):
     else:
         (x, ta), out = L.operand(a), None
     w, tb = L.operand(b)
+    if tb:
+        w, tb = _prepared_weight(L, w)
     ins = [x, w]
     attrs = {"transpose_a": ta, "transpose_b": tb}
     if bias is not None:
@@ -525,7 +548,15 @@ def expand(L, node):
     raise NotLowered("expand (no broadcast op in the opset; binary ops broadcast their inputs)")
 
 
+def _not_an_output(node):
+    """A copy that is the graph's output stays a torch copy (an output must not be its input)."""
+    if any(u.op == "output" for u in node.users):
+        raise NotLowered("a copy returned as the graph's output")
+
+
 def alias(L, node):
+    if node.target in (aten.clone.default, aten.lift_fresh_copy.default):
+        _not_an_output(node)
     return L.val(node.args[0])
 
 
@@ -533,6 +564,7 @@ def to_copy(L, node):
     x = L.val(node.args[0])
     want = to_dtype(meta(node).dtype)
     if want == x.dtype:
+        _not_an_output(node)
         return x
     if x.dtype not in FLOAT or want not in FLOAT or {x.dtype, want} == {dt.bf16, dt.f16}:
         raise NotLowered(f"cast {x.dtype.name} -> {want.name}")
