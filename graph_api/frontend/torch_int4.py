@@ -26,7 +26,7 @@ from graph_api import OpKind as K
 from graph_api.errors import InvalidArguments
 
 from . import torch_lower as tl
-from .torch_lower import NotLowered, meta
+from .torch_lower import meta
 
 LIB = torch.library.Library("graph_api", "FRAGMENT")
 LIB.define("dequantize_int4(Tensor packed, Tensor scales, Tensor? zps, int group_size, bool signed) -> Tensor")

@@ -62,6 +62,7 @@ class Lowering:
         self.next_id = 1  # tensor ids; 0 is the scratchpad's id in graph_api
         self.next_op = 0
         self.node = None  # the node being lowered (ops are named after it)
+        self.sources: dict[int, tuple] = {}
         self.prepared: dict = {}  # constant weight id -> its transposed contiguous copy
 
     # ------------------------------------------------------------ tensors
@@ -98,10 +99,23 @@ class Lowering:
             raise NotLowered(f"{getattr(arg, 'name', arg)} is {lt.dtype.name}; this op takes f32/bf16/f16")
         return lt
 
+    # graph inputs: the backend's lowering (torch_graph._Lowerer) knows the module's
+    # placeholders, parameters and their values; ``self.sources`` maps each graph input
+    # id to ("node", FX node) or ("literal", numpy array)
     def source(self, node) -> LogicalTensor:  # pragma: no cover - the backend's
+        """A graph input for a torch value (placeholder, parameter, torch-computed)."""
         raise NotImplementedError
 
     def literal(self, array: np.ndarray, dtype) -> LogicalTensor:  # pragma: no cover - the backend's
+        """A constant graph input holding ``array`` (made while lowering)."""
+        raise NotImplementedError
+
+    def constant_value(self, node) -> torch.Tensor:  # pragma: no cover - the backend's
+        """The value of a parameter or buffer; NotLowered for anything else."""
+        raise NotImplementedError
+
+    def packed_source(self, node, dtype, shape) -> LogicalTensor:  # pragma: no cover - the backend's
+        """An s4/u4 constant over a module's packed uint8 buffer."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ ops

@@ -264,3 +264,39 @@ def test_thread_policy_quiets_torchs_openmp_and_numpys_openblas():
         pytest.skip("torch does not use its own GNU libgomp here")
     # the helper and its docked team (numpy's OpenBLAS workers, shut down, start again on demand)
     assert int(docked) >= 3 and timeout == "4" and int(new_threads) >= 2
+
+
+def test_reused_buffers_never_hold_a_returned_value():
+    """Partition outputs that only the graph reads are kept between calls; anything
+    returned (or a view of it returned) is new memory on every call."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 32)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            y = self.b(h) + h
+            return y, y.view(4, 2, 32).transpose(0, 1)
+
+    model = Model().eval()
+    cm = compiled(model)
+    x1, x2 = torch.randn(8, 16), torch.randn(8, 16)
+    with torch.no_grad():
+        first = [t.clone() for t in cm(x1)]
+        kept = cm(x1)
+        second = cm(x2)
+        for a, b in zip(first, kept):
+            close(a, b)  # the second call with x2 did not write into the first's results
+        for got, want in zip(second, model(x2)):
+            close(got, want)
+    calls = [c for r in td.reports() for c in r.partitions]
+    assert calls  # and at least one partition kept its buffers
+    assert any(n.target.reuse for gm in _modules() for n in gm.graph.nodes if isinstance(n.target, tg.PartitionCall))
+
+
+def _modules():
+    import gc
+
+    return [o for o in gc.get_objects() if isinstance(o, torch.fx.GraphModule)
+            and any(isinstance(n.target, tg.PartitionCall) for n in o.graph.nodes)]
