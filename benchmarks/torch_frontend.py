@@ -125,6 +125,38 @@ def co_residence(rows, reps=10):
                  f"best {min(after) * 1e3:.1f} ms (x{min(after) / min(alone):.2f}); goal: within 5% of alone"))
 
 
+def int4_rows(rows, model, args, reps, group=32):
+    """The same model with int4 weights (quantize_linear_weights_int4, s4, groups of
+    ``group``): the backend against eager torch running the dequantization (the custom
+    op's reference) and against the f32 model."""
+    import copy
+
+    import torch
+    from graph_api.frontend import torch_dynamo as td
+
+    torch._dynamo.reset()
+    td.reset_reports()
+    quantized = td.quantize_linear_weights_int4(copy.deepcopy(model), group_size=group)
+    with torch.no_grad():
+        full = model(*args).last_hidden_state
+        want = quantized(*args).last_hidden_state
+        project = torch.compile(quantized, backend="graph_api")
+        got = project(*args).last_hidden_state
+        report = td.Report.combine(td.reports())
+        t_project, _ = _timed(lambda: project(*args), reps)
+        t_eager, _ = _timed(lambda: quantized(*args), reps)
+    label = f"all-MiniLM-L6-v2, s4 weights g{group} (quantize_linear_weights_int4), {args[0].shape[0]} x {args[0].shape[1]}"
+    scale = float(want.abs().max())
+    keep = args[1][..., None].float()
+    pooled = [torch.nn.functional.normalize((h * keep).sum(1) / keep.sum(1), dim=-1) for h in (got, full)]
+    cosine = float((pooled[0] * pooled[1]).sum(-1).min())
+    rows.append((label, "hot", "project (torch.compile backend=graph_api)", t_project * 1e3, 1.0,
+                 f"{report.fused['matmul_compressed']} matmul_compressed partitions; max |diff| / max to eager "
+                 f"on the dequantized weights {float((got - want).abs().max()) / scale:.1e}; sentence "
+                 f"embeddings vs the f32 model: min cosine {cosine:.4f}"))
+    rows.append((label, "hot", "torch eager (dequantize + linear)", t_eager * 1e3, t_eager / t_project, ""))
+
+
 def bench_torch_frontend(rows, quick=False):
     try:
         import torch
@@ -141,6 +173,7 @@ def bench_torch_frontend(rows, quick=False):
         _three_ways(rows, f"all-MiniLM-L6-v2 (real weights), f32, {ids.shape[0]} x {ids.shape[1]} tokens",
                     model, (ids, mask), reps, inductor=not quick)
         co_residence(rows, 2 * reps)
+        int4_rows(rows, model, (ids, mask), reps)
     config = transformers.BertConfig(hidden_size=256 if quick else 768, num_hidden_layers=2 if quick else 12,
                                      num_attention_heads=4 if quick else 12,
                                      intermediate_size=1024 if quick else 3072)

@@ -300,3 +300,13 @@ def _modules():
 
     return [o for o in gc.get_objects() if isinstance(o, torch.fx.GraphModule)
             and any(isinstance(n.target, tg.PartitionCall) for n in o.graph.nodes)]
+
+
+def test_bf16_model():
+    """bf16 parameters and activations stay bf16 (tensors cross as their bits); bf16
+    tolerance: a few units of bf16's 2^-8 relative step."""
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16)).eval()
+    model = model.to(torch.bfloat16)
+    out, ref, report = run(model, torch.randn(8, 32).to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and report.coverage == 1.0
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * float(ref.float().abs().max()))
