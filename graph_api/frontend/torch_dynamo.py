@@ -34,6 +34,7 @@ specialisation builds and compiles its own partitions, and the report counts the
 """
 from __future__ import annotations
 
+import math
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -111,6 +112,7 @@ class Report:
     unfused: dict = field(default_factory=dict)  # node -> why its op runs alone
     graphs: int = 1
     compiles: int = 0
+    reused: int = 0  # partitions whose outputs stay in buffers kept between calls
     graph: object = field(default=None, repr=False)  # the graph_api Graph (None: nothing lowered)
     parts: list = field(default_factory=list, repr=False)  # its partitions that run in graph_api
     kernels: dict = field(default_factory=dict, repr=False)  # partition id -> kernel name
@@ -151,6 +153,7 @@ class Report:
             total.unfused.update(r.unfused)
             total.graphs += r.graphs
             total.compiles += r.compiles
+            total.reused += r.reused
             for cat, (a, b) in r.by_category.items():
                 x = cats.setdefault(cat, [0, 0])
                 x[0] += a
@@ -190,6 +193,7 @@ def _report(built, shapes) -> Report:
     report.partitions = [(c.name, c.partition.get_kind(), c.kernel, c.node_names) for c in built.calls]
     report.unfused = dict(built.explained)
     report.graph = built.graph
+    report.reused = sum(c.reuse for c in built.calls)
     report.parts = [c.partition for c in built.calls]
     report.kernels = {c.partition.id: c.kernel for c in built.calls}
     return report
@@ -271,16 +275,20 @@ def _check(built, args, options):
         ins = []
         for tid in call.var_ids:
             node = nodes.get(tid)
-            if node is None or not isinstance(values.get(node), torch.Tensor):
+            value = values.get(node) if node is not None else None
+            shape = tuple(call.partition.graph.tensors[tid].shape)
+            if not isinstance(value, torch.Tensor) or (value.numel() * (2 if tid in call.packed else 1)
+                                                       != math.prod(shape)):
                 break
-            ins.append(values[node])
+            ins.append(value if tid in call.packed else value.reshape(shape))
         else:
             got = call(*ins)
             for tid, result in zip(call.out_ids, got):
                 node = nodes.get(tid)
                 expected = values.get(node)
-                if not isinstance(expected, torch.Tensor):
+                if not isinstance(expected, torch.Tensor) or expected.numel() != result.numel():
                     continue
+                expected = expected.reshape(result.shape)  # a linear layer's rows kept N-D here
                 verdict = compare(tg.as_numpy(expected.float() if expected.dtype == torch.bfloat16 else expected),
                                   tg.as_numpy(result.float() if result.dtype == torch.bfloat16 else result),
                                   call.out_lts[call.out_ids.index(tid)].dtype, fpmath)

@@ -205,6 +205,21 @@ def _build_once(gm, args, constant, fpmath, excluded) -> Built:
             rejected.add(part_ops[0][1])  # a torch view is free
             continue
         accepted.append(part)
+    # a node lowered as another's value (clone, a no-op view or cast) that torch reads
+    # runs in torch too: torch needs eager's memory layout (a clone of a transposed view
+    # is contiguous), graph_api only its values
+    made = {}  # node -> ids of the tensors its own ops produce
+    for op, node in low.ops:
+        made.setdefault(node, set()).update(lt.id for lt in op.outputs)
+    aliases = {n for n in lowered if n.target is not operator.getitem
+               and isinstance(low.lt_of[n], ga.LogicalTensor) and low.lt_of[n].id not in made.get(n, ())}
+    torch_too: set = set()
+    while True:  # torch reads: torch nodes, views kept in torch, and these copies themselves
+        in_ga = lowered - rejected - torch_too
+        more = {n for n in aliases - torch_too if _torch_users(n, in_ga)}
+        if not more:
+            break
+        torch_too |= more
     value_nodes = _value_nodes(low, lowered)
     by_rejected = {low.lt_of[n].id: n for n in rejected}
 
@@ -225,7 +240,7 @@ def _build_once(gm, args, constant, fpmath, excluded) -> Built:
             nodes = {node: f"partition compile failed: {err}" for i in part.get_ops() if i in ops_by_id
                      for node in [ops_by_id[i][1]]}
             raise Retry(nodes) from err
-    module = _rewrite(gm, low, lowered, rejected, calls, producer, ops_by_id)
+    module = _rewrite(gm, low, lowered, rejected, torch_too, calls, producer, ops_by_id)
     in_ga = {node for call in calls for node in call.nodes}
     explained = {}
     try:
@@ -426,10 +441,10 @@ def _same_strides(t, lt) -> bool:
 
 
 # ---------------------------------------------------------------- the rewrite
-def _rewrite(gm, low, lowered, rejected, calls, producer, ops_by_id):
+def _rewrite(gm, low, lowered, rejected, torch_too, calls, producer, ops_by_id):
     """A new FX graph: torch nodes copied, each accepted partition one call."""
     torch_nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
-                   and (n not in lowered or n in rejected)
+                   and (n not in lowered or n in rejected or n in torch_too)
                    and (n.users or n.target is not operator.getitem)]  # an unread output of a lowered tuple
     part_of = {tid: call for call in calls for tid in call.out_ids}
     position = {n: i for i, n in enumerate(gm.graph.nodes)}

@@ -290,23 +290,32 @@ def test_reused_buffers_never_hold_a_returned_value():
             close(a, b)  # the second call with x2 did not write into the first's results
         for got, want in zip(second, model(x2)):
             close(got, want)
-    calls = [c for r in td.reports() for c in r.partitions]
-    assert calls  # and at least one partition kept its buffers
-    assert any(n.target.reuse for gm in _modules() for n in gm.graph.nodes if isinstance(n.target, tg.PartitionCall))
+    assert td.reports()[0].reused >= 1  # and at least one partition kept its buffers
 
 
-def _modules():
-    import gc
-
-    return [o for o in gc.get_objects() if isinstance(o, torch.fx.GraphModule)
-            and any(isinstance(n.target, tg.PartitionCall) for n in o.graph.nodes)]
-
-
-def test_bf16_model():
-    """bf16 parameters and activations stay bf16 (tensors cross as their bits); bf16
-    tolerance: a few units of bf16's 2^-8 relative step."""
-    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16)).eval()
-    model = model.to(torch.bfloat16)
-    out, ref, report = run(model, torch.randn(8, 32).to(torch.bfloat16))
-    assert out.dtype == torch.bfloat16 and report.coverage == 1.0
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * float(ref.float().abs().max()))
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_causal_language_models_prefill(name):
+    """GPT2LMHeadModel and LlamaForCausalLM (GQA, RMSNorm written out, rotary, SiLU
+    gate), tiny configs, a prefill with check mode on: logits match eager; what stays
+    in torch is the embedding lookup, the rotary sin/cos and GPT-2's split."""
+    transformers = pytest.importorskip("transformers")
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=64,
+                                         bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2LMHeadModel(config).eval()
+    else:
+        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                          max_position_embeddings=64)
+        model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+        out = compiled(model, check=True)(input_ids=ids, use_cache=False).logits
+    close(out, ref)
+    report = td.Report.combine(td.reports())
+    assert report.coverage >= 0.9 and report.fused["sdpa"] == 2
+    kept = {target.split(".")[1] for _, target, _ in report.torch_nodes}
+    assert kept <= {"embedding", "split", "sin", "cos", "_to_copy"}, report
+    if name == "llama":
+        assert report.fused["gated_mlp"] == 2
