@@ -167,7 +167,7 @@ def _axis(dim, rank) -> int:
 
 
 # ---------------------------------------------------------------- matmul family
-_RESHAPES = None  # the reshape-family targets (filled below the table)
+_RESHAPES: set = set()  # the reshape-family targets (filled below the table)
 
 
 def _folded_rows(L, a):
@@ -180,7 +180,7 @@ def _folded_rows(L, a):
     if not (is_tensor_node(a) and a.op == "call_function" and a.target in _RESHAPES):
         return None
     base = a.args[0]
-    if not is_tensor_node(base) or meta(base).dim() < 3 or ta_swapped(L, a):
+    if not is_tensor_node(base) or meta(base).dim() < 3:
         return None
     rows, k = meta(a).shape
     if meta(base).shape[-1] != k or math.prod(meta(base).shape[:-1]) != rows:
@@ -190,10 +190,6 @@ def _folded_rows(L, a):
     if not users or any(u.target not in _RESHAPES or tuple(meta(u).shape) != want for u in users):
         return None
     return base, want
-
-
-def ta_swapped(L, a) -> bool:
-    return False
 
 
 def _prepared_weight(L, w):
