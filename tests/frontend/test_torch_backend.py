@@ -228,6 +228,26 @@ def test_options_are_checked():
 def test_tensors_cross_without_copies():
     t = torch.randn(3, 4)
     assert np.shares_memory(tg.as_numpy(t), t.numpy())
+    # a partition's inputs are compiled for their strides (a transposed view included), so
+    # graph_api's Tensors are views of torch's memory; its outputs are torch tensors it writes
+    seen = []
+    real = tg.PartitionCall._inputs
+
+    def spy(self, inputs):
+        tensors = real(self, inputs)
+        seen.extend((t, tensor) for t, tensor in zip(inputs, tensors[len(self._fixed):]))
+        return tensors
+
+    class Model(nn.Module):
+        def forward(self, x, w):
+            return torch.relu(torch.cumsum(x, 0).transpose(0, 1) * w)  # cumsum stays in torch
+
+    x, w = torch.randn(8, 4), torch.randn(4, 8)
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(tg.PartitionCall, "_inputs", spy)
+        close(compiled(Model())(x, w), Model()(x, w))
+    assert any(not t.is_contiguous() for t, _ in seen)  # the transposed view itself
+    assert seen and all(tensor.is_view_of(tg.as_numpy(t)) for t, tensor in seen)
     b = torch.randn(3, 4).to(torch.bfloat16)
     view = tg.as_numpy(b)
     assert view.dtype.name == "bfloat16" and view.__array_interface__["data"][0] == b.data_ptr()
