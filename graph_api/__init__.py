@@ -50,6 +50,24 @@ from .runner import CompiledGraph, compile_graph, run_graph
 from .tensor import Tensor, make_scalar_tensor
 from .builder import CompiledModel, GraphBuilder
 
+
+
+def from_onnx(source, **kwargs):
+    """An ONNX model (path, bytes or ``onnx.ModelProto``) as a ``Graph`` carrying its
+    constants (``graph.constants``) when every node maps, else an ``OnnxModel``;
+    see :mod:`graph_api.frontend.onnx_import` (needs ``pip install '.[onnx]'``)."""
+    from .frontend import onnx_import
+
+    return onnx_import.from_onnx(source, **kwargs)
+
+
+def import_onnx(source, **kwargs):
+    """An ONNX model as an ``OnnxModel`` (graph_api segments and host steps; ``.run(feeds)``)."""
+    from .frontend import onnx_import
+
+    return onnx_import.import_onnx(source, **kwargs)
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -62,4 +80,5 @@ __all__ = [
     "CompiledGraph", "compile_graph",
     "get_compiled_partition_cache_capacity", "set_compiled_partition_cache_capacity",
     "Allocator", "make_engine_with_allocator", "OpAttr",
+    "from_onnx", "import_onnx",
 ]

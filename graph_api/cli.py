@@ -5,6 +5,7 @@
     graph-api run FILE.json [--policy fusion|debug] [--fpmath MODE] [--apply-to-int]
                             [--repeat N] [--check] [--seed N] [--mb N]
     graph-api run --batch BATCH_FILE [--inputs-root DIR]
+    graph-api run MODEL.onnx [--fpmath MODE] [--repeat N] [--check] [--inputs FILE.npz]
     graph-api partitions FILE.json [--policy fusion|debug]
     graph-api dot FILE.json [-o out.dot] [--policy fusion|debug]
 
@@ -31,6 +32,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import graph_api
 
 from . import fill, rewrite
 from .check import Verdict, compare
@@ -298,6 +301,13 @@ def render_svg(dot_path: Path) -> Path | None:
 def cmd_run(args) -> int:
     if args.batch is not None:
         return cmd_run_batch(args)
+    if str(args.file).endswith(".onnx"):  # the ONNX front door, loaded through the facade
+        model = graph_api.import_onnx(args.file, fpmath=args.fpmath or "strict", policy=args.policy)
+        lines, ok = model.report(args.inputs, seed=args.seed, repeat=args.repeat, check=args.check)
+        print("\n".join(lines))
+        return EXIT_OK if ok else EXIT_MISMATCH
+    if args.inputs is not None:
+        raise InvalidArguments("--inputs is for .onnx models (JSON graphs are filled as benchdnn does)")
     prepared = prepare(args.file, args.fpmath, args.apply_to_int, args.mb)
     report = execute(prepared, args.policy, args.repeat, args.check, args.seed)
     print("\n".join(report_lines(report, args.policy)))
@@ -372,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("file", nargs="?" if name == "run" else None,
-                       help="a oneDNN graph JSON file (graph dump or benchdnn --case)")
+                       help="a oneDNN graph JSON file (graph dump or benchdnn --case); run: or an .onnx model")
         p.add_argument("--policy", type=_policy, default=PartitionPolicy.fusion, metavar="{fusion,debug}",
                        help="partition policy: fusion (patterns) or debug (one op per partition)")
         return p
@@ -387,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true",
                      help="compare every graph output with the unfused reference; exit 1 on a mismatch")
     run.add_argument("--seed", type=int, default=fill.SEED, help="seed of the input filler")
+    run.add_argument("--inputs", metavar="FILE.npz", default=None,
+                     help="an .onnx model's inputs by name (.npz) or its one input (.npy); default: filled")
     run.add_argument("--mb", type=_positive, default=None, metavar="N",
                      help="set the leading batch dim to N, as benchdnn --mb")
     run.add_argument("--batch", metavar="BATCH_FILE",

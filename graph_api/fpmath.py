@@ -81,6 +81,16 @@ class FPMath:
             return dtypes.round_to_tf32(x)
         return dtypes.round_through(x, DataType[self.rounding])
 
+    def operand_type(self, src_dtype: DataType, dequantized: bool = False) -> DataType:
+        """The type whose values a MatMul/Conv operand holds after this mode's rounding:
+        ``src_dtype`` for bf16/f16 data (and for f32 data the mode keeps, or integral
+        data without ``apply_to_int``), else the rounding type (``tf32`` counts as f32:
+        it has no storage type).  A kernel that multiplies that type natively (bf16 on
+        the matrix units) computes exactly the rounded operands."""
+        if src_dtype != DataType.f32 or self.rounding in (None, "tf32") or (dequantized and not self.apply_to_int):
+            return src_dtype
+        return DataType[self.rounding]
+
     def round_dequantized_weight(self, values: np.ndarray) -> np.ndarray:
         """Weights decompressed from integers: rounded only with apply_to_int."""
         if not self.apply_to_int:

@@ -23,7 +23,7 @@ as ``igemm.HAVE_VNNI``); kernels using them must not be compiled otherwise.
 """
 from __future__ import annotations
 
-from graph_api.kernels import numba_setup
+from graph_api.kernels.isa import ISA
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 
@@ -37,7 +37,7 @@ from graph_api.kernels.bits import _V16, f32x16, vexp  # noqa: F401  (vexp: sdpa
 
 
 #: whether the compiled code may use vdpbf16ps (AVX512_BF16)
-HAVE_BF16 = "+avx512bf16" in numba_setup.target_features().split(",")
+HAVE_BF16 = ISA.avx512_bf16
 
 
 # ------------------------------------------------------------------ intrinsics

@@ -39,7 +39,7 @@ blocks of KC bytes so a block of the panel stays in L1.
 """
 from __future__ import annotations
 
-from graph_api.kernels import numba_setup
+from graph_api.kernels.isa import ISA
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 
@@ -60,7 +60,7 @@ MB = 96
 
 
 #: whether the compiled code may use vpdpbusd (tests switch it off to run the portable kernel)
-HAVE_VNNI = "+avx512vnni" in numba_setup.target_features().split(",")
+HAVE_VNNI = ISA.avx512_vnni
 
 
 # ------------------------------------------------------------------ the micro-kernel
@@ -432,7 +432,10 @@ class PackedB:
         offb = 0 if b.dtype == self.dtype else (128 if b.dtype == np.uint8 else -128)
         self.k4 = -(-self.K // 4)
         panels = -(-self.N // NR)
-        self.panels = np.empty(panels * self.k4 * NR * 4, self.dtype)
+        size = panels * self.k4 * NR * 4
+        # a view of the head of a buffer with zeros after it: the AMX kernel's last K step
+        # reads up to 16 rows past a panel (they meet A's zero padding)
+        self.panels = np.zeros(size + _amx_tail(), self.dtype)[:size]
         #: column sums of B' and cb = zb - offb (B - zb = B' - cb)
         self.colsum = np.zeros(self.N, np.int64)
         (_pack_b_ser if self.K * self.N < PACK_SERIAL_BELOW else _pack_b_par)(
@@ -442,6 +445,23 @@ class PackedB:
     def column_terms(self, za: int) -> np.ndarray:
         """``K * za * cb - za * colsum(B')`` as int32 (exact modulo 2**32, like all of C)."""
         return ((self.K * int(za)) * self.cb - int(za) * self.colsum).astype(np.int32)
+
+
+def _amx_int8() -> bool:
+    """GEMMs run on the AMX tile unit (``ISA.amx_int8``; tests switch it off to run VNNI)."""
+    return USE_AMX and ISA.amx_int8
+
+
+#: whether :func:`gemm` may use the AMX tile unit where the host has it
+USE_AMX = True
+
+
+def _amx_tail() -> int:
+    if not ISA.amx_int8:
+        return 0
+    from graph_api.kernels import amx
+
+    return amx.B8_TAIL
 
 
 def exact_in_int32(K: int, a_bound: float, b_bound: float) -> bool:
@@ -465,8 +485,16 @@ def gemm(a: np.ndarray, packed: PackedB, za: int = 0, out: np.ndarray | None = N
         out[...] = 0
         return out
     rowsum = np.zeros(M, np.int32)
-    ap = _pack_a(a, packed.k4, rowsum, bool(np.any(packed.cb)))
     parallel = M * packed.N * K >= SERIAL_BELOW
+    if parallel and _amx_int8():  # the tile unit (kernels/amx.py): same int32 sums, same corrections
+        from graph_api.kernels import amx
+
+        ap = amx.pack_a8(a, rowsum, bool(np.any(packed.cb)),
+                         scratch.empty(amx.padded(M) * -(-K // amx.KSTEP8) * amx.KSTEP8, a.dtype))
+        amx.igemm(ap, M, packed.panels, packed.k4, packed.column_terms(za), packed.cb.astype(np.int32),
+                  rowsum, packed.a_dtype == np.uint8, out)
+        return out
+    ap = _pack_a(a, packed.k4, rowsum, bool(np.any(packed.cb)))
     driver(parallel)(ap, M, packed.panels, packed.k4, packed.column_terms(za), packed.cb.astype(np.int32),
                      rowsum, packed.a_dtype == np.uint8, out)
     return out

@@ -31,7 +31,7 @@ NR with zeros): B panels ``bp[p, k2, j, t] = B[2*k2 + t, p*NR + j]``; A
 """
 from __future__ import annotations
 
-from graph_api.kernels import numba_setup
+from graph_api.kernels.isa import ISA
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 import numpy as np
@@ -51,7 +51,7 @@ KC2 = 256
 
 #: whether the compiled code may use AVX2's vpmaddwd (x86 with AVX2: every CPU this
 #: project targets; tests read it to skip elsewhere)
-HAVE_AVX2 = "+avx2" in numba_setup.target_features().split(",")
+HAVE_AVX2 = ISA.avx2
 
 
 def exact(K: int, a_bound: int, b_bound: int) -> bool:

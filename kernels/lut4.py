@@ -20,7 +20,7 @@ per 8 weights (see :mod:`graph_api.kernels.wgemv4`).
 """
 from __future__ import annotations
 
-from graph_api.kernels import numba_setup
+from graph_api.kernels.isa import ISA
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 from llvmlite import ir
@@ -35,14 +35,13 @@ _I32 = ir.IntType(32)
 _I32V = ir.VectorType(_I32, 16)
 
 
-#: the compile target's CPU features (numba_setup.target_features: the one reader)
-_FEATURES = numba_setup.target_features().split(",")
-HAS_VPERMPS = "+avx512f" in _FEATURES
+#: 16-float ``vpermps`` lookups (AVX-512; the one ISA layer says so)
+HAS_VPERMPS = ISA.avx512
 
 #: AVX2 without AVX-512: the lookup as two 8-float ``vpermps`` per 8 lanes (the table's
 #: halves) and a blend on the index's bit 3; the lane-by-lane form compiles to scalar
 #: extracts (the int4 decode ran at ~1 ns per weight, 2% of the read bandwidth, on Zen 3)
-HAS_VPERMPS8 = not HAS_VPERMPS and "+avx2" in _FEATURES
+HAS_VPERMPS8 = not HAS_VPERMPS and ISA.avx2
 _V8 = ir.VectorType(ir.FloatType(), 8)
 _I32V8 = ir.VectorType(_I32, 8)
 

@@ -55,6 +55,7 @@ import threading
 import time
 
 from graph_api.config import log, progress
+from graph_api.kernels import isa
 
 
 def _host_cpu() -> tuple[str, str]:
@@ -214,13 +215,17 @@ def configure() -> dict[str, str]:
     wanted = {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "PASSIVE"}
     wanted["NUMBA_CACHE_DIR"] = KERNEL_CACHE_DIR
     if "NUMBA_CPU_NAME" not in os.environ and "NUMBA_CPU_FEATURES" not in os.environ:
-        try:
-            name, features = _host_cpu()
-        except Exception:  # pragma: no cover - llvmlite always present with numba
-            name, features = "", ""
-        if name and "+avx512f" in features:
-            wanted["NUMBA_CPU_NAME"] = name
-            wanted["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+        forced = isa.forced_target()  # GRAPH_API_ISA: a lower ISA for the tests
+        if forced is not None:
+            wanted["NUMBA_CPU_NAME"], wanted["NUMBA_CPU_FEATURES"] = forced
+        else:
+            try:
+                name, features = _host_cpu()
+            except Exception:  # pragma: no cover - llvmlite always present with numba
+                name, features = "", ""
+            if name and "+avx512f" in features:
+                wanted["NUMBA_CPU_NAME"] = name
+                wanted["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
     applied = {}
     for key, value in wanted.items():
         if key not in os.environ:
@@ -229,18 +234,10 @@ def configure() -> dict[str, str]:
     return applied
 
 
-#: the folder Numba caches this project's kernels in (see _KernelCacheLocator)
 def target_features() -> str:
-    """The CPU features Numba compiles for, comma-separated (``configure`` passes the
-    host's; a user's NUMBA_CPU_NAME/NUMBA_CPU_FEATURES win): kernels that call an
-    instruction through an LLVM intrinsic check for it here."""
-    name = os.environ.get("NUMBA_CPU_NAME", "")
-    feats = os.environ.get("NUMBA_CPU_FEATURES")
-    if feats is not None and name and name != "host":
-        return feats
-    import llvmlite.binding as llvm
-
-    return llvm.get_host_cpu_features().flatten() if name in ("", "host") else ""
+    """The CPU features Numba compiles for, as ``+name`` items (``kernels.isa`` reads
+    them; kernels ask ``isa.ISA``, not this)."""
+    return ",".join(f"+{f}" for f in sorted(isa.target()[1]))
 
 
 KERNEL_CACHE_DIR = _cache_dir()

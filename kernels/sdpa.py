@@ -53,7 +53,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from graph_api.kernels.numba_setup import numba, target_features  # noqa: F401  (numba: configured first)
+from graph_api.kernels.numba_setup import numba  # noqa: F401  (numba: configured first)
+from graph_api.kernels.isa import ISA
 
 import numpy as np
 from llvmlite import ir
@@ -1404,9 +1405,9 @@ def _merge_np(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out):
 # gathers and the per-group scale FMAs are the rest).  At rep = 1 (Hkv = Hq) the unpack
 # dominates: ~3 vector instructions per 16 elements, measured ~0.3 cycles per element.
 DT = 128  #: KV positions per decode tile
-#: the compile target has AVX-512 (numba_setup.target_features: also when the user set the
-#: CPU name and features, or left Numba's environment alone with GRAPH_API_NUMBA_DEFAULTS=0)
-_HAS_AVX512 = "+avx512f" in target_features().split(",")
+#: the compile target has AVX-512 (the one ISA layer: also when the user set the CPU name
+#: and features, or left Numba's environment alone with GRAPH_API_NUMBA_DEFAULTS=0)
+_HAS_AVX512 = ISA.avx512
 _NIB_S = [float(i if i < 8 else i - 16) for i in range(16)]
 _NIB_U = [float(i) for i in range(16)]
 

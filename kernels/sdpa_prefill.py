@@ -30,7 +30,8 @@ Divisions are IEEE (``error_model="numpy"``): 0/0 gives NaN, not an exception.
 """
 from __future__ import annotations
 
-from graph_api.kernels.numba_setup import numba, target_features  # noqa: F401 (numba: configured first)
+from graph_api.kernels.numba_setup import numba  # noqa: F401 (numba: configured first)
+from graph_api.kernels.isa import ISA
 
 import numpy as np
 from numba import njit
@@ -45,7 +46,7 @@ MAX_S = 4096  #: longer KV: the tiled online-softmax kernel
 NEG_INF = np.float32(-np.inf)
 #: the score and P V products in 6 x 16 register blocks (16 vector registers of 8 floats:
 #: no AVX-512); both block shapes give equal results (tests run both)
-NARROW = "+avx512f" not in target_features().split(",")
+NARROW = not ISA.avx512
 
 
 def usable(q_kind: int, k_kind: int, v_kind: int, k_transposed: int, D: int, S: int, Sq: int,

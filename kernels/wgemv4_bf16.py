@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graph_api.kernels import numba_setup
+from graph_api.kernels.isa import ISA
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba first)
 
 import numpy as np
@@ -93,7 +93,7 @@ _PF = 2048  #: software prefetch distance in bytes of the block stream (16 pair 
 
 
 #: whether the compiled code may use vdpbf16ps and vpermw (wmatmul takes this path only then)
-HAVE_BF16 = bf16dot.HAVE_BF16 and "+avx512bw" in numba_setup.target_features().split(",")
+HAVE_BF16 = bf16dot.HAVE_BF16 and ISA.avx512
 
 
 _V16 = ir.VectorType(ir.FloatType(), 16)

@@ -1024,6 +1024,12 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     if not _fast_is_exact(xf, spec, scales, zps, pairs or prepared, amax):
         _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
         return out
+    # fpmath bf16 with apply_to_int and bf16 activations, prefill: the AMX tile unit on the
+    # bf16 weights, packed once per constant weight (_amx_prefill)
+    if M > DECODE_MAX_M and rnd_w == RND_BF16 and (kind == 1 or (kind == 0 and rnd_x == RND_BF16)) \
+            and _amx_available():
+        _amx_prefill(xf, w, spec, scales, zps, pairs or prepared, out, okind, ep)
+        return out
     # prepare()'s copies only (int4 interleaved, int8 blocked; not a per-call view of the
     # user's [K, N] int4 buffer).  After the guard above: f32 sums of huge products that
     # cancel end as a large finite rounding error, not an inf or a NaN that would make
@@ -1084,6 +1090,45 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
         return out
     _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep)
     return out
+
+
+def _amx_available() -> bool:
+    from graph_api.kernels import amx
+
+    return amx.AVAILABLE
+
+
+def _amx_prefill(xf, w, spec: WeightSpec, scales, zps, holder, out, okind, ep) -> None:
+    """``ep(xf @ bf16(dequant(W)))`` on the AMX unit: the weights dequantized in f32 and
+    rounded to bf16 (the reference's values under bf16 + apply_to_int), packed into
+    tiles once per constant weight (``holder``, the prepared weight; None: per call);
+    ``xf`` holds bf16 values (rounded activations or bf16 data), so the products are
+    the reference's, summed in f32."""
+    from graph_api.kernels import amx
+
+    packed = getattr(holder, "amx_tiles", None)  # kept on the prepared weight, freed with it
+    if packed is None:
+        K, N = spec.K, spec.N
+        if isinstance(holder, PreparedWeight) and holder.table is not None:  # int4, interleaved copy
+            panel = np.empty((K, -(-N // 128) * 128), np.float32)
+            W4.dequant_panel(holder.w, holder.wbs, holder.table, holder.sc, holder.zf, holder.sbs, holder.zmode,
+                             spec.group, 0, RND_BF16, panel)
+            panel = panel[:, :N]
+        else:  # the user's buffers (a prepared int8 weight keeps them)
+            if isinstance(holder, PreparedWeight) and w is None:
+                w, scales, zps = holder.src
+            sc, zp, has_zp = _scales_zps(spec, scales, zps)
+            panel = np.empty((K, N), np.float32)
+            _dequant_panel(_flat(w), spec.kind in (S4, U4), spec.kind in (S4, S8), spec.transposed, K, N,
+                           spec.group, spec.group_n, sc, zp, has_zp, 0, RND_BF16, panel)
+        packed = amx.pack_b(amx.bf16_bits(panel))
+        del panel
+        if holder is not None:
+            holder.amx_tiles = packed
+    M = xf.shape[0]
+    acc = np.empty((M, spec.N), np.float32)
+    amx.gemm(amx.pack_a(xf), packed, acc, spec.K)
+    _store_rows(acc, 0, 0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
 
 
 def _flat(w):

@@ -31,6 +31,7 @@ SAMPLES = [
     "12_cnn_block",
     "16_sparse_weights",
     "17_torch_compile",
+    "18_onnx_import",
 ]
 
 

@@ -45,6 +45,15 @@ class MatmulPlan(ChainPlan):
         # per-op plan that runs this MatMul alone (request.int_inputs)
         int_in = request.int_inputs or dequantized_inputs(request.ops).get(mm.id, frozenset())
         fp = request.fpmath
+        #: the unit the product runs on: "amx" when both operands are bf16 values after
+        #: the mode's rounding and the host has AMX (exact products, f32 sums: the same
+        #: arithmetic as the reference's rounded operands, summed in another order), else
+        #: None (f32 BLAS)
+        self.unit = "amx" if _amx_available() and all(
+            fp.operand_type(lts[lt.id].dtype, i in int_in) == dtypes.DataType.bf16
+            for i, lt in enumerate(mm.inputs[:2])) else None
+        if self.unit:
+            self.kernel = f"{self.unit}_bf16_matmul_epilogue"
         self.round = [(fp.round_dequantized_weight if i in int_in else
                        (lambda x, t=lts[lt.id].dtype: fp.round_input(x, t)))
                       for i, lt in enumerate(mm.inputs[:2])]
@@ -59,6 +68,7 @@ class MatmulPlan(ChainPlan):
         super().__init__(request, walk, [lt.id for lt in mm.inputs], pre)
         self.b_const = lts[self.b_id].property == PropertyType.constant and self.b_id in request.input_ids
         self._b_cache: dict = {}
+        self._packed: tuple | None = None  # (the constant B array object, its packed tiles) on AMX
         self._b_last: tuple | None = None  # (the constant array object last seen, its cache entry)
         self.direct = (not self.steps and not walk.layout and self.okind == 0 and self.dest_out
                        and self.dest_dense)
@@ -123,7 +133,7 @@ class MatmulPlan(ChainPlan):
         operands and output are the tensors' memory itself, as one
         :func:`graph_api.kernels.store.gemm_runner`; None for every other case
         (rounded or copied operands, reference steps), which runs :meth:`execute`."""
-        if self.pre_steps or self.post_steps or self.ta or not self.dest_out:
+        if self.pre_steps or self.post_steps or self.ta or not self.dest_out or self.unit:
             return None
         arrays = {tid: t.numpy() for tid, t in inputs.items()}
         b, _ = self._operand(arrays, 1, want_max=False)
@@ -138,9 +148,43 @@ class MatmulPlan(ChainPlan):
             return None
         return self._store.gemm_runner(*got[0])
 
+    def _amx_run(self, arrays, outputs) -> bool:
+        """A linear layer (``a`` [..., K] x ``b`` [K, N]) on the AMX unit, its epilogue by
+        :meth:`store`; False for other shapes (batched B, transposed A)."""
+        from graph_api.kernels import amx, scratch
+
+        src, b_src = arrays[self.a_id], arrays[self.b_id]
+        if self.ta or b_src.ndim != 2 or src.ndim < 2:
+            return False
+        K = src.shape[-1]
+        a = dtypes.to_f32(src).reshape(-1, K)
+        if (a.shape[0], self.N) != (self.R, self.N) or K == 0:
+            return False
+        if self.b_const and self._packed is not None and self._packed[0] is b_src:
+            packed_b = self._packed[1]
+        else:
+            b = dtypes.to_f32(b_src)
+            b = b.T if self.tb else b
+            packed_b = amx.pack_b(amx.bf16_bits(b))
+            if self.b_const:  # oneDNN's rule: a constant tensor's data does not change
+                self._packed = (b_src, packed_b)
+        packed_a = amx.pack_a(a, scratch.empty(amx.padded(self.R) * amx.padded(K), np.uint16))
+        acc = scratch.empty(self.R * self.N, np.float32).reshape(self.R, self.N)
+        amx.gemm(packed_a, packed_b, acc, K)
+        bad = ~np.isfinite(acc).all(axis=1)
+        if bad.any():  # f32 sums may overflow where the reference's float64 sums do not
+            rows = np.flatnonzero(bad)
+            b64 = self._operand(arrays, 1, want_max=False)[0].astype(np.float64)
+            with np.errstate(all="ignore"):
+                acc[rows] = self.round[0](a[rows]).astype(np.float64) @ b64
+        self.store(acc, arrays, outputs)
+        return True
+
     def run(self, arrays, outputs) -> None:
         from graph_api.kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
 
+        if self.unit == "amx" and self._amx_run(arrays, outputs):
+            return
         b, bmax = self._operand(arrays, 1, want_max=False)
         if not self.ta:
             a = self.round[0](arrays[self.a_id])
@@ -175,6 +219,12 @@ class MatmulPlan(ChainPlan):
         if acc.shape != self.shape:
             acc = np.broadcast_to(acc, self.shape)
         self.store(acc, arrays, outputs)
+
+
+def _amx_available() -> bool:
+    from graph_api.kernels import amx
+
+    return amx.AVAILABLE
 
 
 def _is_view_f32(x) -> bool:
