@@ -28,8 +28,11 @@ Measured (2 cores, a machine shared with other jobs, torch imported first, the
 MiniLM encoder of ``samples/14`` at 8 x 11 tokens, medians of 8 alternating runs):
 no policy 2162 ms alone / 2248 ms right after torch calls; this policy 102 / 79 ms
 (best 64 / 65 ms); the environment set before torch loads (``OMP_WAIT_POLICY=PASSIVE``
-and ``OPENBLAS_THREAD_TIMEOUT=4``, the ideal) 64 / 69 ms.  PyTorch's own small GEMMs
-got faster too (20 x GELU(GEMM) 498 -> 18 ms median) on that loaded machine.
+and ``OPENBLAS_THREAD_TIMEOUT=4``, the ideal) 64 / 69 ms.  Later, on the idle machine:
+no policy 340 / 330 ms, this policy 30.5 / 29.9 ms (medians of 12).  The cost: torch's
+own threads now sleep between its parallel regions, so a loop of small torch ops pays
+their wake-up: 20 x GELU(432x384 @ 384x384) took 10.9 ms without and 15 ms with the
+policy on the idle machine (on the loaded one 498 -> 18 ms, the spinning hurt torch too).
 ``benchmarks/torch_frontend.py`` has the rows.  The backend option ``threads=None``
 leaves both pools alone.
 """
