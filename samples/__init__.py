@@ -30,6 +30,7 @@ SAMPLES = [
     "14_minilm_encoder",
     "12_cnn_block",
     "16_sparse_weights",
+    "17_torch_compile",
     "18_onnx_import",
 ]
 
