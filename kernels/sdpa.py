@@ -29,9 +29,9 @@ AVX2, Hq=32 Hkv=8 L=4096 s4): ~8.8 us per 128 positions and KV head on one core,
 the machine's cold read bandwidth.
 
 Threads: each kernel is one ``nogil`` function over a list of work items, run
-on ``numba.get_num_threads()`` Python threads (items dealt round-robin; the
-compressed decode's threads claim items one at a time, :func:`_run_claimed`).  A
-``prange`` wrapper would re-optimise everything it links and cost about as much
+on ``numba.get_num_threads()`` Python threads of :mod:`graph_api.kernels.threads`
+(items dealt round-robin; the compressed decode's threads claim items one at a
+time, :func:`threads.run_claimed`).  A ``prange`` wrapper would re-optimise everything it links and cost about as much
 compile time again on an empty cache.
 
 Arithmetic is f32 with explicit FMAs in a fixed order (no fastmath flags); the
@@ -50,7 +50,6 @@ indexing.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from graph_api.kernels.numba_setup import numba  # noqa: F401  (numba: configured first)
@@ -63,6 +62,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from graph_api.kernels import sdpa_bf16, sdpa_prefill, store
+from graph_api.kernels.threads import run_claimed, run_items
 from graph_api.kernels.sdpa_prefill import _round_row
 from graph_api.kernels.wmatmul import make_epilogue
 from graph_api.kernels.bits import (RND_BF16, act_kind, bf16_to_f32, exp32, f16_bits_to_f32, fma32, ld_kind,
@@ -951,7 +951,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         rmax, rsum = np.empty(rows, np.float32), np.empty(rows, np.float32)
         args, work = _prefill_call(qk, k, v, scale, scale_mode, mflat, mstr, has_mask, causal, dest,
                                    stats is not None, rmax, rsum, prob_quant, score_rnd)
-        _run_items(*args, work=work)
+        run_items(*args, work=work)
         if not direct:
             out[...] = dest
         if stats is not None:
@@ -999,10 +999,10 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
                 Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
                 CAUSAL[causal], nsplit, pm, pl, pacc)
         if dec is _dec_items:  # + the staged tiles' dtype and int4 staging parameters
-            _run_claimed(dec, items, *args, np.empty(0, np.uint8 if kk == 4 else np.int8),
+            run_claimed(dec, items, *args, np.empty(0, np.uint8 if kk == 4 else np.int8),
                          np.array(stage_params(k.kind), np.int64), work=work)
         else:
-            _run_items(dec, items, *args, work=work)
+            run_items(dec, items, *args, work=work)
         if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
             res = np.empty((B, Hq, Sq, D), np.float32)
             sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
@@ -1017,13 +1017,13 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
             return _store_out(res, okind, out)
         vperm = False
     elif D % 16 == 0:
-        _run_items(_attn_v, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
+        run_items(_attn_v, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
                 vzp, vhz, rnd,
                 Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
                 CAUSAL[causal], qt, nsplit, fastk, kperm, vperm,
                 _vec_ok(kk, kG, D, ktr, S), _vec_ok(vk, vG, D, 0, S), pm, pl, pacc, work=work)
     else:
-        _run_items(_attn, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
+        run_items(_attn, items, qf, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc, vhs,
                    vzp, vhz, rnd,
               Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
               CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc, work=work)
@@ -1208,7 +1208,7 @@ def _widen_ints(buf, kind, G, sc, has_sc, zp, has_zp, ktr, bh0, nbh, S, D, out):
 
 def _prefill_call(q, k: KV, v: KV, scale, scale_mode, mflat, mstr, has_mask, causal, dest, want_rows,
                   rmax, rsum, prob_quant=None, score_rnd=0):
-    """(:func:`_run_items`' arguments for the ``sdpa_prefill`` work-item kernel, its work) over
+    """(:func:`threads.run_items`' arguments for the ``sdpa_prefill`` work-item kernel, its work) over
     f32 Q/K/V (rows read through their strides) into the row-strided f32 ``dest``."""
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
@@ -1243,7 +1243,7 @@ def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=N
                                False, unused, unused)
 
     def runner() -> None:
-        _run_items(*args, work=work)
+        run_items(*args, work=work)
 
     return runner
 
@@ -2133,7 +2133,7 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
     c) of :func:`_stage4` (:func:`stage_params`).
 
     Items are claimed one at a time from ``ctr`` = [next item, items finished, item
-    count] (shared by the threads of one call, see :func:`_run_claimed`).  An item's
+    count] (shared by the threads of one call, see :func:`threads.run_claimed`).  An item's
     results do not depend on the thread that ran it."""
     B, Hq, Sq, D = qf.shape
     four = _isz(kb) == 2
@@ -2306,55 +2306,3 @@ def _dec_items(ctr, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, 
                 pacc[it, rr, d] = acc[rr * D + ((d & ~31) + 16 * (d & 1) + ((d & 31) >> 1) if four else d)]
         _fetch_add(ctr, 1)  # after the item's stores (sequentially consistent)
 
-
-_POOL = None
-
-
-#: below this many multiply-adds (q.k plus p.v) a call runs on the calling thread only:
-#: handing a share to a pool thread costs ~20-50 us, the work ~1 ns per 16 MACs
-SMALL_WORK = 1 << 20
-
-
-def _run_items(fn, nitems, *args, work=SMALL_WORK):
-    """fn(ids, *args) for the work items [0, nitems), dealt round-robin to
-    numba.get_num_threads() Python threads (``fn`` is ``nogil``; round-robin keeps
-    the causal prefill's growing item costs balanced); the calling thread takes
-    share 0.  ``work``: the call's multiply-adds (small calls stay on one thread)."""
-    global _POOL
-    nth = min(numba.get_num_threads(), nitems) if work >= SMALL_WORK else 1
-    if nth <= 1:
-        fn(np.arange(nitems, dtype=np.int64), *args)
-        return
-    if _POOL is None or _POOL._max_workers < nth - 1:
-        from concurrent.futures import ThreadPoolExecutor
-        _POOL = ThreadPoolExecutor(max_workers=nth - 1, thread_name_prefix="sdpa")
-    shares = [np.arange(i, nitems, nth, dtype=np.int64) for i in range(nth)]
-    futs = [_POOL.submit(fn, shares[i], *args) for i in range(1, nth)]
-    fn(shares[0], *args)
-    for f in futs:
-        f.result()
-
-
-def _run_claimed(fn, nitems, *args, work=SMALL_WORK):
-    """fn(ctr, *args) on numba.get_num_threads() Python threads that claim the work items
-    [0, nitems) one at a time (``ctr``, see :func:`_dec_items`); the calling thread runs
-    too and returns when every item is finished, without waiting for a pool thread that
-    has not started: on a loaded machine a late thread no longer holds the call for a
-    fixed share (2 cores shared with other jobs: the round-robin split of
-    :func:`_run_items` waited ~0.3-1 ms per call for a descheduled pool thread).  An
-    exception in a pool thread that claimed an item is raised here."""
-    global _POOL
-    nth = min(numba.get_num_threads(), nitems) if work >= SMALL_WORK else 1
-    ctr = np.array([0, 0, nitems], np.int64)
-    futs = []
-    if nth > 1:
-        if _POOL is None or _POOL._max_workers < nth - 1:
-            from concurrent.futures import ThreadPoolExecutor
-            _POOL = ThreadPoolExecutor(max_workers=nth - 1, thread_name_prefix="sdpa")
-        futs = [_POOL.submit(fn, ctr, *args) for _ in range(1, nth)]
-    fn(ctr, *args)
-    while ctr[1] < nitems:  # items still running on pool threads (x86: ordered stores)
-        for f in futs:
-            if f.done() and f.exception() is not None:
-                raise f.exception()
-        time.sleep(0)

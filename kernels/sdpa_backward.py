@@ -251,7 +251,8 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
         ``(dq, dk, dv, ds)``: dk/dv ``[B, Hq, S, D]`` (per query head; GQA sums them).
     """
     from graph_api.kernels import openblas
-    from graph_api.kernels.sdpa import _flat_mask, _run_items
+    from graph_api.kernels.sdpa import _flat_mask
+    from graph_api.kernels.threads import run_items
 
     B, Hq, Sq, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -280,9 +281,9 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
     work = 5 * heads * Sq * S * D
     if blas:
         with openblas.single_threaded():
-            _run_items(backward_items, heads * nsplit, *args, work=work)
+            run_items(backward_items, heads * nsplit, *args, work=work)
     else:
-        _run_items(backward_items, heads * nsplit, *args, work=work)
+        run_items(backward_items, heads * nsplit, *args, work=work)
     if nsplit > 1:
         dk, dv = dk.sum(axis=0, dtype=np.float32), dv.sum(axis=0, dtype=np.float32)
     else:

@@ -25,7 +25,7 @@ rounding steps as the general kernel apart from its online rescaling.  A row
 whose every score is -inf gives 0/0 = NaN, as the general kernel (the plan's
 ``inf_as_zero`` handling sees it).
 
-Threads: one ``nogil`` function over work items, run by ``sdpa._run_items``.
+Threads: one ``nogil`` function over work items, run by ``threads.run_items``.
 Divisions are IEEE (``error_model="numpy"``): 0/0 gives NaN, not an exception.
 """
 from __future__ import annotations

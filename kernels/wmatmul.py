@@ -1119,19 +1119,6 @@ def _buffer(name: str, size: int) -> np.ndarray:
 #: dequantizing into 4 MiB panels took 1.9 ms for all 16.8 M weights, into
 #: 8 MiB and wider ones 3.2-5.7 ms (the panels no longer stay in L2/L3).
 PANEL_TILE_BYTES = 4 << 20
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _pool_submit(fn, *args):
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-                _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
-                                           thread_name_prefix="graph_api-prefill")
-    return _pool.submit(fn, *args)
 
 
 def _drain(panels, run_panel):
@@ -1227,11 +1214,12 @@ def _run_pipelined(items, run, threads, blas=True):
     the next item when done (Numba kernels and, if ``blas``, numpy's OpenBLAS
     single-threaded in each)."""
     from graph_api.kernels import openblas
+    from graph_api.kernels.threads import submit
 
     workers = min(threads, len(items))
     it = iter(items)
     with openblas.single_threaded() if blas and openblas.available() else contextlib.nullcontext():
-        helpers = [_pool_submit(_drain, it, run) for _ in range(workers - 1)]
+        helpers = [submit(_drain, it, run) for _ in range(workers - 1)]
         try:
             _drain(it, run)
         finally:

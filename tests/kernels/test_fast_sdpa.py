@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from graph_api.kernels import sdpa as SD
+from graph_api.kernels import threads
 
 
 def pack4(q):
@@ -385,7 +386,7 @@ def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
     import threading
     rng = np.random.default_rng(6)
     B, Hq, Hkv, Sq, S, D, G = 1, 8, 2, 1, 2048, 64, 32  # above SMALL_WORK: uses the pool
-    assert 2 * Hq * S * D >= SD.SMALL_WORK
+    assert 2 * Hq * S * D >= threads.SMALL_WORK
     jobs = []
     for kind in ("s4", "s8"):
         x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
@@ -401,10 +402,10 @@ def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
             if not np.array_equal(SD.sdpa(q, K, V, kv_splits=3), want):
                 mismatches.append(i)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
+    callers = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in callers:
         t.start()
-    for t in threads:
+    for t in callers:
         t.join()
     assert not mismatches
 
