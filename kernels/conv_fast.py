@@ -43,8 +43,10 @@ from graph_api.kernels.igemm16 import NR as NR16
 from graph_api.kernels.openblas import sgemm
 from graph_api.kernels.store import _finite
 
-# ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)) ----
-RELU, CLAMP, ADD, SUB, RSUB, MUL, DIV, RDIV, MAX, MIN, QUANTIZE = range(1, 12)
+# ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)): the
+# codes of the one post-op table
+from graph_api.postops import (ADD, CLAMP, DIV, MAX, MIN, MUL, QUANTIZE, RDIV, RELU,  # noqa: E402
+                               RSUB, SUB)
 #: operand sources of binary steps: a scalar (a), per-channel row (chan[i, c]),
 #: the full-shape operand (dequantized with (fscale, fzp) when it is an integer array)
 SCALAR, CHANNEL, FULL = 0, 1, 2

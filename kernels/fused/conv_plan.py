@@ -73,6 +73,7 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
+from graph_api.postops import FUSABLE_BINARY, POST_OPS
 from graph_api.kernels import conv as cv
 from graph_api.kernels import conv_fast as cf
 from graph_api.kernels import igemm, igemm16, openblas, store
@@ -84,7 +85,7 @@ from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
 from graph_api.kernels.reference.conv import weights_to_oix
 from graph_api.kernels.reference.eltwise import ELTWISE, clamp
 
-_BINARY = {K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum}
+_BINARY = FUSABLE_BINARY
 _INT8 = {DataType.s8: (-128, 127), DataType.u8: (0, 255)}
 F32 = DataType.f32
 
@@ -298,8 +299,7 @@ def _chain_reason(op, lts, fmt, flow_ids) -> str | None:
 
 # ---------------------------------------------------------------- the fast 2-D path
 #: binary op kind -> (program code with the running value at input 0, at input 1)
-_FAST_BINARY = {K.Add: (cf.ADD, cf.ADD), K.Subtract: (cf.SUB, cf.RSUB), K.Multiply: (cf.MUL, cf.MUL),
-                K.Divide: (cf.DIV, cf.RDIV), K.Maximum: (cf.MAX, cf.MAX), K.Minimum: (cf.MIN, cf.MIN)}
+_FAST_BINARY = {k: (POST_OPS[k].code, POST_OPS[k].rcode) for k in FUSABLE_BINARY}
 _EMPTY = np.zeros(0, np.float32)
 
 
