@@ -313,6 +313,33 @@ def test_compiled_sources_hold_every_project_import():
                     assert found in hashed, (path.name, name)
 
 
+def test_compiled_sources_reach_kernel_modules_in_subfolders(tmp_path, monkeypatch):
+    """A kernel module in a folder below ``kernels/`` (a family package such as
+    ``kernels/sdpa/``) is hashed with what it imports (relative imports too); a
+    plan (``*_plan.py``) there is runtime-only; editing the module gives a new hash."""
+    from graph_api.kernels import numba_setup
+
+    here, core = tmp_path / "kernels", tmp_path / "graph_api"
+    (here / "fam").mkdir(parents=True)
+    core.mkdir()
+    (here / "numba_setup.py").write_text("")
+    (here / "fam" / "__init__.py").write_text("from .tiled import attend\n")
+    (here / "fam" / "tiled.py").write_text(
+        "from graph_api.kernels.numba_setup import numba\nfrom .steps import step\n"
+        "from graph_api.postops import ADD\n")
+    (here / "fam" / "steps.py").write_text("def step(): pass\n")
+    (here / "fam" / "fam_plan.py").write_text(
+        "from graph_api.kernels.numba_setup import numba\nfrom graph_api.batch import x\n")
+    (core / "postops.py").write_text("ADD = 1\n")
+    (core / "batch.py").write_text("x = 1\n")
+    monkeypatch.setattr(numba_setup, "_layout", lambda: (here, core))
+    assert set(numba_setup.compiled_sources()) == {
+        here / "numba_setup.py", here / "fam" / "tiled.py", here / "fam" / "steps.py", core / "postops.py"}
+    before = numba_setup._source_hash()
+    (here / "fam" / "steps.py").write_text("def step(): return 1\n")
+    assert numba_setup._source_hash() != before
+
+
 def test_kernel_cache_location_is_the_hash_folder():
     """Kernel functions cache in KERNEL_CACHE_DIR itself (no per-path subfolder),
     so every checkout and virtual environment with the same sources shares it."""
