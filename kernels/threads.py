@@ -64,7 +64,7 @@ def run_items(fn, nitems, *args, work=SMALL_WORK):
 def run_claimed(fn, nitems, *args, work=SMALL_WORK):
     """fn(ctr, *args) on numba.get_num_threads() Python threads that claim the work items
     [0, nitems) one at a time: ``ctr`` is int64 ``[next item, finished items, nitems]``,
-    which ``fn`` advances atomically (``sdpa._fetch_add(ctr, 0)`` to claim an item,
+    which ``fn`` advances atomically (``sdpa.decode._fetch_add(ctr, 0)`` to claim an item,
     ``_fetch_add(ctr, 1)`` after its stores).  The calling thread runs too and returns
     when every item is finished, without waiting for a pool thread that has not
     started: on a loaded machine a late thread no longer holds the call for a fixed

@@ -82,7 +82,7 @@ bf16 inputs (``bf16_dot``: graph_api.kernels.sdpa_bf16, AVX512_BF16).
 Training forward: SoftMax's stats output (``max + ln(sum exp(s - max))`` per
 row, f32) may leave the partition; the kernel records each row's max and sum
 of exponentials and the plan evaluates the formula in float64 from them
-(``kernels.sdpa._row_stats``), -inf for rows the masks hide (``inf_as_zero``)
+(``kernels.sdpa.merge.row_stats``), -inf for rows the masks hide (``inf_as_zero``)
 and NaN there in mode ``none``, as the reference.  Refused when the reference
 rounds the scores to a half type before SoftMax (the stats are judged as f32).
 

@@ -291,9 +291,10 @@ def test_compiled_sources_hold_every_project_import():
     here, core = numba_setup._layout()
     hashed = set(numba_setup.compiled_sources())
     assert here / "wmatmul.py" in hashed and here / "sdpa_prefill.py" in hashed
+    assert here / "sdpa" / "decode.py" in hashed and here / "sdpa" / "operands.py" in hashed
     assert core / "postops.py" in hashed and core / "batch.py" not in hashed
-    for path in here.glob("*.py"):  # every module that compiles with Numba
-        if b"from graph_api.kernels.numba_setup import" in path.read_bytes():
+    for path in here.rglob("*.py"):  # every module that compiles with Numba, subfolders too
+        if b"from graph_api.kernels.numba_setup import" in path.read_bytes() and not path.name.endswith("_plan.py"):
             assert path in hashed, path.name
     for path in hashed:
         package = numba_setup._label(path, here, core)[1]
@@ -350,6 +351,18 @@ def test_kernel_cache_location_is_the_hash_folder():
     assert cache.cache_path == numba_setup.KERNEL_CACHE_DIR
     assert _apply._cache.cache_path != numba_setup.KERNEL_CACHE_DIR  # a test file: Numba's own locator
 
+
+
+def test_kernel_in_a_subfolder_caches_in_the_hash_folder():
+    """A kernel of a family package (``kernels/sdpa/``) caches in KERNEL_CACHE_DIR too,
+    its cache files named with its folder (no clash with a module of the same name
+    directly in ``kernels/``)."""
+    from graph_api.kernels import numba_setup
+    from graph_api.kernels.sdpa import decode
+
+    impl = decode.decode_items._cache._impl
+    assert decode.decode_items._cache.cache_path == numba_setup.KERNEL_CACHE_DIR
+    assert impl.locator.get_disambiguator().startswith("sdpa_")
 
 _CACHE_CHILD = """
 import numpy as np
