@@ -322,7 +322,9 @@ class _CompileProgress(_numba_event.Listener):
         depth = getattr(_compiling, "depth", 0)
         _compiling.depth = depth + 1
         _compiling.__dict__.setdefault("starts", []).append(time.perf_counter())
-        module = event.data["dispatcher"].py_func.__module__.rsplit(".", 1)[-1]
+        parts = event.data["dispatcher"].py_func.__module__.split(".")
+        # a module of a family package (graph_api.kernels.sdpa.tiled) names its folder
+        module = parts[2] if parts[:2] == ["graph_api", "kernels"] and len(parts) > 3 else parts[-1]
         family = KERNEL_FAMILIES.get(module, module)
         if depth == 0 and family not in _announced:
             _announced.add(family)
