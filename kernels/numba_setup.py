@@ -307,7 +307,7 @@ KERNEL_FAMILIES = {
     "sdpa": "SDPA", "wmatmul": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
     "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "conv": "convolution",
     "wgemv4": "MatMul (epilogue and weight-compressed)", "wgemv8": "MatMul (epilogue and weight-compressed)",
-    "igemm": "int8 GEMM (VNNI)", "igemm16": "int8 GEMM (AVX2)", "sdpa_prefill": "SDPA",
+    "igemm": "int8 GEMM (VNNI)", "igemm16": "int8 GEMM (AVX2)",
 }
 _announced: set[str] = set()
 _compiling = threading.local()

@@ -1,8 +1,8 @@
-"""``sdpa_backward`` partitions on the kernel of ``graph_api.kernels.sdpa_backward``.
+"""``sdpa_backward`` partitions on the kernel of ``graph_api.kernels.sdpa.backward``.
 
 The partition (patterns/library/sdpa.py ``_backward``, oneDNN's
 float_sdp_backward_fusion / float_gqa_backward_fusion) becomes one
-``sdpa_backward.backward`` call::
+``sdpa.backward.backward`` call::
 
     Q, K ─ qk_matmul ─ scores (scale, causal, mask_add, select_mask) ─ sub_stats(stats) ─ exp = P
     P ─ [p_dropout] ─ [p_cast] ─┐
@@ -85,7 +85,7 @@ class Backward:
         return float(dtypes.to_f32(self.fetch(inputs, tid)).reshape(-1)[0])
 
     def __call__(self, inputs, arrays, outputs=None):
-        from graph_api.kernels import sdpa_backward as SB
+        from graph_api.kernels.sdpa import backward as SB
 
         g, sc = self.geo, self.scores
         scale = 1.0 if sc.scale_id is None else self._scalar(inputs, sc.scale_id)

@@ -77,7 +77,7 @@ probabilities by the mode before the PV MatMul, which an online softmax
 cannot reproduce: f32 probabilities under a rounding mode are refused, so
 under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.  fpmath
 bf16 with ``apply_to_int`` lets the int4/int8 decode compute both products with
-bf16 inputs (``bf16_dot``: graph_api.kernels.sdpa_bf16, AVX512_BF16).
+bf16 inputs (``bf16_dot``: graph_api.kernels.sdpa.decode_bf16, AVX512_BF16).
 
 Training forward: SoftMax's stats output (``max + ln(sum exp(s - max))`` per
 row, f32) may leave the partition; the kernel records each row's max and sum

@@ -13,7 +13,7 @@ share the KV head (GQA/MQA: the K/V tile is read once for ``rep * Sq`` rows), an
 updates an online softmax (running max ``m``, sum ``l`` and f32 accumulator).
 A prefill (at least 32 query rows) without fpmath rounding makes one instead: K
 and V widened to f32 once per call (:func:`attention._widened_prefill`, in bounded chunks),
-then the f32 prefill kernel (:mod:`graph_api.kernels.sdpa_prefill`); the tiled
+then the f32 prefill kernel (:mod:`graph_api.kernels.sdpa.prefill`); the tiled
 kernel would dequantize each tile again for every tile of query rows.
 
 Decode (few query rows): the KV length is split over work items
@@ -38,7 +38,7 @@ Arithmetic is f32 with explicit FMAs in a fixed order (no fastmath flags); the
 exponential is :func:`graph_api.kernels.bits.exp32` (<= 2 ulp, vectorised).  fpmath
 rounding (``rnd``) applies to f32 Q and to f32/dequantized K and V when asked.
 Under fpmath bf16 with ``apply_to_int`` (``bf16_dot``) the int4/int8 decode runs
-:mod:`graph_api.kernels.sdpa_bf16` instead: Q.K and P.V on ``vdpbf16ps``.
+:mod:`graph_api.kernels.sdpa.decode_bf16` instead: Q.K and P.V on ``vdpbf16ps``.
 
 Layouts: Q ``[B, Hq, Sq, D]``; K ``[B, Hkv, S, D]`` ("bhsd", scales
 ``[B, Hkv, S, D/G]``) or transposed ``[B, Hkv, D, S]`` ("bhds", scales
@@ -59,9 +59,13 @@ Modules, one per concern:
 * :mod:`.online_softmax`: the online-softmax step every kernel shares.
 * :mod:`.widen`: K/V/Q widened to f32 (exact conversion, the kernels' dequantization).
 * :mod:`.merge`: the numpy merge of split partials, row stats, the output store.
+* :mod:`.prefill`: the f32 prefill kernel (up to 4096 keys; the quantized form's
+  exact probability quantize).
 * :mod:`.decode`: the int4/int8 compressed decode's work item; its steps in
   :mod:`.decode_avx512` (stored bytes, nibble lookups) and :mod:`.decode_avx2`
-  (staged 8-bit tiles, one vector per pass).
+  (staged 8-bit tiles, one vector per pass); :mod:`.decode_bf16` the same decode
+  under fpmath bf16 on ``vdpbf16ps``.
+* :mod:`.backward`: the training backward (per-head query blocks, OpenBLAS GEMMs).
 """
 from graph_api.kernels.sdpa.attention import prefill_runner, sdpa
 from graph_api.kernels.sdpa.operands import CAUSAL, KINDS, KV

@@ -8,7 +8,7 @@ from graph_api.kernels.numba_setup import numba  # numba: configured first
 
 import numpy as np
 
-from graph_api.kernels import sdpa_bf16, sdpa_prefill
+from graph_api.kernels.sdpa import decode_bf16, prefill
 from graph_api.kernels.bits import RND_BF16, act_kind
 from graph_api.kernels.sdpa.blocked import attend_blocked
 from graph_api.kernels.sdpa.decode import decode_items
@@ -56,16 +56,16 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
       stats: optional f32 [B, Hq, Sq] output: each row's ``max + ln(sum exp(s - max))``
         of the scores (SoftMax's stats, see :func:`row_stats`); -inf for a row
         whose every score is -inf.
-      prob_quant: the parameters of :func:`sdpa_prefill._quantize_row` (quantize scale,
+      prob_quant: the parameters of :func:`prefill._quantize_row` (quantize scale,
         zero point, integer range, dequantize scale, zero point, s8/u8 or f8 rounding):
         the normalised probabilities pass that Quantize -> Dequantize pair before
         ``P V``.  ``score_rnd``: rounding code of the scores after the product, the
         scale and the mask (half-precision score ops of the quantized form).  Only the
         exact two-pass kernel has them: f32 Q/K/V, K not transposed, no rounding,
-        f32 output, D a multiple of 16, S <= sdpa_prefill.MAX_S (any Sq).
+        f32 output, D a multiple of 16, S <= prefill.MAX_S (any Sq).
       bf16_dot: the partition's fpmath mode is bf16 with ``apply_to_int``: the products
         may take bf16 inputs (Q, the probabilities, K/V values).  With ``rnd`` bf16,
-        int4/int8 decode then runs :mod:`graph_api.kernels.sdpa_bf16` (``vdpbf16ps``)
+        int4/int8 decode then runs :mod:`graph_api.kernels.sdpa.decode_bf16` (``vdpbf16ps``)
         where the CPU has AVX512_BF16, else the path that rounds the inputs.
     """
     B, Hq, Sq, D = q.shape
@@ -87,20 +87,20 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     # one compiled signature with or without a mask, whatever its shape and layout
     mflat, mstr = flat_mask(m if has_mask else None)
     okind = {"f32": 0, "bf16": 1, "f16": 2}[out_dtype]
-    if ktr and Sq >= sdpa_prefill.QB and sdpa_prefill.usable(qkind, kk, vk, 0, D, S, Sq, rnd, okind):
+    if ktr and Sq >= prefill.QB and prefill.usable(qkind, kk, vk, 0, D, S, Sq, rnd, okind):
         # f32 K stored [D, S]: one [S, D] copy (S * D moves next to >= 64 * S * D flops of
         # scores) runs it on the prefill kernel, and the tiled kernel, ~13 s of compile on
         # an empty cache (~2.7 s for the prefill kernel), is not compiled for f32 prefill
         k = KV(np.ascontiguousarray(np.asarray(k.data).reshape(B, Hkv, D, S).swapaxes(2, 3)), "f32", k.shape)
         ktr = 0
-    if (prob_quant is None and rnd == 0 and (qkind, kk, vk) != (0, 0, 0) and Sq >= sdpa_prefill.QB
-            and sdpa_prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)):
+    if (prob_quant is None and rnd == 0 and (qkind, kk, vk) != (0, 0, 0) and Sq >= prefill.QB
+            and prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)):
         return _widened_prefill(qk if qkind == 0 else q_f32(qk, qkind, 0), k, v, m if has_mask else None,
                                 okind, out, stats, scale=scale, scale_mode=scale_mode, causal=causal)
     if prob_quant is not None:
-        assert sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, 9, rnd, okind), "prob_quant operands"
+        assert prefill.usable(qkind, kk, vk, ktr, D, S, 9, rnd, okind), "prob_quant operands"
     assert score_rnd == 0 or prob_quant is not None, "score rounding: the quantized form only"
-    if prob_quant is not None or sdpa_prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):
+    if prob_quant is not None or prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):
         if out is None:
             out = np.empty((B, Hq, Sq, D), np.float32)
         direct = out.dtype == np.float32 and out.strides[-1] == 4 and min(out.strides) >= 0
@@ -136,8 +136,8 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     kperm = kk >= 5 and ktr == 0 and D % 2 == 0 and (kG % 2 == 0)
     dec = None
     if stats is None:  # stats: the tiled kernels' partials
-        if bf16_dot and rnd == RND_BF16 and sdpa_bf16.usable(kk, vk, ktr, kG, vG, D, S, Sq):
-            dec = sdpa_bf16.dec_items  # fpmath bf16: vdpbf16ps (Q and p * sv rounded to bf16)
+        if bf16_dot and rnd == RND_BF16 and decode_bf16.usable(kk, vk, ktr, kG, vG, D, S, Sq):
+            dec = decode_bf16.dec_items  # fpmath bf16: vdpbf16ps (Q and p * sv rounded to bf16)
         elif _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
             dec = decode_items
     if dec is not None:
@@ -161,14 +161,14 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
                          np.array(stage_params(k.kind), np.int64), work=work)
         else:
             run_items(dec, items, *args, work=work)
-        if dec is sdpa_bf16.dec_items:  # merged, reordered and written back compiled
+        if dec is decode_bf16.dec_items:  # merged, reordered and written back compiled
             res = np.empty((B, Hq, Sq, D), np.float32)
-            sdpa_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
+            decode_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
             return store_out(res, okind, out)
         if nsplit == 1:
             # one split per item: :func:`merge_partials`'s weights are all 1 (0 for a row that saw
             # no finite score, whose acc and sum are 0: 0/0 either way), so its result is
-            # acc / l; this skips its ~40 us of numpy steps (sdpa_bf16.merge, compiled,
+            # acc / l; this skips its ~40 us of numpy steps (decode_bf16.merge, compiled,
             # would cost ~2 s more of compile on an empty cache)
             with np.errstate(invalid="ignore", divide="ignore"):
                 res = (pacc / pl[..., None]).reshape(B, Hq, Sq, D)
@@ -236,11 +236,11 @@ _NO_PROB_QUANT = (1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0)
 
 def _prefill_call(q, k: KV, v: KV, scale, scale_mode, mflat, mstr, has_mask, causal, dest, want_rows,
                   rmax, rsum, prob_quant=None, score_rnd=0):
-    """(:func:`threads.run_items`' arguments for the ``sdpa_prefill`` work-item kernel, its work) over
+    """(:func:`threads.run_items`' arguments for the ``sdpa.prefill`` work-item kernel, its work) over
     f32 Q/K/V (rows read through their strides) into the row-strided f32 ``dest``."""
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
-    fn = sdpa_prefill.kernel(prob_quant is not None, score_rnd, has_mask, mstr[3])
+    fn = prefill.kernel(prob_quant is not None, score_rnd, has_mask, mstr[3])
     args = (fn, B * Hq, *_rows(q), Hq, Sq, D, *_rows(_data4(k)), *_rows(_data4(v)),
             Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal],
             *_flat_out(dest), want_rows, rmax, rsum,
@@ -258,7 +258,7 @@ def prefill_runner(q, k: KV, v: KV, *, scale, scale_mode="mul", mask=None, out=N
     causal mask."""
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
-    if not (k.kind == v.kind == "f32" and sdpa_prefill.usable(0, 0, 0, int(k.transposed), D, S, Sq, 0, 0)
+    if not (k.kind == v.kind == "f32" and prefill.usable(0, 0, 0, int(k.transposed), D, S, Sq, 0, 0)
             and out is not None and all(_row_strided(a) for a in (q, _data4(k), _data4(v), out))):
         return None
     if mask is not None:

@@ -8,13 +8,13 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (numba: configure
 import numpy as np
 from numba import njit
 
-from graph_api.kernels import sdpa_prefill
+from graph_api.kernels.sdpa import prefill
 from graph_api.kernels.bits import (vadd, vfma, vhsum16, vld_kind, vload, vload_even, vload_odd, vmul, vnib_hi,
                                     vnib_lo, vsplat, vstore, vsub)
 from graph_api.kernels.sdpa.online_softmax import online_softmax_row
 from graph_api.kernels.sdpa.operands import NEG_INF
 from graph_api.kernels.sdpa.tiled import load_k_tile, load_v_tile
-from graph_api.kernels.sdpa_prefill import _round_row
+from graph_api.kernels.sdpa.prefill import _round_row
 
 
 TV = 64  #: KV positions per tile of the register-blocked kernel (multiple of 32)
@@ -364,7 +364,7 @@ def attend_blocked(ids, q, kb, kk, ktr, kG, ksc, khs, kzp, khz, vb, vk, vG, vsc,
                     fast = fastk and nt % 2 == 0
                     load_k_tile(kb, kk, ktr, kG, ksc, khs, kzp, khz, rnd, b, hk, Hkv, S, D, s0,
                                  nt, fast, kT, pos)
-                sdpa_prefill.score_rows(qb, kbuf, sc, Rp, D, TV, ntc)  # tile rows TV apart
+                prefill.score_rows(qb, kbuf, sc, Rp, D, TV, ntc)  # tile rows TV apart
             else:
                 for t in range(nt):
                     pos[t] = s0 + t

@@ -13,7 +13,7 @@ from numba import njit
 
 from graph_api.kernels.bits import exp32, fma32, ld_kind, nib_x
 from graph_api.kernels.sdpa.operands import NEG_INF
-from graph_api.kernels.sdpa_prefill import _round_row
+from graph_api.kernels.sdpa.prefill import _round_row
 
 
 T = 128  #: KV positions per tile

@@ -290,7 +290,7 @@ def test_compiled_sources_hold_every_project_import():
 
     here, core = numba_setup._layout()
     hashed = set(numba_setup.compiled_sources())
-    assert here / "wmatmul.py" in hashed and here / "sdpa_prefill.py" in hashed
+    assert here / "wmatmul.py" in hashed and here / "sdpa" / "prefill.py" in hashed
     assert here / "sdpa" / "decode.py" in hashed and here / "sdpa" / "operands.py" in hashed
     assert core / "postops.py" in hashed and core / "batch.py" not in hashed
     for path in here.rglob("*.py"):  # every module that compiles with Numba, subfolders too
