@@ -67,7 +67,7 @@ def _gated_mlp(request):
 
 
 def _sdpa(request):
-    from .fused import sdpa_plan
+    from .sdpa import plan as sdpa_plan
 
     return sdpa_plan.build(request)
 

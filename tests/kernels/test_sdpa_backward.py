@@ -1,4 +1,4 @@
-"""SDPA training backward on its fused kernel (kernels/fused/sdpa_backward_plan.py,
+"""SDPA training backward on its fused kernel (kernels/sdpa/backward_plan.py,
 kernels/sdpa/backward.py).
 
 Each graph's fused outputs are checked three ways:

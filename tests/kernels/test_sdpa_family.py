@@ -1,4 +1,4 @@
-"""SDPA family members on the attention kernel (kernels/fused/sdpa_plan.py).
+"""SDPA family members on the attention kernel (kernels/sdpa/plan.py).
 
 * Training forward: SoftMax's stats output (``max + ln(sum exp(s - max))``) from the
   kernel's row max and sum, against the unfused reference (graph_api.check rule)
@@ -318,7 +318,7 @@ def test_quantized_sdpa_under_an_fpmath_mode(apply_to_int):
     (dict(qdt=dt.f8_e4m3, p_scale=1 / 1024), "may leave the f8_e4m3 range"),
 ])
 def test_quantized_forms_the_kernel_refuses(knob, reason):
-    from graph_api.kernels.fused import sdpa_plan
+    from graph_api.kernels.sdpa import plan as sdpa_plan
 
     b = Builder()
     quantized_sdpa(b, Sq=4, S=16, **knob)

@@ -1,8 +1,8 @@
 """SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``, ``sdpa_jax``) on the Numba kernel of ``graph_api.kernels.sdpa``.
 
-``sdpa_quantized`` partitions are handed to :mod:`.sdpa_quant_plan` (same
+``sdpa_quantized`` partitions are handed to :mod:`.quant_plan` (same
 score chain, exact quantize points), ``sdpa_backward`` ones to
-:mod:`.sdpa_backward_plan` (same geometry and score chain).  ``mqa_jax`` has no plan: as written
+:mod:`.backward_plan` (same geometry and score chain).  ``mqa_jax`` has no plan: as written
 (graphs.jax_mqa, oneDNN's float_mqa_jax_fusion) SoftMax normalises over one
 axis and the second MatMul contracts over the other, which is not the
 kernel's ``softmax(s) v``.
@@ -104,11 +104,11 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
+from graph_api.kernels.fused.hybrid import HybridPlan
+from graph_api.kernels.fused.wmatmul_plan import zero_size_reason
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
-from .hybrid import HybridPlan
-from .wmatmul_plan import zero_size_reason
-from .sdpa_operands import (_FLOATS, _ANY_RND, _swap, Operand, _compressed, _float_operand, make_kv)
+from .plan_operands import (_FLOATS, _ANY_RND, _swap, Operand, _compressed, _float_operand, make_kv)
 
 _REFUSED_ROLES = {"softcap_tanh": "soft-capping (tanh) has no kernel form",
                   "dropout": "Dropout has no kernel form"}
@@ -614,13 +614,13 @@ def build(request: CompileRequest):
     """The plan of an SDPA partition, or why the fast path does not apply."""
     b, lts = request.bindings, request.lts
     if b.get("prob_quant") is not None:  # sdpa_quantized
-        from . import sdpa_quant_plan
+        from . import quant_plan
 
-        return sdpa_quant_plan.build(request)
+        return quant_plan.build(request)
     if b.get("sub_stats") is not None:  # sdpa_backward
-        from . import sdpa_backward_plan
+        from . import backward_plan
 
-        return sdpa_backward_plan.build(request)
+        return backward_plan.build(request)
     ops = {op.id: op for op in request.ops}
     reason = _unknown_ops(request, b) or zero_size_reason(request)
     if reason:

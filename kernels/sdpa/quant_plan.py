@@ -50,10 +50,10 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, rounding_code
+from graph_api.kernels.fused.hybrid import HybridPlan
 from graph_api.kernels.plan import CompileRequest
 
-from .hybrid import HybridPlan
-from .sdpa_operands import _compose, _swap
+from .plan_operands import _compose, _swap
 
 #: float types and the rounding code that gives their values from f32
 _RND = {DataType.f32: RND_NONE, DataType.bf16: RND_BF16, DataType.f16: RND_F16}
@@ -153,7 +153,7 @@ def _padded(x, shape4, Dp):
 class QuantCore:
     """Execute of a static-quantized SDPA: numpy dequantize, the kernel, numpy quantize."""
 
-    core: object          # sdpa_plan.SdpaCore: geometry, scores, masks, output steps
+    core: object          # plan.SdpaCore: geometry, scores, masks, output steps
     q_deq: tuple          # (Dequantize op, type of the MatMul input) of Q, K, V
     k_deq: tuple
     v_deq: tuple
@@ -183,7 +183,7 @@ class QuantCore:
         from graph_api.kernels import sdpa as SD
         from graph_api.kernels.reference.quant import quantize
 
-        from .sdpa_plan import _Fallback
+        from .plan import _Fallback
 
         c = self.core
         g, sc = c.geo, c.scores
@@ -216,7 +216,7 @@ def build(request: CompileRequest):
     """The plan of an ``sdpa_quantized`` partition, or why the kernel does not apply."""
     from graph_api.kernels.sdpa import prefill
 
-    from . import sdpa_plan as SP
+    from . import plan as SP
 
     b, lts = request.bindings, request.lts
     ops = {op.id: op for op in request.ops}
