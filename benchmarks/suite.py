@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from benchmarks import peers
 from graph_api.kernels import sdpa as SD
-from graph_api.kernels import wmatmul as WM
+from graph_api.kernels.weight_compressed import wmatmul as WM
 from graph_api.kernels.bits import RND_BF16, prefetch
 
 COLD_BYTES = 1 << 30  # rotation working set for "cold" (quick: 640 MiB)
@@ -350,7 +350,8 @@ import time, sys
 t0 = time.process_time()
 sys.path.insert(0, {root!r})
 import numpy as np
-from graph_api.kernels import wmatmul as WM, sdpa as SD
+from graph_api.kernels import sdpa as SD
+from graph_api.kernels.weight_compressed import wmatmul as WM
 from graph_api.kernels.sdpa import blocked, decode, tiled
 t1 = time.process_time()
 K = N = 256; G = 32

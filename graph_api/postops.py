@@ -6,13 +6,13 @@ as a post-op of MatMul/SoftMax/LayerNorm/... (the pattern library's
 alternatives).  Everything else derives from this table:
 
 * ``graph_api.patterns.library.common.UNARY`` / ``BINARY`` (pattern alternatives),
-* ``graph_api.kernels.wmatmul`` epilogue constants and the name -> code maps,
+* ``graph_api.kernels.weight_compressed.wmatmul`` epilogue constants and the name -> code maps,
 * ``graph_api.partition.INPLACE_KINDS`` (single ops that may run in place),
 * ``graph_api.kernels.fused.epilogue.chain_program`` (op -> epilogue step; the gated MLP's
   activation too).
 
 Adding a fusable op is one row here plus its branch in the epilogue
-evaluator (``graph_api.kernels.wmatmul._ep_steps``); ``tests/kernels/test_postops.py``
+evaluator (``graph_api.kernels.weight_compressed.wmatmul._ep_steps``); ``tests/kernels/test_postops.py``
 checks every row against the reference op.
 
 Codes below ``UNARY_FIRST`` (10) are binary (they read an operand); the rest are

@@ -304,9 +304,8 @@ if os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
 # ---------------------------------------------------------------- compile progress
 #: the kernel family of each kernel module, as the first-compile line names it
 KERNEL_FAMILIES = {
-    "sdpa": "SDPA", "wmatmul": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
+    "sdpa": "SDPA", "weight_compressed": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
     "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "conv": "convolution",
-    "wgemv4": "MatMul (epilogue and weight-compressed)", "wgemv8": "MatMul (epilogue and weight-compressed)",
     "igemm": "int8 GEMM (VNNI)", "igemm16": "int8 GEMM (AVX2)",
 }
 _announced: set[str] = set()

@@ -23,7 +23,7 @@ from .plan import ComposedPlan, CompileRequest
 Builder = Callable[[CompileRequest], object]
 
 def _wmatmul(request):
-    from .fused import wmatmul_plan
+    from .weight_compressed import wmatmul_plan
 
     return wmatmul_plan.build(request)
 
@@ -61,7 +61,7 @@ def _dynamic_quant(request):
 
 
 def _gated_mlp(request):
-    from .fused import mlp_plan
+    from .weight_compressed import mlp_plan
 
     return mlp_plan.build(request)
 

@@ -27,7 +27,7 @@ from numba import njit, prange
 from graph_api.kernels.bits import (exp32, f32_to_bf16, f32_to_f16_bits, gelu_erf32, gelu_tanh32, round_bf16, round_f16,
                                     tanh32, vadd, vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
-from graph_api.kernels.wmatmul import _ep_steps
+from graph_api.kernels.weight_compressed.wmatmul import _ep_steps
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
                                SIGMOID, SILU, SUB, TANH, UNARY_FIRST)
 

@@ -50,7 +50,7 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.kernels.bits import RND_NONE, rounding_code
 from graph_api.kernels.fused.hybrid import HybridPlan
-from graph_api.kernels.fused.wmatmul_plan import zero_size_reason
+from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 from graph_api.kernels.plan import CompileRequest
 
 from .plan import (Geometry, Scores, _geometry, _inside, _scalar_operand, _unknown_ops,

@@ -7,7 +7,7 @@ import numpy as np
 
 from graph_api.kernels import store
 from graph_api.kernels.sdpa.operands import NEG_INF
-from graph_api.kernels.wmatmul import make_epilogue
+from graph_api.kernels.weight_compressed.wmatmul import make_epilogue
 
 
 #: the epilogue of no post-ops: :func:`store.store_tile` then only converts

@@ -105,7 +105,7 @@ from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
 from graph_api.kernels.fused.hybrid import HybridPlan
-from graph_api.kernels.fused.wmatmul_plan import zero_size_reason
+from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
 from .plan_operands import (_FLOATS, _ANY_RND, _swap, Operand, _compressed, _float_operand, make_kv)

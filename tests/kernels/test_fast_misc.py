@@ -10,7 +10,7 @@ from graph_api.kernels import numba_setup  # noqa: F401  (configures Numba befor
 from numba import njit  # noqa: E402
 
 from graph_api.kernels import bits, norm, quantize
-from graph_api.kernels import wmatmul as W
+from graph_api.kernels.weight_compressed import wmatmul as W
 from graph_api.dtypes import round_to_tf32
 
 SPECIAL = np.array([0.0, -0.0, 1.0, -1.5, 3.1415927, 1e-40, -1e-45, 65504.0, 65520.0, 1e38,
@@ -290,7 +290,7 @@ def test_compiled_sources_hold_every_project_import():
 
     here, core = numba_setup._layout()
     hashed = set(numba_setup.compiled_sources())
-    assert here / "wmatmul.py" in hashed and here / "sdpa" / "prefill.py" in hashed
+    assert here / "weight_compressed" / "wmatmul.py" in hashed and here / "sdpa" / "prefill.py" in hashed
     assert here / "sdpa" / "decode.py" in hashed and here / "sdpa" / "operands.py" in hashed
     assert core / "postops.py" in hashed and core / "batch.py" not in hashed
     for path in here.rglob("*.py"):  # every module that compiles with Numba, subfolders too

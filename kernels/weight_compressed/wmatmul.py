@@ -80,10 +80,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels import wgemv4 as W4
-from graph_api.kernels import wgemv8 as W8
-from graph_api.kernels import wgemv4_bf16 as B4
-from graph_api.kernels.lut4 import HAS_VPERMPS  # AVX-512F: 32 vector registers
+from graph_api.kernels.weight_compressed import wgemv4 as W4
+from graph_api.kernels.weight_compressed import wgemv8 as W8
+from graph_api.kernels.weight_compressed import wgemv4_bf16 as B4
+from graph_api.kernels.weight_compressed.lut4 import HAS_VPERMPS  # AVX-512F: 32 vector registers
 from graph_api.kernels.bits import (RND_BF16, f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16,
                           round_f16, round_code, load_row_f32, vfma, vload, vnib_hi, vnib_lo, vsplat, vstore)
 
