@@ -91,7 +91,7 @@ HARD_SIGMOID, HARD_SWISH, LOG, MISH, SOFT_PLUS, ROUND, SQRT, POW, RECIPROCAL = r
 #: round the running value to bf16 / f16 (an intermediate of that type)
 ROUND_BF16, ROUND_F16 = 40, 41
 #: ``x / scale + zero point`` in f32 (a final Quantize; the store rounds): the
-#: convolution epilogue's (``kernels/conv_fast.py``) last step
+#: convolution epilogue's (``kernels/convolution/conv_fast.py``) last step
 QUANTIZE = 42
 
 POST_OPS: dict[K, PostOp] = {

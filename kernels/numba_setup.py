@@ -305,8 +305,8 @@ if os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
 #: the kernel family of each kernel module, as the first-compile line names it
 KERNEL_FAMILIES = {
     "sdpa": "SDPA", "weight_compressed": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
-    "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "conv": "convolution",
-    "igemm": "int8 GEMM (VNNI)", "igemm16": "int8 GEMM (AVX2)",
+    "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "convolution": "convolution",
+    "igemm": "int8 GEMM (VNNI)",
 }
 _announced: set[str] = set()
 _compiling = threading.local()

@@ -95,7 +95,7 @@ def _composite(request):
 
 
 def _conv(request):
-    from .fused import conv_plan
+    from .convolution import conv_plan
 
     return conv_plan.build(request)
 
