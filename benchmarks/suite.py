@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from benchmarks import peers
 from graph_api.kernels import sdpa as SD
-from graph_api.kernels import wmatmul as WM
+from graph_api.kernels.weight_compressed import wmatmul as WM
 from graph_api.kernels.bits import RND_BF16, prefetch
 
 COLD_BYTES = 1 << 30  # rotation working set for "cold" (quick: 640 MiB)
@@ -321,7 +321,7 @@ def bench_sdpa_prefill(rows, quick, rng, peers_on=True, lengths=(512, 2048)):
     """Causal self-attention, H=32, D=128: f32 and bf16 (512 only) K/V, and int4 K/V
     (s4, groups of 32, K stored [D, S]) against PyTorch f32 on the dequantized values.
     The project's rows run the f32 prefill kernel (bf16 and int4 K/V widened to f32 once
-    per call, see ``kernels/sdpa.py``)."""
+    per call, see ``kernels/sdpa/``)."""
     B, H, D = 1, 32, 128
     import ml_dtypes
     for S in lengths:
@@ -362,7 +362,9 @@ import time, sys
 t0 = time.process_time()
 sys.path.insert(0, {root!r})
 import numpy as np
-from graph_api.kernels import wmatmul as WM, sdpa as SD
+from graph_api.kernels import sdpa as SD
+from graph_api.kernels.weight_compressed import wmatmul as WM
+from graph_api.kernels.sdpa import blocked, decode, tiled
 t1 = time.process_time()
 K = N = 256; G = 32
 w = np.zeros(K * N // 2, np.uint8); sc = np.ones((N, K // G), np.float32)
@@ -377,7 +379,7 @@ def kv(S, tr):
     return SD.KV(np.zeros(S * 64 // 2, np.uint8), "s4", (1, 1, S, 64), tr, 32, np.ones(sh, np.float32))
 SD.sdpa(q, kv(100, True), kv(100, False))
 t3 = time.process_time()
-nsig = lambda: sum(len(f.signatures) for f in (SD._attn, SD._attn_v, SD._dec_items))
+nsig = lambda: sum(len(f.signatures) for f in (tiled.attend_tiles, blocked.attend_blocked, decode.decode_items))
 n0 = nsig()
 SD.sdpa(q, kv(332, True), kv(332, False))
 t4 = time.process_time()

@@ -18,7 +18,7 @@ integral weights (s8/u8/s4/u4) are up-converted to the mode's type using their
 scales and zero points, so a DynamicDequantize feeding a MatMul computes in
 that type; without it, dequantized weights stay f32 and the mode only affects
 f32 data.  One refinement for bf16 with ``apply_to_int``: the constant int4
-weights' decode kernel (M <= 8, ``kernels/wgemv4_bf16.py``) converts the
+weights' decode kernel (M <= 8, ``kernels/weight_compressed/wgemv4_bf16.py``) converts the
 integers ``q - z`` to bf16 exactly and multiplies each group's f32 sum by the
 group's f32 scale, instead of rounding ``(q - z) * s`` to bf16 per weight:
 every multiplication still takes bf16 (or exact) operands and the result is

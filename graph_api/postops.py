@@ -6,17 +6,19 @@ as a post-op of MatMul/SoftMax/LayerNorm/... (the pattern library's
 alternatives).  Everything else derives from this table:
 
 * ``graph_api.patterns.library.common.UNARY`` / ``BINARY`` (pattern alternatives),
-* ``graph_api.kernels.wmatmul`` epilogue constants and the name -> code maps,
+* ``graph_api.kernels.weight_compressed.wmatmul`` epilogue constants and the name -> code maps,
 * ``graph_api.partition.INPLACE_KINDS`` (single ops that may run in place),
 * ``graph_api.kernels.fused.epilogue.chain_program`` (op -> epilogue step; the gated MLP's
   activation too).
 
 Adding a fusable op is one row here plus its branch in the epilogue
-evaluator (``graph_api.kernels.wmatmul._ep_steps``); ``tests/kernels/test_postops.py``
+evaluator (``graph_api.kernels.weight_compressed.wmatmul._ep_steps``); ``tests/kernels/test_postops.py``
 checks every row against the reference op.
 
-Codes below 10 are binary (they read an operand); the rest are unary.  Codes
-are stable numbers because compiled Numba kernels switch on them.
+Codes below ``UNARY_FIRST`` (10) are binary (they read an operand); the rest are
+unary.  Codes are stable numbers because compiled Numba kernels switch on them;
+kernels name them (module-level ints are compile-time constants to Numba), never
+write the numbers.
 """
 from __future__ import annotations
 
@@ -80,12 +82,17 @@ class PostOp:
 
 # binary codes 1..9
 ADD, MUL, SUB, DIV, MAX, MIN, RSUB, RDIV = 1, 2, 3, 4, 5, 6, 7, 8
+#: codes below this one are binary
+UNARY_FIRST = 10
 # unary codes
 RELU, GELU_ERF, GELU_TANH, SIGMOID, SILU, TANH, CLAMP = 10, 11, 12, 13, 14, 15, 16
 LINEAR, ELU, ABS, EXP, SQUARE, LEAKY_RELU = 17, 18, 19, 20, 21, 22
 HARD_SIGMOID, HARD_SWISH, LOG, MISH, SOFT_PLUS, ROUND, SQRT, POW, RECIPROCAL = range(23, 32)
 #: round the running value to bf16 / f16 (an intermediate of that type)
 ROUND_BF16, ROUND_F16 = 40, 41
+#: ``x / scale + zero point`` in f32 (a final Quantize; the store rounds): the
+#: convolution epilogue's (``kernels/convolution/conv_fast.py``) last step
+QUANTIZE = 42
 
 POST_OPS: dict[K, PostOp] = {
     K.Add: PostOp("add", ADD, ADD),

@@ -65,7 +65,3 @@ def check(op, encoding_of) -> None:
     reason = rule(op, encodings[:len(op.inputs)])
     if reason:
         raise Unimplemented(f"{op_label(op)} with sparse tensor {tid} ({enc}): {reason}")
-
-
-def is_sparse_op(op, encoding_of) -> bool:
-    return any(encoding_of(lt) is not None for lt in list(op.inputs) + list(op.outputs))

@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from graph_api.kernels.bits import _V16, f32x16, vexp  # noqa: F401  (vexp: sdpa_bf16 takes it from here)
+from graph_api.kernels.bits import _V16, f32x16
 
 
 #: whether the compiled code may use vdpbf16ps (AVX512_BF16)

@@ -49,11 +49,6 @@ def rounding_code(fpmath=None, *, for_int_weights: bool = False, src_is_f32: boo
     return {None: RND_NONE, "bf16": RND_BF16, "f16": RND_F16, "tf32": RND_TF32}[fpmath.rounding]
 
 
-def fastmath_flags(fpmath=None) -> frozenset:
-    """Numba fastmath flag set of an fpmath (empty for strict / None)."""
-    return frozenset() if fpmath is None else frozenset(fpmath.fastmath)
-
-
 # ------------------------------------------------------------------ intrinsics
 @intrinsic
 def fma32(typingctx, a, b, c):
@@ -238,11 +233,6 @@ def act_kind(arr: np.ndarray) -> tuple[np.ndarray, int]:
     if dt.name == "bfloat16" or dt == np.uint16:
         return arr.view(np.uint16), 1
     return np.ascontiguousarray(arr, dtype=np.float32), 0
-
-
-def to_bits_f16(arr) -> np.ndarray:
-    """A float16 array as uint16 bits (for tests/benchmarks)."""
-    return np.asarray(arr, dtype=np.float16).view(np.uint16)
 
 
 # ------------------------------------------------------------------ nibbles
@@ -703,25 +693,6 @@ vnib_lo = _vnib_intrinsic(False)
 vnib_hi = _vnib_intrinsic(True)
 
 
-@intrinsic
-def vcvt16(typingctx, arr, idx, is_f16):
-    """16 uint16 bit patterns arr.flat[idx:idx+16] as f32x16: bf16, or f16 when is_f16."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.uint16):
-        return None
-    sig = f32x16(arr, idx, is_f16)
-
-    def codegen(context, builder, signature, args):
-        v = _vload_ints(context, builder, signature.args[0], args[0], args[1], signature.args[1], 16)
-        i32v = ir.VectorType(ir.IntType(32), 16)
-        bf = builder.bitcast(builder.shl(builder.zext(v, i32v), ir.Constant(i32v, [16] * 16)), _V16)
-        hf = builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 16)), _V16)
-        c = args[2]
-        c = builder.icmp_unsigned("!=", c, c.type(0))
-        return builder.select(c, hf, bf)
-
-    return sig, codegen
-
-
 def _vload_stride2(odd: bool):
     @intrinsic
     def f(typingctx, arr, idx):
@@ -916,21 +887,6 @@ def vsplat64(typingctx, x):
     def codegen(context, builder, signature, args):
         v = builder.insert_element(ir.Constant(_V8D, ir.Undefined), args[0], ir.IntType(32)(0))
         return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
-
-    return sig, codegen
-
-
-@intrinsic
-def vstore64(typingctx, arr, idx, v):
-    """arr.flat[idx:idx+8] = v (C-contiguous float64)."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float64):
-        return None
-    sig = types.void(arr, idx, v)
-
-    def codegen(context, builder, signature, args):
-        p = _flat_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        builder.store(args[2], builder.bitcast(p, _V8D.as_pointer()), align=8)
-        return context.get_dummy_value()
 
     return sig, codegen
 

@@ -61,7 +61,7 @@ def _core_op(request: CompileRequest):
 def build(request: CompileRequest):
     """A HybridPlan with the dot as its core, or why not."""
     from .fused.hybrid import HybridPlan
-    from .fused.wmatmul_plan import zero_size_reason
+    from .weight_compressed.wmatmul_plan import zero_size_reason
 
     reason = zero_size_reason(request)  # e.g. a batch-reduce over no GEMMs: the reference sums to 0
     if reason:

@@ -502,7 +502,7 @@ def gemm(a: np.ndarray, packed: PackedB, za: int = 0, out: np.ndarray | None = N
 
 def int_gemm(cols: np.ndarray, w2: np.ndarray, chunk: int | None = None) -> np.ndarray:
     """``sum_j w2[g, o, j] * cols[g, j, p]`` as f64 [G*O, P], exact: the contract of
-    :func:`graph_api.kernels.conv.int_gemm` on the int8 GEMM.
+    :func:`graph_api.kernels.convolution.conv.int_gemm` on the int8 GEMM.
 
     ``cols`` [G, J, P] and ``w2`` [G, O, J] hold integers in f32: the weights in
     the s8 range, the columns spanning at most 256 consecutive values (8-bit

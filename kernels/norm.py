@@ -20,7 +20,7 @@ from numba import njit, prange
 from graph_api.kernels.bits import (act_kind, exp32, f32_view, load_f32, vadd64, vlane64, vload8_f64, vmul64, vsplat64,
                                     vsub64)
 from graph_api.kernels.store import ep_row, put_dense
-from graph_api.kernels.wmatmul import make_epilogue
+from graph_api.kernels.weight_compressed.wmatmul import make_epilogue
 
 LAYER, RMS, SOFTMAX = 0, 1, 2
 

@@ -117,11 +117,13 @@ def _imported_modules(path, package: str) -> set[str]:
 
 def compiled_sources() -> list:
     """The source files Numba-compiled code can depend on: every kernel module
-    that imports ``numba_setup`` (so defines njit functions) and every project
-    module those import, transitively.  Runtime-only modules (batch, cli, the
-    fused plans, patterns) are not among them, so editing those keeps the cache."""
+    (in ``kernels/`` or a folder below it) that imports ``numba_setup`` (so defines
+    njit functions) and every project module those import, transitively.
+    Runtime-only modules (batch, cli, the plans ``*_plan.py``, which call kernels but
+    compile none, patterns) are not among them, so editing those keeps the cache."""
     here, core = _layout()
-    todo = [path for path in sorted(here.glob("*.py")) if b"numba_setup" in path.read_bytes()]
+    todo = [path for path in sorted(here.rglob("*.py"))
+            if not path.name.endswith("_plan.py") and b"numba_setup" in path.read_bytes()]
     seen = set()
     while todo:
         path = todo.pop()
@@ -262,13 +264,23 @@ class _KernelCacheLocator(_caching._SourceFileBackedLocatorMixin, _caching._Cach
     def __init__(self, py_func, py_file):
         self._py_file = py_file
         self._lineno = py_func.__code__.co_firstlineno
+        # Numba names a cache file by the module file's base name, the function's
+        # qualified name and this disambiguator: a module in a subfolder
+        # (``kernels/sdpa/tiled.py``) adds its folder, so two modules of one name
+        # in different folders never share a file of the one flat cache folder.
+        folder = os.path.relpath(os.path.dirname(os.path.abspath(py_file)), self._kernels)
+        self._folder = "" if folder == "." else folder.replace(os.sep, "_") + "_"
 
     def get_cache_path(self):
         return KERNEL_CACHE_DIR
 
+    def get_disambiguator(self):
+        return f"{self._folder}{self._lineno}"
+
     @classmethod
     def from_function(cls, py_func, py_file):
-        if os.path.dirname(os.path.abspath(py_file)) != cls._kernels:
+        path = os.path.abspath(py_file)
+        if os.path.commonpath([path, cls._kernels]) != cls._kernels:
             return None  # not ours: Numba's usual locators decide
         return super().from_function(py_func, py_file)
 
@@ -292,10 +304,9 @@ if os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
 # ---------------------------------------------------------------- compile progress
 #: the kernel family of each kernel module, as the first-compile line names it
 KERNEL_FAMILIES = {
-    "sdpa": "SDPA", "wmatmul": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
-    "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "conv": "convolution",
-    "wgemv4": "MatMul (epilogue and weight-compressed)", "wgemv8": "MatMul (epilogue and weight-compressed)",
-    "igemm": "int8 GEMM (VNNI)", "igemm16": "int8 GEMM (AVX2)", "sdpa_prefill": "SDPA",
+    "sdpa": "SDPA", "weight_compressed": "MatMul (epilogue and weight-compressed)", "store": "epilogue store",
+    "bits": "bit-unpacking", "quantize": "quantize", "norm": "normalization", "convolution": "convolution",
+    "igemm": "int8 GEMM (VNNI)",
 }
 _announced: set[str] = set()
 _compiling = threading.local()
@@ -310,7 +321,9 @@ class _CompileProgress(_numba_event.Listener):
         depth = getattr(_compiling, "depth", 0)
         _compiling.depth = depth + 1
         _compiling.__dict__.setdefault("starts", []).append(time.perf_counter())
-        module = event.data["dispatcher"].py_func.__module__.rsplit(".", 1)[-1]
+        parts = event.data["dispatcher"].py_func.__module__.split(".")
+        # a module of a family package (graph_api.kernels.sdpa.tiled) names its folder
+        module = parts[2] if parts[:2] == ["graph_api", "kernels"] and len(parts) > 3 else parts[-1]
         family = KERNEL_FAMILIES.get(module, module)
         if depth == 0 and family not in _announced:
             _announced.add(family)

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from graph_api.kernels.store import SERIAL_BELOW, _put
-from graph_api.kernels.wmatmul import _ep_steps
+from graph_api.kernels.weight_compressed.wmatmul import _ep_steps
 
 #: output kinds: the store's f32 / bf16 / f16, and a quantized integer output
 OUT_QUANT = 3

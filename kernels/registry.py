@@ -23,7 +23,7 @@ from .plan import ComposedPlan, CompileRequest
 Builder = Callable[[CompileRequest], object]
 
 def _wmatmul(request):
-    from .fused import wmatmul_plan
+    from .weight_compressed import wmatmul_plan
 
     return wmatmul_plan.build(request)
 
@@ -61,13 +61,13 @@ def _dynamic_quant(request):
 
 
 def _gated_mlp(request):
-    from .fused import mlp_plan
+    from .weight_compressed import mlp_plan
 
     return mlp_plan.build(request)
 
 
 def _sdpa(request):
-    from .fused import sdpa_plan
+    from .sdpa import plan as sdpa_plan
 
     return sdpa_plan.build(request)
 
@@ -95,7 +95,7 @@ def _composite(request):
 
 
 def _conv(request):
-    from .fused import conv_plan
+    from .convolution import conv_plan
 
     return conv_plan.build(request)
 

@@ -7,7 +7,7 @@ orientations (``D @ S``, transposed operands) are mapped onto it by the plan
 (x * 0 is skipped, even for NaN/Inf in ``D``; docs/sparse.md).  Sums are f32 in
 storage order per output element, strict (no fastmath flags: mul then add, no
 reassociation), so an output element is independent of the thread count.  The
-MatMul post-op epilogue (``graph_api.kernels.wmatmul._ep_steps``, shared with the MatMul stores) is applied to each finished
+MatMul post-op epilogue (``graph_api.kernels.weight_compressed.wmatmul._ep_steps``, shared with the MatMul stores) is applied to each finished
 output row when ``use_ep``.
 
 Index arrays come as uint32 views of the storage's int32 arrays (validated
@@ -27,7 +27,7 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (configures numba
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels.wmatmul import _ep_steps
+from graph_api.kernels.weight_compressed.wmatmul import _ep_steps
 
 #: output rows per parallel task (CSR / n:m)
 ROWS = 16

@@ -253,7 +253,7 @@ def _batches(x, rank: int):
 def _mm2d(a, b) -> np.ndarray:
     """f32 ``a @ b`` of 2-D operands, at least one canonical COO; stored entries only."""
     from graph_api.kernels import sparse as sk
-    from graph_api.kernels.wmatmul import make_epilogue
+    from graph_api.kernels.weight_compressed.wmatmul import make_epilogue
 
     ep = make_epilogue([], 1, 1)
     if isinstance(a, Coo) and isinstance(b, Coo):

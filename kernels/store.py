@@ -27,9 +27,9 @@ from numba import njit, prange
 from graph_api.kernels.bits import (exp32, f32_to_bf16, f32_to_f16_bits, gelu_erf32, gelu_tanh32, round_bf16, round_f16,
                                     tanh32, vadd, vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
-from graph_api.kernels.wmatmul import _ep_steps
+from graph_api.kernels.weight_compressed.wmatmul import _ep_steps
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
-                               SIGMOID, SILU, SUB, TANH)
+                               SIGMOID, SILU, SUB, TANH, UNARY_FIRST)
 
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
 #: below this many elements one thread does it (no launch cost)
@@ -67,7 +67,7 @@ def ep_row(v, r, ops, fpar, ipar, buf, orow, c0):
     N = v.shape[0]
     for i in range(ops.shape[0]):
         op = ops[i]
-        if op < 10:  # binary: operand row o (the running value itself when the offset is -1)
+        if op < UNARY_FIRST:  # binary: operand row o (the running value itself when the offset is -1)
             off = ipar[i, 0]
             if off < 0:
                 o = v

@@ -284,13 +284,6 @@ def n_inputs(*counts: int) -> Cond:
     return Cond(f"has {'/'.join(map(str, counts))} inputs", lambda op, g: len(op.inputs) in counts)
 
 
-def rank_in(port: int, *ranks: int) -> Cond:
-    def fn(op, g):
-        shape = _lt(g, op.inputs[port]).shape if port < len(op.inputs) else None
-        return shape is not None and len(shape) in ranks
-    return Cond(f"input {port} has rank {'/'.join(map(str, ranks))}", fn)
-
-
 def axis_is_last(offset: int) -> Cond:
     """Attribute ``axis`` names dim ``rank - offset`` of input 0 (e.g. 1: last)."""
     def fn(op, g):

@@ -13,7 +13,7 @@ does everything in f64, so results agree within a few f32 ulps of the terms.
 * SoftMax/LogSoftmax, BiasAdd, PReLU, BatchNorm and LayerNorm gradients:
   vectorised f32 numpy, formulas in the functions' docstrings;
 * Convolution/ConvTranspose gradients (:mod:`.backward_window_plan`): im2col,
-  col2im and f32 BLAS of :mod:`graph_api.kernels.conv`, image by image;
+  col2im and f32 BLAS of :mod:`graph_api.kernels.convolution.conv`, image by image;
 * pooling and Interpolate gradients: the reference's canonical cores run on
   f32 arrays (strided numpy, one pass per kernel tap).
 

@@ -9,7 +9,7 @@ so one image's columns stay in cache.  With the forward Convolution
 * ConvolutionBackwardData is that map's transpose, a ConvTranspose of
   diff_dst with the same geometry: per group ``cols = w^T diff_dst`` (BLAS,
   ``[ICg * K, P]``), then each tap's column block is added at
-  ``y*s + k*d - pb`` (col2im, :func:`graph_api.kernels.conv.deconv_col2im`);
+  ``y*s + k*d - pb`` (col2im, :func:`graph_api.kernels.convolution.conv.deconv_col2im`);
 * ConvolutionBackwardWeights: ``diff_w[g] = sum_n diff_dst[n, g] cols[n, g]^T``
   with ``cols`` the im2col matrix of ``src[n]`` (one BLAS call per image,
   summed in f32 over images);
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from graph_api.enums import OpKind as K
-from graph_api.kernels import conv as cv
+from graph_api.kernels.convolution import conv as cv
 from graph_api.kernels.reference._common import from_ncx, ncx_shape, pads, spatial_list, to_ncx
 from graph_api.kernels.reference.backward_window import (avg_pool_grad, interpolate_grad,
                                                         max_pool_grad, oix_to_format)

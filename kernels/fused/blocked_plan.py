@@ -19,13 +19,14 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.enums import OpKind as K
 from graph_api.logical_tensor import LogicalTensor
+from graph_api.postops import FUSABLE_BINARY
 from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.kernels.reference.eltwise import ELTWISE
 
 _PER_IMAGE = {K.AvgPool, K.MaxPool, K.Interpolate, K.BatchNormInference, K.GroupNorm, K.TypeCast,
-              K.BiasAdd, K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum}
+              K.BiasAdd} | FUSABLE_BINARY
 
 
 def _separable(op, lts) -> str | None:

@@ -238,7 +238,7 @@ class ChainPlan:
         if cached is not None and cached[0] == key and not cached[2]:
             self._ep_cache = cached[:4] + (operands,)
             return cached[1]
-        from graph_api.kernels import wmatmul as wm
+        from graph_api.kernels.weight_compressed import wmatmul as wm
 
         old_buf = cached[1].buf if cached is not None and cached[2] else None
         ep = wm.make_epilogue(bind(self.steps, lambda tid: arrays[tid], self.shape, R, N), R, N, old_buf)

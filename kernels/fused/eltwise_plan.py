@@ -412,7 +412,7 @@ HEAD_ROLE = {"binary_post_ops": "binary", "eltwise_post_ops": "eltwise", "softma
 
 def build(request: CompileRequest):
     """The plan of an element-wise/norm/reduction/data-movement partition, or why not."""
-    from .wmatmul_plan import zero_size_reason
+    from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 
     reason = zero_size_reason(request)  # the reference has the empty-axis semantics
     if reason:

@@ -3,7 +3,7 @@
 A chain is a list of op ids that each take the running value (one input) and,
 for binary ops, one operand from outside.  :func:`chain_program` turns it into
 ``(name, operand tensor id or constant)`` steps understood by
-``graph_api.kernels.wmatmul.make_epilogue``; the operands' arrays are bound per execute.
+``graph_api.kernels.weight_compressed.wmatmul.make_epilogue``; the operands' arrays are bound per execute.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def chain_program(ops_by_id, chain: list[int], value_id: int, lts,
     ``round_types``: then a bf16/f16 running value gets a rounding step, as
     the unfused ops round their outputs.
     """
-    from graph_api.kernels.wmatmul import RUNNING
+    from graph_api.kernels.weight_compressed.wmatmul import RUNNING
 
     steps = []
     inside = {value_id}  # values computed in the chain: not bindable operands

@@ -181,7 +181,7 @@ class MatmulPlan(ChainPlan):
         return True
 
     def run(self, arrays, outputs) -> None:
-        from graph_api.kernels.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
+        from graph_api.kernels.weight_compressed.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
 
         if self.unit == "amx" and self._amx_run(arrays, outputs):
             return
@@ -241,7 +241,7 @@ def _abs_max(x) -> float:
 
 def build(request: CompileRequest):
     """A :class:`MatmulPlan` for a partition with one MatMul, or why not."""
-    from .wmatmul_plan import zero_size_reason
+    from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 
     reason = zero_size_reason(request)  # the reference computes empty outputs / empty sums
     if reason:

@@ -319,7 +319,7 @@ def _quant_tail(request, walk: Walk):
 
 def build(request: CompileRequest):
     """A :class:`QuantMatmulPlan` for a static s8/u8 MatMul partition, or why not."""
-    from .wmatmul_plan import zero_size_reason
+    from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 
     reason = zero_size_reason(request)
     if reason:

@@ -74,7 +74,7 @@ class QuantPlan:
 
 def build(request: CompileRequest):
     """A :class:`QuantPlan` for a single dynamic (de)quantize op, or why not."""
-    from .wmatmul_plan import zero_size_reason
+    from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 
     reason = zero_size_reason(request)  # the kernel's groups assume elements
     if reason:

@@ -128,7 +128,7 @@ class SparseMatmulPlan(ChainPlan):
         self.kernel_name = form_name(enc, self.transpose_s, lts[sparse_id].shape[1])
         self.name = self.name.replace("spmm", self.kernel_name, 1)
         self.direct = self.sparse_a and not walk.layout and self.okind == 0 and self.dest_out and self.dest_dense
-        from graph_api.kernels.wmatmul import make_epilogue
+        from graph_api.kernels.weight_compressed.wmatmul import make_epilogue
 
         self._no_epilogue = make_epilogue([], 1, 1)  # the kernel's epilogue arguments when the store applies it
 

@@ -165,7 +165,7 @@ def test_constant_int4_weights_fed_unpacked_are_prepared_once(monkeypatch):
     # the prepared (repacked) weights were rebuilt every call (4.5 -> 300 ms a step)
     import importlib
 
-    from graph_api.kernels import wmatmul
+    from graph_api.kernels.weight_compressed import wmatmul
 
     sample = importlib.import_module("samples.02_int4_decoder_layer")
     cfg = sample.CONFIGS["small"]

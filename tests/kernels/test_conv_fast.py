@@ -1,4 +1,4 @@
-"""The int8 kernels of the fast convolution path (kernels/conv_fast.py): the columns
+"""The int8 kernels of the fast convolution path (kernels/convolution/conv_fast.py): the columns
 gathered straight into the int8 GEMMs' packed B (igemm's bytes, igemm16's int16 pairs), and
 the convolution's int8 GEMM, against the GEMMs' own packing and int64 numpy, bit for bit
 (integers: no tolerance)."""
@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm, igemm16
+from graph_api.kernels.convolution import conv_fast as cf
+from graph_api.kernels import igemm
+from graph_api.kernels.convolution import igemm16
 
 RNG = np.random.default_rng(11)
 
@@ -113,7 +114,7 @@ def test_epilogue_rows_take_the_int8_scale_type():
     with its caller from the disk cache records no signature.)"""
     from numba import types
 
-    from graph_api.kernels.fused.conv_plan import _NO_SCALE
+    from graph_api.kernels.convolution.conv_plan import _NO_SCALE
 
     C, P = 3, 1100  # P over two of _ep_row's 512-float pieces
     y = RNG.standard_normal((C, P)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The Convolution fast plan (kernels/fused/conv_plan.py, kernels/conv.py) against an
+"""The Convolution fast plan (kernels/convolution/conv_plan.py, kernels/convolution/conv.py) against an
 independent float64 numpy convolution and exact integer arithmetic."""
 import itertools
 
@@ -8,7 +8,7 @@ import pytest
 import graph_api as ga
 from graph_api.check import compare
 from graph_api.fill import fill_inputs
-from graph_api.kernels import conv as cv
+from graph_api.kernels.convolution import conv as cv
 
 from ..patterns import cnn_graphs as cg
 from ..patterns.builder import K, dt
@@ -130,7 +130,8 @@ INT8_GEMMS = {"vnni": (True, True, "int8_vnni_gemm"), "pairs": (False, True, "in
 @pytest.fixture(params=sorted(INT8_GEMMS))
 def int8_gemm(request, monkeypatch):
     """Runs a test on each int8 convolution GEMM this CPU can run; returns its path name."""
-    from graph_api.kernels import igemm, igemm16
+    from graph_api.kernels import igemm
+    from graph_api.kernels.convolution import igemm16
     vnni, avx2, path = INT8_GEMMS[request.param]
     if vnni and not igemm.HAVE_VNNI or avx2 and not igemm16.HAVE_AVX2:
         pytest.skip(f"this CPU cannot run the {request.param} int8 GEMM")
@@ -172,7 +173,7 @@ def test_int8_conv_with_a_zero_point_outside_the_data_range_stays_exact(int8_gem
     x = RNG.integers(0, 256, graph.tensors[x_id].shape).astype(np.uint8)
     w = RNG.integers(-128, 128, graph.tensors[w_id].shape).astype(np.int8)
     run = ga.run_graph(graph, {x_id: x, w_id: w})
-    from graph_api.kernels import igemm16
+    from graph_api.kernels.convolution import igemm16
     want_path = "int8_pairs_gemm" if igemm16.HAVE_AVX2 else "f32_blas_exact"
     assert run.partitions[0].compiled.plan.gemm_paths == (want_path,)
     acc = direct_conv(x.astype(np.int64) - zp, w.astype(np.int64), pad=1)
@@ -204,7 +205,8 @@ def test_conv_clamp_block_shortcut_equals_the_reference_bit_for_bit():
 def test_int8_conv_on_the_pair_gemm_shifted_rows_is_exact(monkeypatch, fmt, src, hw, k, pad, dilation, zp):
     """Stride-1 kxk on the AVX2 int16-pair GEMM reading the image rows shifted by each kernel
     column once per kernel row: exact integer sums (int64 direct sum), scaled once."""
-    from graph_api.kernels import igemm, igemm16
+    from graph_api.kernels import igemm
+    from graph_api.kernels.convolution import igemm16
     if not igemm16.HAVE_AVX2:
         pytest.skip("no AVX2 on this CPU")
     monkeypatch.setattr(igemm, "HAVE_VNNI", False)
@@ -294,7 +296,7 @@ def test_constant_weights_are_prepared_once_and_variable_weights_every_time():
         xv = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
         wv = RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
         # a lone Convolution is a single-op partition: compile the conv pattern's plan directly
-        from graph_api.kernels.fused.conv_plan import build
+        from graph_api.kernels.convolution.conv_plan import build
         from graph_api.kernels.plan import CompileRequest
         request = CompileRequest("conv_post_ops", part.ops, dict(graph.tensors), [0, 1], [2],
                                  graph.fpmath, {})
@@ -427,7 +429,7 @@ def test_fast_int8_path_with_residual_dequantize_and_quantize_matches_the_refere
 
 
 def test_exact_reduction_bound_uses_the_weights_absolute_sums():
-    from graph_api.kernels.fused.conv_plan import _exact_reduction
+    from graph_api.kernels.convolution.conv_plan import _exact_reduction
     int8 = {"x_range": 255, "chunk": cv.exact_chunk(255, 128)}
     small = np.full((1, 4, 576), 100.0, np.float32)  # 255 * 57600 < 2^24: one GEMM is exact
     assert _exact_reduction(small, int8) == 576
@@ -550,7 +552,7 @@ def test_band_whose_f32_sums_overflow_is_redone_in_float64(k):
     wv = np.zeros((2, 3, k, k), np.float32)
     wv[0, :, k // 2, k // 2] = 1.0
     wv[1, :, k // 2, k // 2] = (0.5, 0.25, 0.125)
-    from graph_api.kernels.fused.conv_plan import build
+    from graph_api.kernels.convolution.conv_plan import build
     from graph_api.kernels.plan import CompileRequest
     request = CompileRequest("conv_post_ops", graph.get_partitions()[0].ops, dict(graph.tensors), [0, 1], [2],
                              graph.fpmath, {})

@@ -10,7 +10,7 @@ from graph_api.kernels import numba_setup  # noqa: F401  (configures Numba befor
 from numba import njit  # noqa: E402
 
 from graph_api.kernels import bits, norm, quantize
-from graph_api.kernels import wmatmul as W
+from graph_api.kernels.weight_compressed import wmatmul as W
 from graph_api.dtypes import round_to_tf32
 
 SPECIAL = np.array([0.0, -0.0, 1.0, -1.5, 3.1415927, 1e-40, -1e-45, 65504.0, 65520.0, 1e38,
@@ -290,10 +290,11 @@ def test_compiled_sources_hold_every_project_import():
 
     here, core = numba_setup._layout()
     hashed = set(numba_setup.compiled_sources())
-    assert here / "wmatmul.py" in hashed and here / "sdpa_prefill.py" in hashed
+    assert here / "weight_compressed" / "wmatmul.py" in hashed and here / "sdpa" / "prefill.py" in hashed
+    assert here / "sdpa" / "decode.py" in hashed and here / "sdpa" / "operands.py" in hashed
     assert core / "postops.py" in hashed and core / "batch.py" not in hashed
-    for path in here.glob("*.py"):  # every module that compiles with Numba
-        if b"from graph_api.kernels.numba_setup import" in path.read_bytes():
+    for path in here.rglob("*.py"):  # every module that compiles with Numba, subfolders too
+        if b"from graph_api.kernels.numba_setup import" in path.read_bytes() and not path.name.endswith("_plan.py"):
             assert path in hashed, path.name
     for path in hashed:
         package = numba_setup._label(path, here, core)[1]
@@ -313,6 +314,33 @@ def test_compiled_sources_hold_every_project_import():
                     assert found in hashed, (path.name, name)
 
 
+def test_compiled_sources_reach_kernel_modules_in_subfolders(tmp_path, monkeypatch):
+    """A kernel module in a folder below ``kernels/`` (a family package such as
+    ``kernels/sdpa/``) is hashed with what it imports (relative imports too); a
+    plan (``*_plan.py``) there is runtime-only; editing the module gives a new hash."""
+    from graph_api.kernels import numba_setup
+
+    here, core = tmp_path / "kernels", tmp_path / "graph_api"
+    (here / "fam").mkdir(parents=True)
+    core.mkdir()
+    (here / "numba_setup.py").write_text("")
+    (here / "fam" / "__init__.py").write_text("from .tiled import attend\n")
+    (here / "fam" / "tiled.py").write_text(
+        "from graph_api.kernels.numba_setup import numba\nfrom .steps import step\n"
+        "from graph_api.postops import ADD\n")
+    (here / "fam" / "steps.py").write_text("def step(): pass\n")
+    (here / "fam" / "fam_plan.py").write_text(
+        "from graph_api.kernels.numba_setup import numba\nfrom graph_api.batch import x\n")
+    (core / "postops.py").write_text("ADD = 1\n")
+    (core / "batch.py").write_text("x = 1\n")
+    monkeypatch.setattr(numba_setup, "_layout", lambda: (here, core))
+    assert set(numba_setup.compiled_sources()) == {
+        here / "numba_setup.py", here / "fam" / "tiled.py", here / "fam" / "steps.py", core / "postops.py"}
+    before = numba_setup._source_hash()
+    (here / "fam" / "steps.py").write_text("def step(): return 1\n")
+    assert numba_setup._source_hash() != before
+
+
 def test_kernel_cache_location_is_the_hash_folder():
     """Kernel functions cache in KERNEL_CACHE_DIR itself (no per-path subfolder),
     so every checkout and virtual environment with the same sources shares it."""
@@ -323,6 +351,18 @@ def test_kernel_cache_location_is_the_hash_folder():
     assert cache.cache_path == numba_setup.KERNEL_CACHE_DIR
     assert _apply._cache.cache_path != numba_setup.KERNEL_CACHE_DIR  # a test file: Numba's own locator
 
+
+
+def test_kernel_in_a_subfolder_caches_in_the_hash_folder():
+    """A kernel of a family package (``kernels/sdpa/``) caches in KERNEL_CACHE_DIR too,
+    its cache files named with its folder (no clash with a module of the same name
+    directly in ``kernels/``)."""
+    from graph_api.kernels import numba_setup
+    from graph_api.kernels.sdpa import decode
+
+    impl = decode.decode_items._cache._impl
+    assert decode.decode_items._cache.cache_path == numba_setup.KERNEL_CACHE_DIR
+    assert impl.locator.get_disambiguator().startswith("sdpa_")
 
 _CACHE_CHILD = """
 import numpy as np

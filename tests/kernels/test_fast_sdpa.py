@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from graph_api.kernels import sdpa as SD
+from graph_api.kernels import threads
+from graph_api.kernels.sdpa import attention, decode_avx2, decode_avx512, merge, operands, widen
 
 
 def pack4(q):
@@ -123,7 +125,7 @@ def test_widen_ints_is_the_f32_dequantization(kind, transposed):
     if zp is not None:
         want = want - np.repeat(zp, G, -1).astype(np.float32)
     want = want * np.repeat(sc, G, -1).astype(np.float32)
-    got = SD._widen(K, 1, B * H, (1, B * H - 1, S, D))  # pairs 1 .. 5 of 6
+    got = widen.widen(K, 1, B * H, (1, B * H - 1, S, D))  # pairs 1 .. 5 of 6
     assert not got.transposed and got.data.dtype == np.float32
     assert np.array_equal(got.data, want.reshape(B * H, S, D)[1:].reshape(1, B * H - 1, S, D))
 
@@ -131,7 +133,7 @@ def test_widen_ints_is_the_f32_dequantization(kind, transposed):
 @pytest.mark.parametrize("kind", ["s4", "u8", "bf16"])
 def test_widened_prefill_chunks_stats_and_bf16_out(kind, monkeypatch):
     """Prefill with compressed or bf16 K/V runs the f32 prefill kernel on K/V widened once
-    per call (:func:`SD._widened_prefill`), in chunks of at most ``WIDEN_BYTES``: whole,
+    per call (:func:`attention._widened_prefill`), in chunks of at most ``WIDEN_BYTES``: whole,
     a batch at a time and a KV head at a time give the same bits (outputs and stats),
     per-head masks and GQA included; the result meets the module's 1e-5 bound against
     float64; a bf16 output is the f32 result rounded to nearest even."""
@@ -145,8 +147,8 @@ def test_widened_prefill_chunks_stats_and_bf16_out(kind, monkeypatch):
     mask = rng.standard_normal((B, Hq, Sq, S)).astype(np.float32)
     head = 2 * S * D * 4  # the f32 bytes of one KV head's K and V
     runs = []
-    for cap in (SD.WIDEN_BYTES, Hkv * head, head):  # whole, per batch, per KV head
-        monkeypatch.setattr(SD, "WIDEN_BYTES", cap)
+    for cap in (attention.WIDEN_BYTES, Hkv * head, head):  # whole, per batch, per KV head
+        monkeypatch.setattr(attention, "WIDEN_BYTES", cap)
         stats = np.empty((B, Hq, Sq), np.float32)
         runs.append((SD.sdpa(q, K, V, mask=mask, causal="top_left", stats=stats), stats))
     for o, st in runs[1:]:
@@ -171,10 +173,10 @@ def test_store_out_rounds_to_nearest_even_as_ml_dtypes_and_numpy(okind, contiguo
     want = (res.astype(ml_dtypes.bfloat16) if okind == 1 else res.astype(np.float16)).view(np.uint16)
     nan = np.isnan(res)
     if contiguous:
-        out = SD._store_out(res, okind, None)
+        out = merge.store_out(res, okind, None)
     else:
         out = np.zeros((2, 3, 5, 64), np.uint16)[..., ::2]
-        assert SD._store_out(res, okind, out) is out
+        assert merge.store_out(res, okind, out) is out
     assert out.dtype == np.uint16 and out.shape == res.shape
     wide = (out.astype(np.uint32) << 16).view(np.float32) if okind == 1 else out.view(np.float16)
     assert np.isnan(wide[nan]).all()
@@ -244,7 +246,7 @@ def test_decode_kernel_gqa_groups_and_split_merge(kind, case):
     q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
     K, kd = make(kind, x, G, True, rng)
     V, vd = make(kind, y, G, False, rng)
-    assert SD._decode_ok(SD.KINDS[kind], SD.KINDS[kind], 1, G, G, True, True, D, S, Sq, 0)
+    assert attention._decode_ok(SD.KINDS[kind], SD.KINDS[kind], 1, G, G, True, True, D, S, Sq, 0)
     mask = rng.standard_normal((B, 1, Sq, S)).astype(np.float32)
     for splits, causal, m in ((1, None, mask), (2, "bottom_right", None), (3, None, None),
                               (7, "bottom_right", mask)):
@@ -256,7 +258,7 @@ def test_decode_kernel_gqa_groups_and_split_merge(kind, case):
 def _decode_tile_operands(kind, G, zs, nrow, rng, D=128):
     """One full decode tile (DT positions) of int4/int8 K [D, DT] and V [DT, D] for the
     step kernels, as ``_dec_items`` lays them out."""
-    T = SD.DT
+    T = operands.DT
     four = kind in ("s4", "u4")
     n = D * T
     if four:
@@ -289,7 +291,7 @@ def test_decode_step_forms_identical(kind, G, zs):
     order as the AVX-512 forms (4 vectors per pass, stored bytes): bit-identical score and
     accumulator tiles, 4-row and 1-row, whichever the target runs."""
     rng = np.random.default_rng(abs(hash((kind, G, zs))) % 2**32)
-    D, T = 128, SD.DT
+    D, T = 128, operands.DT
     a = _decode_tile_operands(kind, G, zs, 5, rng, D)
     rs = T // 2 if kind in ("s4", "u4") else T
     # positions >= nt (100: a tail tile) have weight 0, as _dweights makes them (the AVX2
@@ -302,27 +304,27 @@ def test_decode_step_forms_identical(kind, G, zs):
     sc = np.zeros(8 * T, np.float32)
     acc = a["acc"].copy()
     for c in range(T // 64):
-        SD._dscore4(a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 0, sc, c)
-        SD._dscore1(a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 4, sc, c)
-    SD._dpv4(a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 0)  # nt < DT
-    SD._dpv1(a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 4)
+        decode_avx512.scores_4rows(a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 0, sc, c)
+        decode_avx512.scores_1row(a["kb"], 0, rs, a["sgn"], a["ksc"], 0, T, a["kzp"], zs, G, D, a["qb"], a["qsum"], 4, sc, c)
+    decode_avx512.pv_4rows(a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 0)  # nt < DT
+    decode_avx512.pv_1row(a["vb"], 0, a["sgn"], G, D, a["perm"], 100, a["W"], a["zc"], acc, a["alpha"], 4)
     outs.append((sc, acc))
     # the AVX2 forms read tiles staged as c * n (c a power of two; q and W divided by c)
     four = kind in ("s4", "u4")
-    sl, sr, msk, cst = SD.stage_params(kind)
+    sl, sr, msk, cst = decode_avx2.stage_params(kind)
     sdt = np.uint8 if kind == "u8" else np.int8
     kst8, vst8 = np.zeros(D * 64, sdt), np.zeros(T * 64, sdt)  # a chunk of 64 positions / head dims
     qb, W = a["qb"] / np.float32(cst), a["W"] / np.float32(cst)
     sc = np.zeros(8 * T, np.float32)
     acc = a["acc"].copy()
     for c in range(T // 64):
-        SD._stage_k(kst8, a["kb"], 0, rs, D, sl, sr, msk, c, 0)
-        SD._dscore4_v(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 0, sc, c)
-        SD._dscore1_v(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 4, sc, c)
+        decode_avx2.stage_k(kst8, a["kb"], 0, rs, D, sl, sr, msk, c, 0)
+        decode_avx2.scores_4rows_staged(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 0, sc, c)
+        decode_avx2.scores_1row_staged(kst8, four, a["ksc"], 0, T, a["kzp"], zs, G, D, qb, a["qsum"], 4, sc, c)
     for h in range(D // 64):
-        SD._stage_v(vst8, a["vb"], 0, a["perm"], 100, D, sl, sr, msk, h, False)
-        SD._dpv4_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 0, h)
-        SD._dpv1_v(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 4, h)
+        decode_avx2.stage_v(vst8, a["vb"], 0, a["perm"], 100, D, sl, sr, msk, h, False)
+        decode_avx2.pv_4rows_staged(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 0, h)
+        decode_avx2.pv_1row_staged(vst8, four, G, D, W, a["zc"], acc, a["alpha"], 4, h)
     outs.append((sc, acc))
     assert np.isfinite(outs[0][0][:5 * T]).all() and np.any(outs[0][0][:5 * T] != 0)
     assert np.array_equal(outs[0][0], outs[1][0])
@@ -385,7 +387,7 @@ def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
     import threading
     rng = np.random.default_rng(6)
     B, Hq, Hkv, Sq, S, D, G = 1, 8, 2, 1, 2048, 64, 32  # above SMALL_WORK: uses the pool
-    assert 2 * Hq * S * D >= SD.SMALL_WORK
+    assert 2 * Hq * S * D >= threads.SMALL_WORK
     jobs = []
     for kind in ("s4", "s8"):
         x = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
@@ -401,10 +403,10 @@ def test_decode_kernel_concurrent_callers_get_the_single_thread_result():
             if not np.array_equal(SD.sdpa(q, K, V, kv_splits=3), want):
                 mismatches.append(i)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
+    callers = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in callers:
         t.start()
-    for t in threads:
+    for t in callers:
         t.join()
     assert not mismatches
 
@@ -415,6 +417,6 @@ def test_widen_half_bits_exactly_every_value():
     h = np.arange(65536, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
     strided = h[:, ::2]
     for kind, dt in ((1, ml_dtypes.bfloat16), (2, np.float16)):
-        got = SD._widen_half(strided, kind)
+        got = widen.widen_half(strided, kind)
         assert got.dtype == np.float32 and got.shape == strided.shape
         assert np.array_equal(got, strided.view(dt).astype(np.float32), equal_nan=True)

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from graph_api.kernels import wmatmul as W
+from graph_api.kernels.weight_compressed import wmatmul as W
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32
 
 U = 2.0 ** -24

@@ -1,4 +1,4 @@
-"""SDPA partitions on the Numba attention plan (kernels/fused/sdpa_plan.py).
+"""SDPA partitions on the Numba attention plan (kernels/sdpa/plan.py).
 
 Each graph runs fused and unfused (debug policy, reference ops); outputs must
 agree under graph_api.check's rule for the graph's fpmath (f32 strict: the
@@ -15,7 +15,7 @@ from graph_api import DataType as dt
 from graph_api import OpKind as K
 from graph_api import fill
 from graph_api.check import compare
-from graph_api.kernels.fused import sdpa_plan
+from graph_api.kernels.sdpa import plan as sdpa_plan
 
 HS = ga.PropertyType.host_scalar
 NAME = lambda d: d.name  # noqa: E731  (test ids)

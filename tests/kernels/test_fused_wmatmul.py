@@ -309,7 +309,7 @@ def test_compressed_matmul_writes_into_dense_output_tensors():
     array of the result's type (f32, or bf16 bits as uint16); any other output (another
     type, strided) gets the result written afterwards."""
     import ml_dtypes
-    from graph_api.kernels.fused.wmatmul_plan import _output_memory
+    from graph_api.kernels.weight_compressed.wmatmul_plan import _output_memory
     eng = ga.Engine()
     a = np.zeros((2, 3, 4), np.float32)
     t = ga.Tensor(ga.LogicalTensor(1, dt.f32, [2, 3, 4]), eng, a)

@@ -11,7 +11,7 @@ import pytest
 
 import graph_api as ga
 from graph_api.kernels import openblas, store
-from graph_api.kernels import wmatmul as wm
+from graph_api.kernels.weight_compressed import wmatmul as wm
 from tests.patterns import graphs
 from tests.patterns.builder import dt
 

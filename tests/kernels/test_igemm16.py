@@ -1,11 +1,11 @@
-"""The exact int16-pair GEMM of AVX2 CPUs without VNNI (kernels/igemm16.py) against int64
+"""The exact int16-pair GEMM of AVX2 CPUs without VNNI (kernels/convolution/igemm16.py) against int64
 numpy, bit for bit (integer sums: no tolerance)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from graph_api.kernels import igemm16
+from graph_api.kernels.convolution import igemm16
 
 RNG = np.random.default_rng(5)
 

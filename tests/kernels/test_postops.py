@@ -11,7 +11,7 @@ from graph_api.logical_tensor import LogicalTensor
 from graph_api.op import Op
 from graph_api.opset import OP_SCHEMAS
 from graph_api.partition import INPLACE_KINDS
-from graph_api.kernels import wmatmul as W
+from graph_api.kernels.weight_compressed import wmatmul as W
 from graph_api.kernels.fused import epilogue
 from graph_api.kernels.reference import REFERENCE, RefContext
 from graph_api.patterns.library import common

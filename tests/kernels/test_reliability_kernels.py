@@ -649,7 +649,7 @@ def test_zero_size_dims_of_every_op_kind(case, axis):
 def test_zero_size_dims_in_the_wmatmul_kernel_entry(kind, mnk, trans):
     """Defect 5 (the kernel's own entry point, used by the benchmarks and the
     MLP kernel): empty M/N give an empty result, K = 0 the post-ops of 0."""
-    from graph_api.kernels import wmatmul as W
+    from graph_api.kernels.weight_compressed import wmatmul as W
 
     M, N, K_ = mnk
     spec = W.WeightSpec(kind, K_, N, 32, trans)

@@ -1,5 +1,5 @@
-"""SDPA training backward on its fused kernel (kernels/fused/sdpa_backward_plan.py,
-kernels/sdpa_backward.py).
+"""SDPA training backward on its fused kernel (kernels/sdpa/backward_plan.py,
+kernels/sdpa/backward.py).
 
 Each graph's fused outputs are checked three ways:
 
@@ -29,7 +29,7 @@ from graph_api import DataType as dt
 from graph_api import OpKind as K
 from graph_api.check import compare
 from graph_api.config import settings
-from graph_api.kernels import sdpa_backward as SB
+from graph_api.kernels.sdpa import backward as SB
 from graph_api.kernels.reference.dropout import uniform
 from tests.patterns.builder import G
 

@@ -2,7 +2,7 @@
 
 Reference: float64 attention on the bf16-rounded query and the exactly
 dequantized K/V ((n - z) * s).  The kernel's error bound (derived in the
-``graph_api.kernels.sdpa_bf16`` docstring), per output element (r, d):
+``graph_api.kernels.sdpa.decode_bf16`` docstring), per output element (r, d):
 
 * ``2^-8 * sum_s P[s] |v[s, d]|``: each probability times V scale is rounded to
   bf16 once (relative error <= 2^-8, the bf16 unit roundoff);
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from graph_api.kernels import sdpa as SD
-from graph_api.kernels import sdpa_bf16 as SB
+from graph_api.kernels.sdpa import decode_bf16 as SB
 from graph_api.kernels.bits import RND_BF16
 
 from .test_fast_sdpa import pack4

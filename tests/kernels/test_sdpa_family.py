@@ -1,4 +1,4 @@
-"""SDPA family members on the attention kernel (kernels/fused/sdpa_plan.py).
+"""SDPA family members on the attention kernel (kernels/sdpa/plan.py).
 
 * Training forward: SoftMax's stats output (``max + ln(sum exp(s - max))``) from the
   kernel's row max and sum, against the unfused reference (graph_api.check rule)
@@ -65,7 +65,7 @@ def _stats_f64(b, D, scale=None, mask_id=None):
 
 
 @pytest.mark.parametrize("sq,s,d,dtype", [
-    (40, 64, 32, dt.f32),   # the f32 prefill kernel (sdpa_prefill)
+    (40, 64, 32, dt.f32),   # the f32 prefill kernel (sdpa.prefill)
     (3, 300, 32, dt.f32),   # decode-sized: the tiled kernel, KV split over items
     (20, 70, 24, dt.f32),   # D not a multiple of 16: the scalar kernel
     (12, 50, 32, dt.bf16),  # bf16 Q/K/V: the tiled kernel
@@ -318,7 +318,7 @@ def test_quantized_sdpa_under_an_fpmath_mode(apply_to_int):
     (dict(qdt=dt.f8_e4m3, p_scale=1 / 1024), "may leave the f8_e4m3 range"),
 ])
 def test_quantized_forms_the_kernel_refuses(knob, reason):
-    from graph_api.kernels.fused import sdpa_plan
+    from graph_api.kernels.sdpa import plan as sdpa_plan
 
     b = Builder()
     quantized_sdpa(b, Sq=4, S=16, **knob)
@@ -328,13 +328,13 @@ def test_quantized_forms_the_kernel_refuses(knob, reason):
 
 
 def test_f8_rounding_matches_ml_dtypes():
-    """sdpa_prefill._round_f8 against ml_dtypes' f32 -> f8 conversion (what the
+    """prefill._round_f8 against ml_dtypes' f32 -> f8 conversion (what the
     reference Quantize uses), on random values and every midpoint (the ties)."""
     from graph_api.kernels.numba_setup import numba  # noqa: F401
     import ml_dtypes
     from numba import njit
 
-    from graph_api.kernels.sdpa_prefill import _round_f8
+    from graph_api.kernels.sdpa.prefill import _round_f8
 
     @njit
     def rounded(x, shift, tiny, quantum):

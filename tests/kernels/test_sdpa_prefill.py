@@ -1,4 +1,4 @@
-"""The short f32 prefill attention kernel (kernels/sdpa_prefill.py) vs a float64 formula.
+"""The short f32 prefill attention kernel (kernels/sdpa/prefill.py) vs a float64 formula.
 
 Kernel error: f32 dot products of D terms (<= D u |q||k|), exp32 (<= 2 ulp),
 16-lane f32 sums of S terms and one division per output: with |scores| = O(1)
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from graph_api.kernels import sdpa as SD
-from graph_api.kernels import sdpa_prefill
+from graph_api.kernels.sdpa import prefill
 from tests.kernels.test_fast_sdpa import ref
 
 CASES = [  # B, Hq, Hkv, Sq, S, D
@@ -27,7 +27,7 @@ CASES = [  # B, Hq, Hkv, Sq, S, D
 def blocks(request, monkeypatch):
     """Both register-block shapes of the score and P V products (4 x 32 lanes for
     AVX-512, 4 x 16 for AVX2), whatever this CPU has."""
-    monkeypatch.setattr(sdpa_prefill, "NARROW", request.param)
+    monkeypatch.setattr(prefill, "NARROW", request.param)
     return request.param
 
 
@@ -36,7 +36,7 @@ def blocks(request, monkeypatch):
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 def test_prefill_matches_float64(case, mask_shape, causal, blocks):
     B, Hq, Hkv, Sq, S, D = case
-    assert sdpa_prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)
+    assert prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)
     rng = np.random.default_rng(abs(hash(case + (mask_shape, causal))) % 2**32)
     q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
     k = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
@@ -64,7 +64,7 @@ def test_block_shapes_give_equal_results(case, monkeypatch):
     mask = rng.standard_normal((B, 1, 1, S)).astype(np.float32)
     outs = []
     for narrow in (False, True):
-        monkeypatch.setattr(sdpa_prefill, "NARROW", narrow)
+        monkeypatch.setattr(prefill, "NARROW", narrow)
         outs.append(SD.sdpa(q, SD.KV(k, "f32", k.shape), SD.KV(v, "f32", v.shape), mask=mask,
                             causal="top_left"))
     assert np.array_equal(outs[0], outs[1])
@@ -85,13 +85,13 @@ def test_fully_masked_row_is_nan_and_other_rows_unaffected(blocks):
 
 
 def test_usable_only_for_f32_prefill():
-    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 64, 8, 0, 0)     # decode: its own kernels
-    assert not sdpa_prefill.usable(0, 5, 0, 0, 32, 64, 64, 0, 0)    # int4 K
-    assert not sdpa_prefill.usable(0, 0, 0, 1, 32, 64, 64, 0, 0)    # K stored [D, S]
-    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 64, 64, 1, 0)    # bf16 fpmath rounding
-    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 64, 64, 0, 1)    # bf16 output
-    assert not sdpa_prefill.usable(0, 0, 0, 0, 24, 64, 64, 0, 0)    # D not a multiple of 16
-    assert not sdpa_prefill.usable(0, 0, 0, 0, 32, 8192, 64, 0, 0)  # long KV: the tiled kernel
+    assert not prefill.usable(0, 0, 0, 0, 32, 64, 8, 0, 0)     # decode: its own kernels
+    assert not prefill.usable(0, 5, 0, 0, 32, 64, 64, 0, 0)    # int4 K
+    assert not prefill.usable(0, 0, 0, 1, 32, 64, 64, 0, 0)    # K stored [D, S]
+    assert not prefill.usable(0, 0, 0, 0, 32, 64, 64, 1, 0)    # bf16 fpmath rounding
+    assert not prefill.usable(0, 0, 0, 0, 32, 64, 64, 0, 1)    # bf16 output
+    assert not prefill.usable(0, 0, 0, 0, 24, 64, 64, 0, 0)    # D not a multiple of 16
+    assert not prefill.usable(0, 0, 0, 0, 32, 8192, 64, 0, 0)  # long KV: the tiled kernel
 
 
 @pytest.mark.parametrize("out_layout", ["bhsd", "bs(hd)"])  # (a lone transpose is its own partition)

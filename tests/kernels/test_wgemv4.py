@@ -1,4 +1,4 @@
-"""The interleaved int4 layout and its lookup-table kernels (kernels/wgemv4.py, kernels/lut4.py).
+"""The interleaved int4 layout and its lookup-table kernels (kernels/weight_compressed/wgemv4.py, kernels/weight_compressed/lut4.py).
 
 References are independent: the layout is decoded with numpy from its documented
 bit positions, and products are summed in float64.
@@ -26,8 +26,8 @@ import numba
 import numpy as np
 import pytest
 
-from graph_api.kernels import lut4
-from graph_api.kernels import wgemv4 as L
+from graph_api.kernels.weight_compressed import lut4
+from graph_api.kernels.weight_compressed import wgemv4 as L
 from graph_api.kernels.bits import RND_BF16, RND_NONE
 
 U = 2.0 ** -24
@@ -222,8 +222,8 @@ def test_masked_nibbles_every_slot():
 def test_int8_gemv_against_float64(M, K, N, G, S, kind, zp):
     """wgemv8 through wmatmul.prepare's blocked int8 copy (u8 stored as q - 128
     with zero point z - 128); same bound as the int4 kernels."""
-    from graph_api.kernels import wgemv8
-    from graph_api.kernels import wmatmul as W
+    from graph_api.kernels.weight_compressed import wgemv8
+    from graph_api.kernels.weight_compressed import wmatmul as W
     rng = np.random.default_rng(hash((M, K, N, G, S, kind, zp)) % 2**32)
     lo, hi = (-128, 127) if kind == "s8" else (0, 255)
     q = rng.integers(lo, hi + 1, (K, N))
@@ -252,8 +252,8 @@ def test_int8_gemv_forms_identical(M, K, N, G, S, zp):
     sum the same products in the same order: bit-identical on every target (the gemv
     driver runs one of them; test_int8_gemv_against_float64 checks that one), with zero
     points (u8) and without (s8: the group step without the subtraction)."""
-    from graph_api.kernels import wgemv8
-    from graph_api.kernels import wmatmul as W
+    from graph_api.kernels.weight_compressed import wgemv8
+    from graph_api.kernels.weight_compressed import wmatmul as W
     rng = np.random.default_rng(hash((M, K, N, G, S, "forms")) % 2**32)
     sc = (rng.random((K // G, N)) + 0.5).astype(np.float32)
     x = rng.standard_normal((M, K)).astype(np.float32)

@@ -2,7 +2,7 @@
 
 Reference: ``y64 = bf16(x) @ ((q - z) * s)`` in float64, the activations
 rounded to bf16 (RNE, ml_dtypes) and the weights' integers and scales exact:
-what the kernel computes (see ``kernels/wgemv4_bf16.py``: the scale multiplies
+what the kernel computes (see ``kernels/weight_compressed/wgemv4_bf16.py``: the scale multiplies
 the group's sum).  Tolerance, from f32 accumulation of exact products: per
 group at most G roundings of the partial sum (two per ``vdpbf16ps`` lane
 step, one per product), one for ``z * xs`` and one for the subtraction, then
@@ -15,8 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from graph_api.kernels import wgemv4_bf16 as B4
-from graph_api.kernels import wmatmul as W
+from graph_api.kernels.weight_compressed import wgemv4_bf16 as B4
+from graph_api.kernels.weight_compressed import wmatmul as W
 from graph_api.kernels.bits import RND_BF16
 
 from .test_fast_wmatmul import U, make, ref

@@ -18,7 +18,7 @@ Rounding at every quantize point is the reference's (kernels/reference/quant.py)
   output; the kernel's f32 dot products differ from the reference's float64 ones
   by summation order, so a score within that distance of a bf16 rounding boundary
   may round the other way.
-* Probabilities (s8/u8/f8): the kernel (``sdpa_prefill``'s ``quantized`` work-item kernel)
+* Probabilities (s8/u8/f8): the kernel (``sdpa.prefill``'s ``quantized`` work-item kernel)
   has each row's scores, max and sum before ``P V``; it normalises ``p = e / sum``,
   rounds it to the SoftMax output type, applies the Quantize -> Dequantize pair in
   f32 as the reference (``q = saturate(rne(p / qs + qz))``, ``p' = (q - dz) * ds``)
@@ -26,7 +26,7 @@ Rounding at every quantize point is the reference's (kernels/reference/quant.py)
   reference's (f64 softmax of f64-summed scores) by a few f32 ulps, so a probability
   within that distance of a rounding boundary may land one step away
   (test_sdpa_family.py checks that nothing else differs).  f8 rounds to nearest
-  even with subnormals (``sdpa_prefill._round_f8``, as ml_dtypes converts f32);
+  even with subnormals (``prefill._round_f8``, as ml_dtypes converts f32);
   refused when ``1 / scale + |zp|`` exceeds the f8 range (no saturation in the kernel).
 * Output: the kernel's f32 ``P V`` rounded to pv_matmul's type, transposed/reshaped,
   ``out_cast``, then ``quant_out`` by the reference Quantize function: exact for the
@@ -36,7 +36,7 @@ Rounding at every quantize point is the reference's (kernels/reference/quant.py)
 Refused: per-channel probability parameters, values rounded to two different
 half types in turn, an fpmath mode with ``apply_to_int`` (it rounds the
 dequantized MatMul inputs; without it every MatMul operand, coming from a
-Dequantize, is used as is: docs/fpmath.md), more than ``sdpa_prefill.MAX_S`` keys, tensors other than the final
+Dequantize, is used as is: docs/fpmath.md), more than ``prefill.MAX_S`` keys, tensors other than the final
 output leaving the partition.  A row with no visible key runs the reference for
 that call.
 """
@@ -50,10 +50,10 @@ import numpy as np
 from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, rounding_code
+from graph_api.kernels.fused.hybrid import HybridPlan
 from graph_api.kernels.plan import CompileRequest
 
-from .hybrid import HybridPlan
-from .sdpa_operands import _compose, _swap
+from .plan_operands import _compose, _swap
 
 #: float types and the rounding code that gives their values from f32
 _RND = {DataType.f32: RND_NONE, DataType.bf16: RND_BF16, DataType.f16: RND_F16}
@@ -104,7 +104,7 @@ def _operand(request, b, ops, role, matmul_input):
 
 
 def _prob_params(request, b, ops):
-    """The kernel's probability parameters (see ``sdpa_prefill._quantize_row``), or a reason."""
+    """The kernel's probability parameters (see ``prefill._quantize_row``), or a reason."""
     quant, deq = ops[b["prob_quant"]], ops[b["prob_dequant"]]
     softmax = ops[b["softmax"]]
     into_quant = _chain(ops, b, ("softmax_cast",), softmax.outputs[0].id)
@@ -153,7 +153,7 @@ def _padded(x, shape4, Dp):
 class QuantCore:
     """Execute of a static-quantized SDPA: numpy dequantize, the kernel, numpy quantize."""
 
-    core: object          # sdpa_plan.SdpaCore: geometry, scores, masks, output steps
+    core: object          # plan.SdpaCore: geometry, scores, masks, output steps
     q_deq: tuple          # (Dequantize op, type of the MatMul input) of Q, K, V
     k_deq: tuple
     v_deq: tuple
@@ -183,7 +183,7 @@ class QuantCore:
         from graph_api.kernels import sdpa as SD
         from graph_api.kernels.reference.quant import quantize
 
-        from .sdpa_plan import _Fallback
+        from .plan import _Fallback
 
         c = self.core
         g, sc = c.geo, c.scores
@@ -214,9 +214,9 @@ class QuantCore:
 
 def build(request: CompileRequest):
     """The plan of an ``sdpa_quantized`` partition, or why the kernel does not apply."""
-    from graph_api.kernels import sdpa_prefill
+    from graph_api.kernels.sdpa import prefill
 
-    from . import sdpa_plan as SP
+    from . import plan as SP
 
     b, lts = request.bindings, request.lts
     ops = {op.id: op for op in request.ops}
@@ -243,8 +243,8 @@ def build(request: CompileRequest):
                        _swap(v_shape) if v_swapped else v_shape)
     if isinstance(geo, str):
         return geo
-    if not 0 < geo.S <= sdpa_prefill.MAX_S:
-        return f"{geo.S} keys (the exact two-pass kernel takes at most {sdpa_prefill.MAX_S})"
+    if not 0 < geo.S <= prefill.MAX_S:
+        return f"{geo.S} keys (the exact two-pass kernel takes at most {prefill.MAX_S})"
     if lts[qk.outputs[0].id].shape != geo.lead + (geo.Sq, geo.S):
         return f"scores {list(lts[qk.outputs[0].id].shape)} are not Q's batch x Sq x S"
     scores = SP._scores(request, b, ops)

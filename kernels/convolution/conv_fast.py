@@ -1,4 +1,4 @@
-"""Numba kernels of the fast 2-D convolution path (``kernels/fused/conv_plan.py``).
+"""Numba kernels of the fast 2-D convolution path (``kernels/convolution/conv_plan.py``).
 
 One image at a time, channels first (``[C, H, W]`` views; NXC data arrives as a
 strided view and is read through its strides):
@@ -10,9 +10,9 @@ strided view and is read through its strides):
 * :func:`im2col_packed_2d`: the same columns of 8-bit data as bytes, written
   straight into the int8 GEMM's packed B panels (``kernels/igemm.py``);
   :func:`im2col_pairs_2d`: as int16 pairs in the AVX2 int8 GEMM's panels
-  (``kernels/igemm16.py``).
+  (``kernels/convolution/igemm16.py``).
 * :func:`depthwise_2d`: ``y[c, p] = sum_t w[c, t] * (x[c, ...] - zp)`` in f32,
-  taps in kernel order (the order of ``graph_api.kernels.conv.conv_depthwise``),
+  taps in kernel order (the order of ``graph_api.kernels.convolution.conv.conv_depthwise``),
   vectorised along the output row.
 * :func:`conv_bands`: a whole convolution of one image (columns, single-threaded
   sgemm, epilogue) as one parallel pass over bands of output rows.
@@ -39,12 +39,14 @@ import numpy as np
 from numba import njit, prange
 
 from graph_api.kernels.igemm import NR
-from graph_api.kernels.igemm16 import NR as NR16
+from graph_api.kernels.convolution.igemm16 import NR as NR16
 from graph_api.kernels.openblas import sgemm
 from graph_api.kernels.store import _finite
 
-# ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)) ----
-RELU, CLAMP, ADD, SUB, RSUB, MUL, DIV, RDIV, MAX, MIN, QUANTIZE = range(1, 12)
+# ---- post-op program codes (a step is (code, operand source, f32 a, f32 b)): the
+# codes of the one post-op table
+from graph_api.postops import (ADD, CLAMP, DIV, MAX, MIN, MUL, QUANTIZE, RDIV, RELU,  # noqa: E402
+                               RSUB, SUB)
 #: operand sources of binary steps: a scalar (a), per-channel row (chan[i, c]),
 #: the full-shape operand (dequantized with (fscale, fzp) when it is an integer array)
 SCALAR, CHANNEL, FULL = 0, 1, 2
@@ -227,7 +229,7 @@ def im2col_packed_2d_flat(x2, H, W, shift, pad, kh, kw, dh, dw, ph, pw, oh, k4, 
 @njit(parallel=True, cache=True)
 def im2col_pairs_2d(x, zp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, k2, out32):
     """The im2col columns of 8-bit image ``x`` [C, H, W] (any strides) less the zero
-    point, as the int16 pairs of :mod:`graph_api.kernels.igemm16`'s panels:
+    point, as the int16 pairs of :mod:`graph_api.kernels.convolution.igemm16`'s panels:
     ``out32[(p*k2 + kk)*NR16 + j]`` holds ``cols[2*kk, p*NR16 + j]`` in its low and
     ``cols[2*kk + 1, p*NR16 + j]`` in its high 16 bits (``x - zp``, within [-255, 255]
     for 8-bit data and zero point; 0 where the window leaves the image and past K and P).

@@ -5,7 +5,7 @@ Layout (made once per constant weight by :func:`pack_interleaved`): blocks of
 ``BLOCK_COLS = 128`` columns; block ``b`` is one contiguous stream of ``K``
 rows of 64 bytes (16 little-endian dwords); nibble ``j`` (bits ``4j..4j+3``)
 of dword ``l`` holds column ``128 b + 16 j + l``.  One 512-bit load per row
-gives all 128 weights, and :func:`graph_api.kernels.lut4.vlut4` turns nibble
+gives all 128 weights, and :func:`graph_api.kernels.weight_compressed.lut4.vlut4` turns nibble
 ``j`` of the 16 dwords into the 16 consecutive columns ``16 j .. 16 j + 15``
 (one shift and one ``vpermps``).  u4 nibbles are stored as given, s4 ones biased
 (``u = q + 8``); the lookup table gives the exact integer ``q``.
@@ -41,13 +41,13 @@ so cold decode is at the bandwidth bound; from L3 (~90 GB/s) it is
 compute-bound at ~50% of L3 bandwidth.  More needs fewer vector operations
 per weight than strict f32 allows (one FMA per weight and row; peers that go
 faster round the activations: ONNX Runtime's int8 VNNI mode, PyTorch's bf16;
-with fpmath bf16 + ``apply_to_int`` :mod:`graph_api.kernels.wgemv4_bf16` does).
+with fpmath bf16 + ``apply_to_int`` :mod:`graph_api.kernels.weight_compressed.wgemv4_bf16` does).
 
 Targets without AVX-512 (AVX2: 16 registers of 8 floats, no 16-float ``vpermps``)
 run the *convert* kernels (:func:`_blk_m1_cvt`, :func:`_blk_rows_cvt`) in register
 tiles of 4 partial sums (the one-pass lookup form keeps 16 f32x16 values live, twice
 AVX2's register file).  They do not look the nibbles up: nibble ``j`` of a dword is
-masked in place and converted (:func:`graph_api.kernels.lut4.vnibu`; nibble 7 shifted
+masked in place and converted (:func:`graph_api.kernels.weight_compressed.lut4.vnibu`; nibble 7 shifted
 down), which gives ``u * 16**j`` exactly -- the stored unsigned nibble times a power of
 two -- in one ``vpand`` and one ``vcvtdq2ps`` per 8 weights, so the M = 1 loop is 24
 vector operations per 64 weights (8 masks, 8 converts, 8 FMAs) where moving each
@@ -89,7 +89,7 @@ import numpy as np
 from numba import njit, prange
 
 from graph_api.kernels.bits import prefetch, vadd, vbcast, round_code, vfma, vload, vmul, vsplat, vstore, vsub
-from graph_api.kernels.lut4 import HAS_VPERMPS, TABLE_S4, TABLE_U4, nib_mask, vlut4, vnib7, vnibu
+from graph_api.kernels.weight_compressed.lut4 import HAS_VPERMPS, TABLE_S4, TABLE_U4, nib_mask, vlut4, vnib7, vnibu
 from graph_api.kernels.openblas import sgemm
 
 BLOCK_COLS = 128  #: columns per block (64 bytes per row: one cache line, one zmm load)

@@ -16,7 +16,7 @@ blend where it has AVX2 only, and elsewhere the same lookup lane by lane
 (identical values, slower).  The AVX2 decode kernels do not look up: they
 convert the nibble masked in place (:func:`vnibu`, :func:`vnib7`), which gives
 ``u * 16**j`` -- the biased nibble times a power of two -- in 2 vector operations
-per 8 weights (see :mod:`graph_api.kernels.wgemv4`).
+per 8 weights (see :mod:`graph_api.kernels.weight_compressed.wgemv4`).
 """
 from __future__ import annotations
 

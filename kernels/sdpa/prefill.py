@@ -25,7 +25,7 @@ rounding steps as the general kernel apart from its online rescaling.  A row
 whose every score is -inf gives 0/0 = NaN, as the general kernel (the plan's
 ``inf_as_zero`` handling sees it).
 
-Threads: one ``nogil`` function over work items, run by ``sdpa._run_items``.
+Threads: one ``nogil`` function over work items, run by ``threads.run_items``.
 Divisions are IEEE (``error_model="numpy"``): 0/0 gives NaN, not an exception.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def usable(q_kind: int, k_kind: int, v_kind: int, k_transposed: int, D: int, S: 
 def score_rows(qb, kT, sc, Rp, D, Sp, ntc):
     """sc[r, t] = sum_d qb[r, d] * kT[d, t] for r < Rp (a multiple of 4), t < ntc (of 32);
     rows of kT and sc are Sp apart, 4 rows x 32 lanes of accumulators (also the
-    tiled prefill's score step in sdpa.py)."""
+    tiled prefill's score step in sdpa/blocked.py)."""
     z = vsplat(np.float32(0.0))
     # column blocks outer: the D x 32 block of kT (16 KiB at D = 128) is read from L2 once
     # and reused from L1 by every group of 4 rows (rows outer streamed all of kT, 1 MiB

@@ -1,4 +1,4 @@
-"""Weight-compressed MatMul partitions on the Numba kernels of ``graph_api.kernels.wmatmul``.
+"""Weight-compressed MatMul partitions on the Numba kernels of ``graph_api.kernels.weight_compressed.wmatmul``.
 
 Covers ``DynamicDequantize(W int4/int8) [-> TypeCast] -> MatMul [+bias] ->
 post-ops [-> TypeCast]`` with W two-dimensional ([K, N], or [N, K] with
@@ -29,8 +29,8 @@ from graph_api.kernels.bits import RND_BF16, RND_F16, rounding_code
 from graph_api.kernels import scratch
 from graph_api.kernels.plan import CompileRequest
 
-from .epilogue import bind, chain_program
-from .hybrid import HybridPlan
+from graph_api.kernels.fused.epilogue import bind, chain_program
+from graph_api.kernels.fused.hybrid import HybridPlan
 
 _WEIGHT_KINDS = {DataType.s4: "s4", DataType.u4: "u4", DataType.s8: "s8", DataType.u8: "u8"}
 _ACT = {DataType.f32: None, DataType.bf16: "bf16", DataType.f16: "f16"}
@@ -131,7 +131,7 @@ class Linear:
 
     def _weights(self, inputs):
         """(weight buffer, scales, zero points, prepared weight or None) of this call."""
-        from graph_api.kernels import wmatmul as wm
+        from graph_api.kernels.weight_compressed import wmatmul as wm
 
         w_buf = inputs[self.w_id].get_data_handle()
         scales = self._params(inputs[self.s_id])
@@ -146,8 +146,8 @@ class Linear:
     def bind(self, x2d, inputs, ep, out, head=None):
         """The dense-copy prefill of ``x2d`` into ``out`` (f32 [M, N]) with bias row ``head``
         and epilogue ``ep`` as a callable returning False where its overflow guard refuses
-        (:func:`graph_api.kernels.wmatmul.prefill_runner`), or None."""
-        from graph_api.kernels import wmatmul as wm
+        (:func:`graph_api.kernels.weight_compressed.wmatmul.prefill_runner`), or None."""
+        from graph_api.kernels.weight_compressed import wmatmul as wm
 
         if not self.constant or self.rnd_x or self.rnd_w or self.bf16_pairs or self.act:
             return None
@@ -157,7 +157,7 @@ class Linear:
     def __call__(self, x2d, inputs, post=(), out_dtype="f32", out=None):
         """``post(x2d @ dequant(W))`` as ``out_dtype``, into ``out`` (f32 [M, N], or
         uint16 bits for bf16/f16) when given."""
-        from graph_api.kernels import wmatmul as wm
+        from graph_api.kernels.weight_compressed import wmatmul as wm
 
         w_buf, scales, zps, prepared = self._weights(inputs)
         y = wm.wmatmul(x2d, w_buf, self.spec, scales, zps, prepared=prepared, post_ops=post, out=out,
@@ -192,7 +192,7 @@ class DenseLinear:
         return self.cache.get([tensor], build) if self.constant else build()
 
     def __call__(self, x2d, inputs, post=(), out_dtype="f32", out=None):
-        from graph_api.kernels import wmatmul as wm
+        from graph_api.kernels.weight_compressed import wmatmul as wm
 
         xf = self.fpmath.round_input(x2d, self.x_dtype)
         w, wmax = self._weights(inputs[self.w_id])
@@ -248,7 +248,7 @@ def make_linear(request: CompileRequest, deq_id: int | None, mm_id: int, cast_id
     """A :class:`Linear` for a compressed-weight MatMul (a :class:`DenseLinear`
     for float weights), or the reason it cannot be one.  ``any_out``: the
     MatMul output may be bf16/f16 (no epilogue follows; the store rounds)."""
-    from graph_api.kernels import wmatmul as wm
+    from graph_api.kernels.weight_compressed import wmatmul as wm
 
     lts = request.lts
     ops = {op.id: op for op in request.ops}
@@ -348,7 +348,7 @@ def build(request: CompileRequest):
         f32 prefill on the weight's dense copy, a first f32 row operand (the bias) added
         as the store's head row, the epilogue reading at most one other operand in place
         (a residual); None otherwise.  A call its overflow guard refuses runs core."""
-        from graph_api.kernels import wmatmul as wm
+        from graph_api.kernels.weight_compressed import wmatmul as wm
 
         if not isinstance(linear, Linear) or out_dtype != "f32":
             return None

@@ -80,10 +80,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels import wgemv4 as W4
-from graph_api.kernels import wgemv8 as W8
-from graph_api.kernels import wgemv4_bf16 as B4
-from graph_api.kernels.lut4 import HAS_VPERMPS  # AVX-512F: 32 vector registers
+from graph_api.kernels.weight_compressed import wgemv4 as W4
+from graph_api.kernels.weight_compressed import wgemv8 as W8
+from graph_api.kernels.weight_compressed import wgemv4_bf16 as B4
+from graph_api.kernels.weight_compressed.lut4 import HAS_VPERMPS  # AVX-512F: 32 vector registers
 from graph_api.kernels.bits import (RND_BF16, f32_to_bf16, f32_to_f16_bits, fma32, nib_x, prefetch, round_bf16,
                           round_f16, round_code, load_row_f32, vfma, vload, vnib_hi, vnib_lo, vsplat, vstore)
 
@@ -99,11 +99,15 @@ S4, U4, S8, U8 = "s4", "u4", "s8", "u8"
 from graph_api.postops import (ABS as EP_ABS, ADD as EP_ADD, BINARY_CODES as BINARY_OPS,  # noqa: E402
                                CLAMP as EP_CLAMP, DIV as EP_DIV, ELU as EP_ELU, EXP as EP_EXP,
                                GELU_ERF as EP_GELU_ERF, GELU_TANH as EP_GELU_TANH,
-                               LEAKY_RELU as EP_LEAKY_RELU, LINEAR as EP_LINEAR, MAX as EP_MAX,
-                               MIN as EP_MIN, MUL as EP_MUL, RDIV as EP_RDIV, RELU as EP_RELU,
-                               RSUB as EP_RSUB, SIGMOID as EP_SIGMOID, SILU as EP_SILU,
+                               HARD_SIGMOID as EP_HARD_SIGMOID, HARD_SWISH as EP_HARD_SWISH,
+                               LEAKY_RELU as EP_LEAKY_RELU, LINEAR as EP_LINEAR, LOG as EP_LOG,
+                               MAX as EP_MAX, MIN as EP_MIN, MISH as EP_MISH, MUL as EP_MUL,
+                               POW as EP_POW, RDIV as EP_RDIV, RECIPROCAL as EP_RECIPROCAL,
+                               RELU as EP_RELU, ROUND as EP_ROUND, ROUND_BF16 as EP_ROUND_BF16,
+                               ROUND_F16 as EP_ROUND_F16, RSUB as EP_RSUB, SIGMOID as EP_SIGMOID,
+                               SILU as EP_SILU, SOFT_PLUS as EP_SOFT_PLUS, SQRT as EP_SQRT,
                                SQUARE as EP_SQUARE, SUB as EP_SUB, TANH as EP_TANH,
-                               UNARY_CODES as UNARY_OPS)
+                               UNARY_CODES as UNARY_OPS, UNARY_FIRST as EP_UNARY_FIRST)
 OUT_F32, OUT_BF16, OUT_F16 = 0, 1, 2
 #: operand of a binary post-op that is the running value itself (``Multiply(y, y)``)
 RUNNING = "running value"
@@ -222,75 +226,76 @@ def _ep_steps(v, r, c0, ops, fpar, ipar, buf):
         for i in range(ops.shape[0]):
             op = ops[i]
             a = fpar[i, 0]
-            if op < 10:
+            if op < EP_UNARY_FIRST:
                 o = x if ipar[i, 0] < 0 else buf[ipar[i, 0] + r * ipar[i, 1] + (c0 + n) * ipar[i, 2]]
-                if op == 1:
+                if op == EP_ADD:
                     x = x + o
-                elif op == 2:
+                elif op == EP_MUL:
                     x = x * o
-                elif op == 3:
+                elif op == EP_SUB:
                     x = x - o
-                elif op == 4 or op == 8:  # x / o, o / x
-                    x = _fdiv(x, o) if op == 4 else _fdiv(o, x)
-                elif op == 5:  # NaN from either side, as the reference's np.maximum
+                elif op == EP_DIV or op == EP_RDIV:  # x / o, o / x
+                    x = _fdiv(x, o) if op == EP_DIV else _fdiv(o, x)
+                elif op == EP_MAX:  # NaN from either side, as the reference's np.maximum
                     x = x if (x > o or x != x) else o
-                elif op == 6:
+                elif op == EP_MIN:
                     x = x if (x < o or x != x) else o
-                else:
+                else:  # EP_RSUB
                     x = o - x
-            elif op == 10:  # oneDNN's relu: x * 0 below 0 (NaN at -inf, as the reference)
+            elif op == EP_RELU:  # oneDNN's relu: x * 0 below 0 (NaN at -inf, as the reference)
                 x = x if x > 0 else x * zero
-            elif op == 11:
+            elif op == EP_GELU_ERF:
                 x = np.float32(0.5) * x * (one + np.float32(math.erf(x * np.float32(0.7071067811865476))))
-            elif op == 12:
+            elif op == EP_GELU_TANH:
                 x = np.float32(0.5) * x * (one + np.float32(math.tanh(
                     np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x))))
-            elif op == 13:  # oneDNN's logistic: 0 once exp(-x) overflows, and for NaN
+            elif op == EP_SIGMOID:  # oneDNN's logistic: 0 once exp(-x) overflows, and for NaN
                 x = one / (one + np.float32(math.exp(-x))) if -x < np.float32(88.72283172607421875) else zero
-            elif op == 14:
+            elif op == EP_SILU:
                 x = x / (one + np.float32(math.exp(-a * x)))
-            elif op == 15:
+            elif op == EP_TANH:
                 x = np.float32(math.tanh(x))
-            elif op == 16:  # oneDNN's clip: NaN becomes the min
+            elif op == EP_CLAMP:  # oneDNN's clip: NaN becomes the min
                 x = x if x > a else a
                 x = x if x < fpar[i, 1] else fpar[i, 1]
-            elif op == 17:
+            elif op == EP_LINEAR:
                 x = a * x + fpar[i, 1]
-            elif op == 18:
+            elif op == EP_ELU:
                 if x < 0:
                     x = a * (np.float32(math.exp(x)) - one)
-            elif op == 19:
+            elif op == EP_ABS:
                 x = abs(x)
-            elif op == 20:
+            elif op == EP_EXP:
                 x = np.float32(math.exp(x))
-            elif op == 21:
+            elif op == EP_SQUARE:
                 x = x * x
-            elif op == 22:
+            elif op == EP_LEAKY_RELU:
                 if x < 0:
                     x = x * a
-            elif op == 23 or op == 24:  # hard_sigmoid(a, b) / hard_swish = x * hard_sigmoid(1/6, 1/2)
-                t = a * x + fpar[i, 1] if op == 23 else x / np.float32(6.0) + np.float32(0.5)
+            elif op == EP_HARD_SIGMOID or op == EP_HARD_SWISH:
+                # hard_sigmoid(a, b) / hard_swish = x * hard_sigmoid(1/6, 1/2)
+                t = a * x + fpar[i, 1] if op == EP_HARD_SIGMOID else x / np.float32(6.0) + np.float32(0.5)
                 t = zero if t < zero else (one if t > one else t)
-                x = t if op == 23 else x * t
-            elif op == 25:
+                x = t if op == EP_HARD_SIGMOID else x * t
+            elif op == EP_LOG:
                 x = np.float32(np.log(x))
-            elif op == 26 or op == 27:  # mish = x tanh(softplus(x)); soft_plus(beta)
-                beta = one if op == 26 else a
+            elif op == EP_MISH or op == EP_SOFT_PLUS:  # mish = x tanh(softplus(x)); soft_plus(beta)
+                beta = one if op == EP_MISH else a
                 bx = beta * x
                 sp = bx / beta if bx >= np.float32(88.72283172607421875) else \
                     np.float32(math.log1p(math.exp(bx))) / beta
-                x = sp if op == 27 else x * np.float32(math.tanh(sp))
-            elif op == 28:
+                x = sp if op == EP_SOFT_PLUS else x * np.float32(math.tanh(sp))
+            elif op == EP_ROUND:
                 x = np.float32(np.rint(x))
-            elif op == 29:
+            elif op == EP_SQRT:
                 x = np.float32(np.sqrt(x))
-            elif op == 30:
+            elif op == EP_POW:
                 x = np.float32(np.power(x, a))
-            elif op == 31:
+            elif op == EP_RECIPROCAL:
                 x = np.float32(math.copysign(np.inf, x)) if x == zero else one / x
-            elif op == 40:
+            elif op == EP_ROUND_BF16:
                 x = round_bf16(x)
-            elif op == 41:
+            elif op == EP_ROUND_F16:
                 x = round_f16(x)
         v[n] = x
 
@@ -1164,19 +1169,6 @@ def _buffer(name: str, size: int) -> np.ndarray:
 #: dequantizing into 4 MiB panels took 1.9 ms for all 16.8 M weights, into
 #: 8 MiB and wider ones 3.2-5.7 ms (the panels no longer stay in L2/L3).
 PANEL_TILE_BYTES = 4 << 20
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _pool_submit(fn, *args):
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-                _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
-                                           thread_name_prefix="graph_api-prefill")
-    return _pool.submit(fn, *args)
 
 
 def _drain(panels, run_panel):
@@ -1272,11 +1264,12 @@ def _run_pipelined(items, run, threads, blas=True):
     the next item when done (Numba kernels and, if ``blas``, numpy's OpenBLAS
     single-threaded in each)."""
     from graph_api.kernels import openblas
+    from graph_api.kernels.threads import submit
 
     workers = min(threads, len(items))
     it = iter(items)
     with openblas.single_threaded() if blas and openblas.available() else contextlib.nullcontext():
-        helpers = [_pool_submit(_drain, it, run) for _ in range(workers - 1)]
+        helpers = [submit(_drain, it, run) for _ in range(workers - 1)]
         try:
             _drain(it, run)
         finally:

@@ -6,14 +6,14 @@
 
 Each call streams its packed weights once; the activation is read from L1/L2.
 Float weights (any of the three) run f32 BLAS with the same epilogues
-(:class:`~graph_api.kernels.fused.wmatmul_plan.DenseLinear`).
+(:class:`~graph_api.kernels.weight_compressed.wmatmul_plan.DenseLinear`).
 """
 from __future__ import annotations
 
 from graph_api.kernels.plan import CompileRequest
 
-from .epilogue import bind, chain_program
-from .hybrid import HybridPlan
+from graph_api.kernels.fused.epilogue import bind, chain_program
+from graph_api.kernels.fused.hybrid import HybridPlan
 from .wmatmul_plan import make_linear
 
 

@@ -1,8 +1,8 @@
-"""``sdpa_backward`` partitions on the kernel of ``graph_api.kernels.sdpa_backward``.
+"""``sdpa_backward`` partitions on the kernel of ``graph_api.kernels.sdpa.backward``.
 
 The partition (patterns/library/sdpa.py ``_backward``, oneDNN's
 float_sdp_backward_fusion / float_gqa_backward_fusion) becomes one
-``sdpa_backward.backward`` call::
+``sdpa.backward.backward`` call::
 
     Q, K ─ qk_matmul ─ scores (scale, causal, mask_add, select_mask) ─ sub_stats(stats) ─ exp = P
     P ─ [p_dropout] ─ [p_cast] ─┐
@@ -11,7 +11,7 @@ float_sdp_backward_fusion / float_gqa_backward_fusion) becomes one
         ─ ds(P, .) ─ [ds_end: dS out] ─ ds_scale ─ [ds_cast] ─┬ dk_matmul(., Q) ─ [dk_reduce] -> dK
                                                               └ dq_matmul(., K)               -> dQ
 
-Shared with the forward plans (kernels/fused/sdpa_plan.py): the geometry
+Shared with the forward plans (kernels/sdpa/plan.py): the geometry
 (Q ``[*L, Sq, D]``, K/V ``[*Lk, S, D]`` broadcast over trailing head dims: MHA,
 MQA, 5-D GQA), the score chain (``score_chain``: scale, masks and the implicit
 causal mask folded into one additive mask and a causal offset, ``score_masks``
@@ -49,13 +49,13 @@ from graph_api import dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.kernels.bits import RND_NONE, rounding_code
+from graph_api.kernels.fused.hybrid import HybridPlan
+from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 from graph_api.kernels.plan import CompileRequest
 
-from .hybrid import HybridPlan
-from .sdpa_operands import _FLOATS, _KEEPS, _TYPE_RND
-from .sdpa_plan import (Geometry, Scores, _geometry, _inside, _scalar_operand, _unknown_ops,
-                        _with_fallback, score_chain, score_masks)
-from .wmatmul_plan import zero_size_reason
+from .plan import (Geometry, Scores, _geometry, _inside, _scalar_operand, _unknown_ops,
+                   _with_fallback, score_chain, score_masks)
+from .plan_operands import _FLOATS, _KEEPS, _TYPE_RND
 
 _F32 = DataType.f32
 
@@ -85,7 +85,7 @@ class Backward:
         return float(dtypes.to_f32(self.fetch(inputs, tid)).reshape(-1)[0])
 
     def __call__(self, inputs, arrays, outputs=None):
-        from graph_api.kernels import sdpa_backward as SB
+        from graph_api.kernels.sdpa import backward as SB
 
         g, sc = self.geo, self.scores
         scale = 1.0 if sc.scale_id is None else self._scalar(inputs, sc.scale_id)

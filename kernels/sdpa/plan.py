@@ -1,8 +1,8 @@
 """SDPA partitions (``sdpa``, ``sdpa_compressed``, ``sdpa_gqa``, ``sdpa_jax``) on the Numba kernel of ``graph_api.kernels.sdpa``.
 
-``sdpa_quantized`` partitions are handed to :mod:`.sdpa_quant_plan` (same
+``sdpa_quantized`` partitions are handed to :mod:`.quant_plan` (same
 score chain, exact quantize points), ``sdpa_backward`` ones to
-:mod:`.sdpa_backward_plan` (same geometry and score chain).  ``mqa_jax`` has no plan: as written
+:mod:`.backward_plan` (same geometry and score chain).  ``mqa_jax`` has no plan: as written
 (graphs.jax_mqa, oneDNN's float_mqa_jax_fusion) SoftMax normalises over one
 axis and the second MatMul contracts over the other, which is not the
 kernel's ``softmax(s) v``.
@@ -77,12 +77,12 @@ probabilities by the mode before the PV MatMul, which an online softmax
 cannot reproduce: f32 probabilities under a rounding mode are refused, so
 under bf16/f16/tf32 only half-precision SDPA graphs take the kernel.  fpmath
 bf16 with ``apply_to_int`` lets the int4/int8 decode compute both products with
-bf16 inputs (``bf16_dot``: graph_api.kernels.sdpa_bf16, AVX512_BF16).
+bf16 inputs (``bf16_dot``: graph_api.kernels.sdpa.decode_bf16, AVX512_BF16).
 
 Training forward: SoftMax's stats output (``max + ln(sum exp(s - max))`` per
 row, f32) may leave the partition; the kernel records each row's max and sum
 of exponentials and the plan evaluates the formula in float64 from them
-(``kernels.sdpa._row_stats``), -inf for rows the masks hide (``inf_as_zero``)
+(``kernels.sdpa.merge.row_stats``), -inf for rows the masks hide (``inf_as_zero``)
 and NaN there in mode ``none``, as the reference.  Refused when the reference
 rounds the scores to a half type before SoftMax (the stats are judged as f32).
 
@@ -104,11 +104,11 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
+from graph_api.kernels.fused.hybrid import HybridPlan
+from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
 
-from .hybrid import HybridPlan
-from .wmatmul_plan import zero_size_reason
-from .sdpa_operands import (_FLOATS, _ANY_RND, _swap, Operand, _compressed, _float_operand, make_kv)
+from .plan_operands import (_FLOATS, _ANY_RND, _swap, Operand, _compressed, _float_operand, make_kv)
 
 _REFUSED_ROLES = {"softcap_tanh": "soft-capping (tanh) has no kernel form",
                   "dropout": "Dropout has no kernel form"}
@@ -614,13 +614,13 @@ def build(request: CompileRequest):
     """The plan of an SDPA partition, or why the fast path does not apply."""
     b, lts = request.bindings, request.lts
     if b.get("prob_quant") is not None:  # sdpa_quantized
-        from . import sdpa_quant_plan
+        from . import quant_plan
 
-        return sdpa_quant_plan.build(request)
+        return quant_plan.build(request)
     if b.get("sub_stats") is not None:  # sdpa_backward
-        from . import sdpa_backward_plan
+        from . import backward_plan
 
-        return sdpa_backward_plan.build(request)
+        return backward_plan.build(request)
     ops = {op.id: op for op in request.ops}
     reason = _unknown_ops(request, b) or zero_size_reason(request)
     if reason:

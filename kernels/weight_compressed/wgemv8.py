@@ -4,7 +4,7 @@ Layout (made by ``wmatmul.prepare``): blocks of 128 columns, block ``b`` one
 contiguous stream of ``K`` rows of 128 signed bytes, ``[nblk, K, 128]`` int8;
 u8 weights are stored as ``q - 128`` with zero point ``z - 128`` (``q - z``
 unchanged, exactly), so one signed signature serves s8 and u8.  Scales and
-zero points ``[nblk, K/G, 128]`` f32 as in :mod:`graph_api.kernels.wgemv4`,
+zero points ``[nblk, K/G, 128]`` f32 as in :mod:`graph_api.kernels.weight_compressed.wgemv4`,
 and the same formula and order: per group ``p = sum_k x[k] * q[k]`` by
 sequential FMAs, then ``acc = fma(s, p - z * xs, acc)``; error bound
 ``(G + K/G + 3) * 2**-24 * sum_k |x_k| (|q| + |z|) |s|``.
@@ -21,8 +21,8 @@ import numpy as np
 from numba import njit, prange
 
 from graph_api.kernels.bits import prefetch, vcvt8, vfma, vload, vmul, vsplat, vbcast, vstore, vsub
-from graph_api.kernels.lut4 import HAS_VPERMPS
-from graph_api.kernels.wgemv4 import _scale4
+from graph_api.kernels.weight_compressed.lut4 import HAS_VPERMPS
+from graph_api.kernels.weight_compressed.wgemv4 import _scale4
 
 COLS = 128
 _PF = 4096  #: software prefetch distance in bytes of the block stream (32 rows)

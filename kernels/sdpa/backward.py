@@ -251,7 +251,8 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
         ``(dq, dk, dv, ds)``: dk/dv ``[B, Hq, S, D]`` (per query head; GQA sums them).
     """
     from graph_api.kernels import openblas
-    from graph_api.kernels.sdpa import _flat_mask, _run_items
+    from graph_api.kernels.sdpa.operands import flat_mask
+    from graph_api.kernels.threads import run_items
 
     B, Hq, Sq, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -267,7 +268,7 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
     dk = np.empty((nsplit, B, Hq, S, D), np.float32)
     dv = np.empty((nsplit, B, Hq, S, D), np.float32)
     ds = np.empty((B, Hq, Sq, S), np.float32) if want_ds else np.empty(1, np.float32)
-    mflat, mstr = _flat_mask(None if mask is None else np.broadcast_to(
+    mflat, mstr = flat_mask(None if mask is None else np.broadcast_to(
         np.asarray(mask, np.float32), np.broadcast_shapes(np.shape(mask), (1, 1, Sq, S))))
     flat = lambda a: np.ascontiguousarray(a, np.float32).reshape(-1)  # noqa: E731
     pd, dd = _dropout_args(p_dropout), _dropout_args(dp_dropout)
@@ -280,9 +281,9 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
     work = 5 * heads * Sq * S * D
     if blas:
         with openblas.single_threaded():
-            _run_items(backward_items, heads * nsplit, *args, work=work)
+            run_items(backward_items, heads * nsplit, *args, work=work)
     else:
-        _run_items(backward_items, heads * nsplit, *args, work=work)
+        run_items(backward_items, heads * nsplit, *args, work=work)
     if nsplit > 1:
         dk, dv = dk.sum(axis=0, dtype=np.float32), dv.sum(axis=0, dtype=np.float32)
     else:

@@ -1,6 +1,6 @@
 """Compressed SDPA decode under fpmath bf16: Q.K and P.V on AVX512_BF16 ``vdpbf16ps``.
 
-The strict f32 decode kernel (``sdpa._dec_items``) spends one FMA lane per K/V
+The strict f32 decode kernel (``sdpa.decode.decode_items``) spends one FMA lane per K/V
 element and query row of its head group: at 4 query heads per KV head that is
 0.25 cycles per element, about twice the time the int4 cache takes to read.
 ``vdpbf16ps`` does 32 bf16 multiply-adds per instruction (twice the lanes of an
@@ -77,10 +77,10 @@ import numpy as np
 from numba import njit
 
 from graph_api.kernels import bf16dot
-from graph_api.kernels.bf16dot import (itemsize_of, vbcast, vbits, vdpbf, vexp, vpack, vpair4_hi, vpair4_lo,
+from graph_api.kernels.bf16dot import (itemsize_of, vbcast, vbits, vdpbf, vpack, vpair4_hi, vpair4_lo,
                                        vpair4_lo128, vpair8, vperm2)
-from graph_api.kernels.bits import (exp32, prefetch, vadd, vfma, vload, vload_even, vload_odd, vmax, vmul,
-                                    vsplat, vstore, vsub)
+from graph_api.kernels.bits import exp32, prefetch, vadd, vfma, vload, vload_even, vload_odd, vmul, vsplat, vstore
+from graph_api.kernels.sdpa.online_softmax import online_softmax_row
 
 DT = 128  #: KV positions per tile (one 64-byte line per int4 K row)
 NEG_INF = np.float32(-np.inf)
@@ -398,41 +398,12 @@ def _weights(vsc, vzp, zs, vs0, ng, ol, oh, sc, nrow, pidx, widx, W, part, zc):
             zc[2 * (r * ng + g) + 1] = oh * ws + zz
 
 
-@njit(inline="always", cache=True)
-def _online_softmax_row(sc, o, n, rr, m, alpha, lv, part):
-    """One row's tile of ``n`` scores at ``sc[o:]`` joins the running softmax (as
-    ``sdpa._online_softmax_row``): new max ``m[rr]``, rescale factor ``alpha[rr]``,
-    scores -> ``exp(score - max)``, added to the running sums ``lv[rr*16:]``."""
-    mv = vsplat(m[rr])
-    for t in range(0, n, 16):
-        mv = vmax(mv, vload(sc, o + t))
-    vstore(part, 0, mv)
-    mt = m[rr]
-    for j in range(16):
-        mt = max(mt, part[j])
-    if mt == NEG_INF:
-        alpha[rr] = np.float32(1.0)
-        for t in range(n):
-            sc[o + t] = np.float32(0.0)
-        return
-    al = exp32(m[rr] - mt)
-    alpha[rr] = al
-    m[rr] = mt
-    mtv = vsplat(mt)
-    lsum = vmul(vload(lv, rr * 16), vsplat(al))
-    for t in range(0, n, 16):
-        e = vexp(vsub(vload(sc, o + t), mtv))
-        vstore(sc, o + t, e)
-        lsum = vadd(lsum, e)
-    vstore(lv, rr * 16, lsum)
-
-
 # ------------------------------------------------------------------ the work items
 @njit(nogil=True, cache=True)
 def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S, scale,
               smul, mflat, mstr, has_mask, causal, nsplit, pm, pl, pacc):
     """Work items ``ids`` (batch, KV head, KV split) -> partial (m, l, acc) per row, as
-    ``sdpa._dec_items`` (same arguments; ``qf`` already rounded to bf16).  ``kb``/``vb``:
+    ``sdpa.decode.decode_items`` (same arguments; ``qf`` already rounded to bf16).  ``kb``/``vb``:
     int4 bytes as a uint16 view, or int8/uint8; ``sgn``: s4/s8."""
     B, Hq, Sq, D = qf.shape
     four = itemsize_of(kb) == 2
@@ -562,7 +533,7 @@ def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S
                         elif has_mask:
                             sc[o + t] += mflat[b * mstr[0] + hq * mstr[1] + i * mstr[2]
                                                + (s0 + s) * mstr[3]]
-                _online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
+                online_softmax_row(sc, o, DT, rr, m, alpha, lv, part)
             _weights(vsb, vzb, vzs, vs0, ngv, ovl, ol, sc, nrow, pidx, widx, W, wpart, zc)
             for r0 in range(0, n4, 4):
                 _pv4(vbuf, v0, vpf, cvl, ch, vG, D, W, zc, acc, alpha, r0)
@@ -581,7 +552,7 @@ def dec_items(ids, qf, kb, ksc, kzp, kzs, vb, vsc, vzp, vzs, sgn, kG, vG, Hkv, S
 @njit(cache=True, error_model="numpy")
 def merge(pm, pl, pacc, Hkv, nsplit, four, res):
     """res [B, Hq, Sq, D] f32 = the split partials combined (log-sum-exp in split order,
-    as ``sdpa._merge_np``, compiled: the numpy one cost ~50 us a call), int4 rows back
+    as ``sdpa.merge.merge_partials``, compiled: the numpy one cost ~50 us a call), int4 rows back
     from the chunk order to d order.  A row no split saw a finite score of is 0/0."""
     B, Hq, Sq, D = res.shape
     rep = Hq // Hkv

@@ -4,7 +4,7 @@ L2-resident output block.
 
 Per image ``n`` the plan computes the first Convolution's output block
 ``[OC, P]`` (channels first whatever the data format) with
-:mod:`graph_api.kernels.conv`, then every later op of the partition (post-ops, a fused
+:mod:`graph_api.kernels.convolution.conv`, then every later op of the partition (post-ops, a fused
 depthwise Convolution, TypeCast, Quantize) on blocks, and writes the blocks of
 the partition outputs into place.  Chain ops run through their own reference
 kernels on the block, so each one computes and rounds exactly as the unfused
@@ -17,7 +17,7 @@ with ``a = gamma / sqrt(var + eps)``, in f64), when the conv output is f32.
 
 int8 (s8/u8 data and s8 weights, no TypeCasts, per-tensor data and per-tensor
 or per-output-channel weight scales, weight zero points 0): the products
-``(x - zp_x) * w`` are integers and are summed exactly (:func:`graph_api.kernels.conv.int_gemm`),
+``(x - zp_x) * w`` are integers and are summed exactly (:func:`graph_api.kernels.convolution.conv.int_gemm`),
 then scaled once by ``scale_x * scale_w[oc]``.  Other quantized forms (f8,
 TypeCasts to bf16, a weight Quantize) dequantize through the reference ops
 first and run the float path on the dequantized values, as the reference does.
@@ -25,13 +25,13 @@ first and run the float path on the dequantized values, as the reference does.
 Ops before the convolution (dequantization of data, weights, and binary
 operands) run as reference steps on whole tensors before the image loop.
 
-The fast 2-D path (:class:`FastSegment`, kernels in :mod:`graph_api.kernels.conv_fast`)
+The fast 2-D path (:class:`FastSegment`, kernels in :mod:`graph_api.kernels.convolution.conv_fast`)
 takes every partition whose convolutions are 2-D, ungrouped or depthwise, f32
 (or the exact int8 form above), and whose post-ops are ReLU, Clamp, binary ops
 with a scalar, per-channel or full-shape operand, BiasAdd, and a final Quantize
 (strict fpmath, one output).  Per image and convolution whose sums are one f32
 BLAS GEMM (float, or int8 exact in any order, see ``_exact_reduction``): one
-parallel Numba kernel, :func:`graph_api.kernels.conv_fast.conv_bands`, whose
+parallel Numba kernel, :func:`graph_api.kernels.convolution.conv_fast.conv_bands`, whose
 tasks are bands of output rows (batch 1 keeps both cores busy), each gathering
 its columns (zero padding, zero point and conversion to f32 in one pass; a float
 1x1 reads the image in place; stride 1 gathers ``kw`` shifted copies of the rows
@@ -48,7 +48,7 @@ are gathered straight into the packed B of the exact VNNI int8 GEMM
 executions), whose int32 sums the epilogue scales in f64 as it does the f32
 ones; the zero point comes out through igemm's row-sum term, exactly.  CPUs
 without VNNI (AVX2) gather the columns less the zero point as int16 into the
-panels of :mod:`graph_api.kernels.igemm16` (``vpmaddwd``, exact, about twice
+panels of :mod:`graph_api.kernels.convolution.igemm16` (``vpmaddwd``, exact, about twice
 the f32 GEMM's rate); a stride-1 kxk convolution there gathers the image rows
 shifted by each kernel column (``kw`` copies instead of ``kh*kw``) and the GEMM
 reads them once per kernel row.  Every other partition runs the block path above.
@@ -73,10 +73,11 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
-from graph_api.kernels import conv as cv
-from graph_api.kernels import conv_fast as cf
-from graph_api.kernels import igemm, igemm16, openblas, store
-from graph_api.kernels import scratch
+from graph_api.postops import FUSABLE_BINARY, POST_OPS
+from graph_api.kernels import igemm, openblas, scratch, store
+from graph_api.kernels.convolution import conv as cv
+from graph_api.kernels.convolution import conv_fast as cf
+from graph_api.kernels.convolution import igemm16
 from graph_api.kernels.numba_setup import numba
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
 from graph_api.kernels.reference import REFERENCE, RefContext
@@ -84,7 +85,7 @@ from graph_api.kernels.reference._common import pads, spatial_list, to_ncx
 from graph_api.kernels.reference.conv import weights_to_oix
 from graph_api.kernels.reference.eltwise import ELTWISE, clamp
 
-_BINARY = {K.Add, K.Subtract, K.Multiply, K.Divide, K.Maximum, K.Minimum}
+_BINARY = FUSABLE_BINARY
 _INT8 = {DataType.s8: (-128, 127), DataType.u8: (0, 255)}
 F32 = DataType.f32
 
@@ -298,8 +299,7 @@ def _chain_reason(op, lts, fmt, flow_ids) -> str | None:
 
 # ---------------------------------------------------------------- the fast 2-D path
 #: binary op kind -> (program code with the running value at input 0, at input 1)
-_FAST_BINARY = {K.Add: (cf.ADD, cf.ADD), K.Subtract: (cf.SUB, cf.RSUB), K.Multiply: (cf.MUL, cf.MUL),
-                K.Divide: (cf.DIV, cf.RDIV), K.Maximum: (cf.MAX, cf.MAX), K.Minimum: (cf.MIN, cf.MIN)}
+_FAST_BINARY = {k: (POST_OPS[k].code, POST_OPS[k].rcode) for k in FUSABLE_BINARY}
 _EMPTY = np.zeros(0, np.float32)
 
 
@@ -338,12 +338,12 @@ def _view2d(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 
 def _int_gemm_into(cols, w2, chunk, y) -> None:
-    """``y[...]`` = the exact integer sums of :func:`graph_api.kernels.conv.int_gemm` (f64)."""
+    """``y[...]`` = the exact integer sums of :func:`graph_api.kernels.convolution.conv.int_gemm` (f64)."""
     y[...] = cv.int_gemm(cols[None], w2, chunk)
 
 
 def _band_call(args: tuple, w: np.ndarray):
-    """A call of :func:`graph_api.kernels.conv_fast.conv_bands` on ``args``: OpenBLAS held at
+    """A call of :func:`graph_api.kernels.convolution.conv_fast.conv_bands` on ``args``: OpenBLAS held at
     one thread while the bands' single-threaded GEMMs run side by side, then any band
     whose sums hold an inf or a NaN redone (:func:`_redo_bands`; ``w`` the [OC, K] weights)."""
     bad = args[-1]
@@ -358,7 +358,7 @@ def _band_call(args: tuple, w: np.ndarray):
 
 
 def _redo_bands(args: tuple, w: np.ndarray) -> None:
-    """The bands :func:`graph_api.kernels.conv_fast.conv_bands` left (an inf or a NaN in
+    """The bands :func:`graph_api.kernels.convolution.conv_fast.conv_bands` left (an inf or a NaN in
     their f32 sums): float64 sums rounded once, as the reference (sgemm gives inf - inf
     = NaN where the reference has a finite value or an infinity), then the epilogue."""
     (_, mode, x, xflat, zp, _, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows, _, _, _,
@@ -424,7 +424,7 @@ class Int8Weights:
 @dataclass
 class PairWeights:
     """A convolution's s8 weights [OC, K] as the int16 pairs of the AVX2 int8 GEMM
-    (:mod:`graph_api.kernels.igemm16`); the data's zero point leaves with the columns."""
+    (:mod:`graph_api.kernels.convolution.igemm16`); the data's zero point leaves with the columns."""
 
     ap: np.ndarray  # igemm16.pack_a of the weights (of each kernel row when shifted), kept across executions
     k2: int  # K / 2 rounded up (K of one kernel row when shifted)

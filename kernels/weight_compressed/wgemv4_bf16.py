@@ -45,7 +45,7 @@ half: the low nibble of the word loaded 1 byte further on is nibble 2),
 table, value ``table[i & 15]``: ``vpermw`` reads the low 5 bits of each index
 and ignores the rest) and 8 ``vdpbf16ps`` whose activation operand is an
 embedded 32-bit broadcast of ``(xb[k], xb[k+1])``: 10 vector ALU operations per
-128 weights, where the strict f32 kernel (:mod:`graph_api.kernels.wgemv4`)
+128 weights, where the strict f32 kernel (:mod:`graph_api.kernels.weight_compressed.wgemv4`)
 needs 20.  For 1 < M <= 8 each lookup serves 2 or 4 activation rows (16
 partial sums in registers), so a row costs 4 ``vdpbf16ps`` per 128 weights.
 
@@ -85,7 +85,7 @@ from numba.extending import intrinsic
 from graph_api.kernels.bits import f32x16, prefetch, vfma, vload, vmul, vsplat, vstore, vsub
 from graph_api.kernels import bf16dot
 from graph_api.kernels.bf16dot import _BFloat
-from graph_api.kernels.wgemv4 import _scale4
+from graph_api.kernels.weight_compressed.wgemv4 import _scale4
 
 BLOCK_COLS = 128  #: columns per block
 PAIR_BYTES = 128  #: bytes per pair row of a block (two k rows of 128 nibbles)
