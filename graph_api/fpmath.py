@@ -3,15 +3,20 @@
 oneDNN's fpmath mode names the implicit down-conversions of f32 data that a
 computation may make.  This runtime applies them exactly, never "maybe":
 
-=========  ==========================================  =====================
-mode       f32 inputs of MatMul/Convolution/SDPA/MLP   Numba fastmath flags
-=========  ==========================================  =====================
-strict     kept f32                                    none
-tf32       rounded to tf32 (10 mantissa bits, RNE)     none
-bf16       rounded to bf16 (RNE)                       contract
-f16        rounded to f16 (RNE)                        contract
-any        rounded to bf16 (the fastest on this CPU)   contract, reassoc
-=========  ==========================================  =====================
+=========  ==========================================
+mode       f32 inputs of MatMul/Convolution/SDPA/MLP
+=========  ==========================================
+strict     kept f32
+tf32       rounded to tf32 (10 mantissa bits, RNE)
+bf16       rounded to bf16 (RNE)
+f16        rounded to f16 (RNE)
+any        rounded to bf16
+=========  ==========================================
+
+The numbers a mode gives do not depend on the CPU; which unit computes them does
+(``kernels/isa.py``, ``docs/fpmath.md``): where both operands of a MatMul are bf16
+values after the rounding and the host has AMX, the product runs on its tile unit
+(exact bf16 products, f32 sums, in another order than the f32 BLAS path).
 
 Accumulation is always f32 (s32 for integer products).  With ``apply_to_int``
 integral weights (s8/u8/s4/u4) are up-converted to the mode's type using their
@@ -36,13 +41,13 @@ from . import dtypes
 from .dtypes import DataType
 from .enums import FPMathMode, parse_enum
 
-#: mode -> (storage type inputs are rounded through or None, numba fastmath flags)
-FPMATH_TABLE: dict[FPMathMode, tuple[str | None, frozenset]] = {
-    FPMathMode.strict: (None, frozenset()),
-    FPMathMode.tf32: ("tf32", frozenset()),
-    FPMathMode.bf16: ("bf16", frozenset({"contract"})),
-    FPMathMode.f16: ("f16", frozenset({"contract"})),
-    FPMathMode.any: ("bf16", frozenset({"contract", "reassoc"})),
+#: mode -> the type f32 MatMul/Convolution inputs are rounded through, or None
+FPMATH_TABLE: dict[FPMathMode, str | None] = {
+    FPMathMode.strict: None,
+    FPMathMode.tf32: "tf32",
+    FPMathMode.bf16: "bf16",
+    FPMathMode.f16: "f16",
+    FPMathMode.any: "bf16",
 }
 
 
@@ -62,11 +67,7 @@ class FPMath:
     @property
     def rounding(self) -> str | None:
         """'bf16', 'f16', 'tf32' or None: how f32 compute inputs are rounded."""
-        return FPMATH_TABLE[self.mode][0]
-
-    @property
-    def fastmath(self) -> frozenset:
-        return FPMATH_TABLE[self.mode][1]
+        return FPMATH_TABLE[self.mode]
 
     def round_input(self, values: np.ndarray, src_dtype: DataType) -> np.ndarray:
         """A MatMul/Conv input as f32, rounded as the mode allows.

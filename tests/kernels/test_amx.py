@@ -172,3 +172,27 @@ def test_int8_gemm_on_amx_is_exact(a_dtype, b_dtype, M, Kd, N, monkeypatch):
     assert np.array_equal(got, want)
     monkeypatch.setattr(igemm, "USE_AMX", False)
     assert np.array_equal(igemm.gemm(a, packed, za), got)
+
+
+@needs_amx
+def test_gated_mlp_with_bf16_operands_runs_its_products_on_amx(monkeypatch):
+    """The gated MLP's dense linear layers (bf16 tensors: bf16 operands in every mode)
+    multiply on the tile unit; the result is the reference's within bf16's tolerance."""
+    from graph_api.check import compare
+    from graph_api.kernels import amx
+    from tests.patterns import graphs
+
+    calls = []
+    real = amx.gemm
+    monkeypatch.setattr(amx, "gemm", lambda *a, **k: (calls.append(a[2].shape), real(*a, **k))[1])
+    graph = graphs.gated_mlp(dtype=dt.bf16, m=40, k=64, n=96)
+    rng = np.random.default_rng(5)
+    feeds = {tid: (rng.standard_normal(lt.shape) * 0.5).astype(ml_dtypes.bfloat16)
+             for tid, lt in graph.tensors.items() if tid in graph.input_ids}
+    got = _run(graph, feeds)
+    assert [r.partition.get_kind() for r in got.partitions] == ["gated_mlp"] or len(got.partitions) == 1
+    assert calls[-3:] == [(40, 96), (40, 96), (40, 64)], calls  # gate, up and down (after the compile's warm-up run)
+    ref = _run(graph, feeds, reference=True)
+    for tid in graph.output_ids:
+        verdict = compare(ref.outputs[tid], got.outputs[tid], graph.tensors[tid].dtype, graph.fpmath)
+        assert verdict.ok, verdict.message
