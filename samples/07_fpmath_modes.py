@@ -5,7 +5,10 @@ the mode per partition). Here one MatMul + bias + GELU partition is compiled onc
 with ``Partition.set_fpmath_mode`` and run on the same inputs; the table gives the error
 against float64 and the time. What each mode does per pattern is in docs/fpmath.md:
 strict keeps f32; tf32/bf16/f16 round the MatMul inputs to that type and accumulate in f32;
-``any`` allows the fastest.
+``any`` allows the fastest. A mode is a permission to go faster: where the host has AMX,
+the bf16 and any partitions multiply their bf16 operands on its tile unit (the plan
+``amx_bf16_matmul_epilogue``); elsewhere they round and run the f32 kernel (the units this
+host's kernels use are printed first; docs/fpmath.md has the table per ISA).
 
     python -m samples 07_fpmath_modes
 """
@@ -44,7 +47,10 @@ def main(small: bool = False) -> None:
     stream = ga.Stream(engine)
     tensors = {lt.id: ga.Tensor(lt, engine, arr) for lt, arr in
                zip(part.get_input_ports(), [xa, w_arr, bias_arr])}
-    print(f"{'mode':8s} {'kernel':22s} {'max rel error':>14s} {'time ms':>9s}")
+    from graph_api.kernels.isa import ISA
+
+    print(f"kernel units on this host: {ISA.describe()}")
+    print(f"{'mode':8s} {'kernel':26s} {'max rel error':>14s} {'time ms':>9s}")
     for mode in BOUND:
         part.set_fpmath_mode(mode)
         compiled = part.compile(part.get_input_ports(), part.get_output_ports(), engine)
@@ -57,7 +63,7 @@ def main(small: bool = False) -> None:
             compiled.execute(stream, ins, [out])
         ms = (time.perf_counter() - start) / repeat * 1e3
         err = float(np.abs(out.numpy() - expected).max() / np.abs(expected).max())
-        print(f"{mode:8s} {compiled.plan.name:22s} {err:14.3e} {ms:9.3f}")
+        print(f"{mode:8s} {compiled.plan.name:26s} {err:14.3e} {ms:9.3f}")
         gallery.error(f"fpmath {mode}, max rel vs numpy f64", err, BOUND[mode])
 
 
