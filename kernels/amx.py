@@ -101,6 +101,24 @@ def tile_config_bytes() -> np.ndarray:
     return cfg
 
 
+@njit(inline="always", cache=True)
+def _zero_c():
+    """The four C tiles (tmm0-3) to zero."""
+    zero0()
+    zero1()
+    zero2()
+    zero3()
+
+
+@njit(inline="always", cache=True)
+def _store_c(dst, row_bytes):
+    """The four C tiles as a 32 x 32 block at ``dst`` (rows of ``row_bytes``)."""
+    store0(dst, row_bytes)
+    store1(dst + 64, row_bytes)
+    store2(dst + 16 * row_bytes, row_bytes)
+    store3(dst + 16 * row_bytes + 64, row_bytes)
+
+
 @njit(cache=True, nogil=True)
 def _block(a_addr, b_addr, steps, src, src_row_bytes, dst, dst_row_bytes, accumulate):
     """A 32 x 32 block of C: the f32 block at ``src`` (rows of ``src_row_bytes``; zeros
@@ -112,10 +130,7 @@ def _block(a_addr, b_addr, steps, src, src_row_bytes, dst, dst_row_bytes, accumu
         load2(src + 16 * src_row_bytes, src_row_bytes)
         load3(src + 16 * src_row_bytes + 64, src_row_bytes)
     else:
-        zero0()
-        zero1()
-        zero2()
-        zero3()
+        _zero_c()
     for s in range(steps):
         load4(a_addr + s * 2048, 64)
         load5(a_addr + s * 2048 + 1024, 64)
@@ -125,10 +140,7 @@ def _block(a_addr, b_addr, steps, src, src_row_bytes, dst, dst_row_bytes, accumu
         dot_1_4_7()
         dot_2_5_6()
         dot_3_5_7()
-    store0(dst, dst_row_bytes)
-    store1(dst + 64, dst_row_bytes)
-    store2(dst + 16 * dst_row_bytes, dst_row_bytes)
-    store3(dst + 16 * dst_row_bytes + 64, dst_row_bytes)
+    _store_c(dst, dst_row_bytes)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -317,10 +329,7 @@ def _block8(a_addr, b_addr, steps, dst, a_unsigned):
     """A 32 x 32 int32 block (rows of 128 bytes at ``dst``) = ``steps`` 64-deep steps of
     a packed A row block (2 KiB a step) times 32 columns of a B panel (16 quadruple
     rows a step: 4 KiB of the panel, two 16-column tiles)."""
-    zero0()
-    zero1()
-    zero2()
-    zero3()
+    _zero_c()
     for s in range(steps):
         load4(a_addr + s * 2048, 64)
         load5(a_addr + s * 2048 + 1024, 64)
@@ -336,10 +345,7 @@ def _block8(a_addr, b_addr, steps, dst, a_unsigned):
             dots8_1_4_7()
             dots8_2_5_6()
             dots8_3_5_7()
-    store0(dst, 128)
-    store1(dst + 64, 128)
-    store2(dst + 16 * 128, 128)
-    store3(dst + 16 * 128 + 64, 128)
+    _store_c(dst, 128)
 
 
 @njit(parallel=True, cache=True, nogil=True)
