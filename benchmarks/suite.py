@@ -192,8 +192,8 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
     bf16_on = decode and WM.bf16_decode_applies(spec)
     pairs = [WM.prepare_bf16(w, spec, sc, z) for (w, sc, z, _, _) in copies] if bf16_on else []
     ours_bf16 = lambda i: WM.wmatmul(x, None, spec, prepared=pairs[i], out=out, rnd_x=RND_BF16, rnd_w=RND_BF16)
-    pairs_prefill = [WM.prepare(w, spec, sc, z) for (w, sc, z, _, _) in copies] if not decode and amx_bf16() else []
-    ours_bf16_prefill = lambda i: WM.wmatmul(x, None, spec, prepared=pairs_prefill[i], out=out, rnd_x=RND_BF16,
+    # the same prepared weights: the AMX prefill keeps its bf16 tiles on them
+    ours_bf16_prefill = lambda i: WM.wmatmul(x, None, spec, prepared=prepared[i], out=out, rnd_x=RND_BF16,
                                              rnd_w=RND_BF16)
     reps = 60 if decode else (5 if quick else 10)
     label = f"int4 {'decode' if decode else 'prefill'} M={M} K={K} N={N} g{G} {kind}{'+zp' if zp else ''}"

@@ -15,6 +15,8 @@ Imports torch (a front door module; ``import graph_api`` never loads it).
 """
 from __future__ import annotations
 
+import abc
+
 import math
 import operator
 
@@ -48,10 +50,10 @@ def is_tensor_node(arg) -> bool:
     return hasattr(arg, "op") and isinstance(meta(arg), torch.Tensor)
 
 
-class Lowering:
+class Lowering(abc.ABC):
     """State of one lowering: the ops emitted so far, logical tensors of FX values.
 
-    Subclassed by the backend (``torch_dynamo._Lowerer``), which owns the graph
+    An abstract base: the backend's subclass (``torch_graph._Lowerer``) owns the graph
     inputs (placeholders, parameters, torch-computed values) through
     :meth:`source`; this class knows ops and rules only.
     """
@@ -102,21 +104,21 @@ class Lowering:
     # graph inputs: the backend's lowering (torch_graph._Lowerer) knows the module's
     # placeholders, parameters and their values; ``self.sources`` maps each graph input
     # id to ("node", FX node) or ("literal", numpy array)
-    def source(self, node) -> LogicalTensor:  # pragma: no cover - the backend's
+    @abc.abstractmethod
+    def source(self, node) -> LogicalTensor:
         """A graph input for a torch value (placeholder, parameter, torch-computed)."""
-        raise NotImplementedError
 
-    def literal(self, array: np.ndarray, dtype) -> LogicalTensor:  # pragma: no cover - the backend's
+    @abc.abstractmethod
+    def literal(self, array: np.ndarray, dtype) -> LogicalTensor:
         """A constant graph input holding ``array`` (made while lowering)."""
-        raise NotImplementedError
 
-    def constant_value(self, node) -> torch.Tensor:  # pragma: no cover - the backend's
+    @abc.abstractmethod
+    def constant_value(self, node) -> torch.Tensor:
         """The value of a parameter or buffer; NotLowered for anything else."""
-        raise NotImplementedError
 
-    def packed_source(self, node, dtype, shape) -> LogicalTensor:  # pragma: no cover - the backend's
+    @abc.abstractmethod
+    def packed_source(self, node, dtype, shape) -> LogicalTensor:
         """An s4/u4 constant over a module's packed uint8 buffer."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------ ops
     def emit(self, kind, inputs, attrs=None, out=None) -> LogicalTensor:

@@ -80,6 +80,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from graph_api.kernels import amx
 from graph_api.kernels.weight_compressed import wgemv4 as W4
 from graph_api.kernels.weight_compressed import wgemv8 as W8
 from graph_api.kernels.weight_compressed import wgemv4_bf16 as B4
@@ -1032,7 +1033,7 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     # fpmath bf16 with apply_to_int and bf16 activations, prefill: the AMX tile unit on the
     # bf16 weights, packed once per constant weight (_amx_prefill)
     if M > DECODE_MAX_M and rnd_w == RND_BF16 and (kind == 1 or (kind == 0 and rnd_x == RND_BF16)) \
-            and _amx_available():
+            and amx.AVAILABLE:
         _amx_prefill(xf, w, spec, scales, zps, pairs or prepared, out, okind, ep)
         return out
     # prepare()'s copies only (int4 interleaved, int8 blocked; not a per-call view of the
@@ -1097,20 +1098,12 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     return out
 
 
-def _amx_available() -> bool:
-    from graph_api.kernels import amx
-
-    return amx.AVAILABLE
-
-
 def _amx_prefill(xf, w, spec: WeightSpec, scales, zps, holder, out, okind, ep) -> None:
     """``ep(xf @ bf16(dequant(W)))`` on the AMX unit: the weights dequantized in f32 and
     rounded to bf16 (the reference's values under bf16 + apply_to_int), packed into
     tiles once per constant weight (``holder``, the prepared weight; None: per call);
     ``xf`` holds bf16 values (rounded activations or bf16 data), so the products are
     the reference's, summed in f32."""
-    from graph_api.kernels import amx
-
     packed = getattr(holder, "amx_tiles", None)  # kept on the prepared weight, freed with it
     if packed is None:
         K, N = spec.K, spec.N

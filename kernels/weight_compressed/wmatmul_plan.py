@@ -167,9 +167,10 @@ class Linear:
 
 @dataclass
 class DenseLinear:
-    """``x @ W`` with float weights: f32 BLAS on (fpmath-rounded) f32 copies, then
-    the same Numba epilogue as the compressed kernels.  Constant weights are
-    converted once (:class:`ConstantCache`)."""
+    """``x @ W`` with float weights: f32 BLAS on (fpmath-rounded) f32 copies, or the AMX
+    unit where both operands are bf16 values after the rounding, then the same Numba
+    epilogue as the compressed kernels.  Constant weights are converted (and packed into
+    AMX tiles) once (:class:`ConstantCache`)."""
 
     x_id: int
     w_id: int
@@ -181,49 +182,41 @@ class DenseLinear:
     w_dtype: DataType
     constant: bool
     cache: ConstantCache = field(default_factory=ConstantCache)
+    amx: bool = False  # the products run on the AMX unit (set at construction)
 
-    def _weights(self, tensor):
-        """(f32 [K, N] weights, max |w|: NaN when a weight is NaN)."""
-        def build():
-            w = self.fpmath.round_input(tensor.numpy(), self.w_dtype)
-            w = np.ascontiguousarray(w.T if self.transposed else w, dtype=np.float32)
-            return w, float(np.max(np.abs(w))) if w.size else 0.0
-
-        return self.cache.get([tensor], build) if self.constant else build()
-
-    def _amx_product(self, xf, w):
-        """``xf @ w`` on the AMX unit (both bf16 values), the tiles of constant weights
-        packed once; None where the unit or the operand types do not allow it."""
+    def __post_init__(self):
         from graph_api.kernels import amx
 
-        if not (amx.AVAILABLE and xf.shape[0] > 8 and self.K and all(
-                self.fpmath.operand_type(t) == DataType.bf16 for t in (self.x_dtype, self.w_dtype))):
-            return None
-        if self.constant:  # the ConstantCache returns the same w object while the weight is unchanged
-            tiles = getattr(self, "_amx_tiles", None)
-            if tiles is None or tiles[0] is not w:
-                tiles = self._amx_tiles = (w, amx.pack_b(amx.bf16_bits(w)))
-            packed = tiles[1]
-        else:
-            packed = amx.pack_b(amx.bf16_bits(w))
-        acc = np.empty((xf.shape[0], self.N), np.float32)
-        amx.gemm(amx.pack_a(np.ascontiguousarray(xf, dtype=np.float32)), packed, acc, self.K)
-        bad = ~np.isfinite(acc).all(axis=1)
-        if bad.any():  # f32 sums may overflow where the reference's float64 sums do not
-            with np.errstate(all="ignore"):
-                acc[bad] = xf[bad].astype(np.float64) @ w.astype(np.float64)
-        return acc
+        self.amx = amx.AVAILABLE and all(self.fpmath.operand_type(t) == DataType.bf16
+                                         for t in (self.x_dtype, self.w_dtype))
+
+    def _weights(self, tensor):
+        """(f32 [K, N] weights, max |w|: NaN when a weight is NaN, their AMX tiles: constant
+        weights on an AMX plan, else None)."""
+        def build():
+            from graph_api.kernels import amx
+
+            w = self.fpmath.round_input(tensor.numpy(), self.w_dtype)
+            w = np.ascontiguousarray(w.T if self.transposed else w, dtype=np.float32)
+            tiles = amx.pack_b(amx.bf16_bits(w)) if self.amx and self.constant else None
+            return w, float(np.max(np.abs(w))) if w.size else 0.0, tiles
+
+        return self.cache.get([tensor], build) if self.constant else build()
 
     def __call__(self, x2d, inputs, post=(), out_dtype="f32", out=None):
         from graph_api.kernels.weight_compressed import wmatmul as wm
 
         xf = self.fpmath.round_input(x2d, self.x_dtype)
-        w, wmax = self._weights(inputs[self.w_id])
+        w, wmax, tiles = self._weights(inputs[self.w_id])
         amax = float(np.max(np.abs(xf))) if xf.size else 0.0
-        acc = self._amx_product(xf, w)  # bf16 operands on the matrix unit, else f32 BLAS:
-        if acc is None and amax * wmax * max(self.K, 1) < wm._SAFE:  # NaN compares False
+        if self.amx and xf.shape[0] > 8 and self.K:  # bf16 operands on the matrix unit
+            from graph_api.kernels import amx
+
+            tiles = amx.pack_b(amx.bf16_bits(w)) if tiles is None else tiles  # variable weights: per call
+            acc = amx.matmul(xf, tiles, lambda: w, np.empty((xf.shape[0], self.N), np.float32))
+        elif amax * wmax * max(self.K, 1) < wm._SAFE:  # NaN compares False
             acc = np.matmul(xf, w)
-        elif acc is None:  # inf/NaN or f32 partial sums that may overflow: float64 sums, as the reference
+        else:  # inf/NaN or f32 partial sums that may overflow: float64 sums, as the reference
             with np.errstate(all="ignore"):
                 acc = np.matmul(xf.astype(np.float64), w.astype(np.float64)).astype(np.float32)
         M = acc.shape[0]
