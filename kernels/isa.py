@@ -6,8 +6,7 @@ form to compile and which unit to run:
 * ``avx2`` (with FMA): 8-lane f32 vectors; the AVX2 forms of the decode kernels.
 * ``avx512``: AVX-512 F/BW/VL, 16-lane f32 vectors and ``vpermps`` lookups.
 * ``avx512_bf16``: ``vdpbf16ps`` (bf16 pairs multiplied exactly, summed in f32).
-* ``avx512_vnni`` / ``avx_vnni``: ``vpdpbusd`` (u8 x s8 quadruples into s32).
-* ``avx512_fp16``: f16 arithmetic (not used by any kernel yet).
+* ``avx512_vnni``: ``vpdpbusd`` (u8 x s8 quadruples into s32).
 * ``amx_bf16`` / ``amx_int8``: the AMX tile units (``tdpbf16ps``, ``tdpbusd``),
   true only when the CPU has them, the compile target includes them *and* Linux
   granted this process the tile state (:func:`amx_ready`).
@@ -143,10 +142,6 @@ class HostISA:
     features: frozenset
     forced: str
 
-    def has(self, feature: str) -> bool:
-        """An LLVM feature name (``avx512bf16``, ``amx-int8``, ...) of the compile target."""
-        return feature in self.features
-
     @property
     def avx2(self) -> bool:
         return {"avx2", "fma"} <= self.features
@@ -162,14 +157,6 @@ class HostISA:
     @property
     def avx512_vnni(self) -> bool:
         return self.avx512 and "avx512vnni" in self.features
-
-    @property
-    def avx_vnni(self) -> bool:
-        return "avxvnni" in self.features
-
-    @property
-    def avx512_fp16(self) -> bool:
-        return self.avx512 and "avx512fp16" in self.features
 
     @property
     def amx_bf16(self) -> bool:
