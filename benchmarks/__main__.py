@@ -25,7 +25,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="subset, < 2 minutes")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.md"))
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--only", default="", help="comma list: int4,prefill,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized,sdpa_backward,onnx,torch_frontend")
+    ap.add_argument("--only", default="", help="comma list: int4,prefill,matmul,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized,sdpa_backward,onnx,torch_frontend")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     want = lambda k: not only or k in only
@@ -66,6 +66,12 @@ def main(argv=None):
             n0 = len(rows)
             suite.bench_int4(rows, bw, 4096, 4096, 128, "s4", M, args.quick, rng, peers_on)
             _print(rows[n0:])
+    if want("matmul"):  # dense f32 MatMul, strict and fpmath bf16
+        from benchmarks import matmul
+
+        n0 = len(rows)
+        matmul.bench_matmul(rows, args.quick, peers_on)
+        _print(rows[n0:])
     if want("sdpa"):
         cases = [(8, 4096, "s4")] if args.quick else \
             [(h, L, kd) for h in (8, 32) for L in (1024, 4096, 16384) for kd in ("s4", "s8")]

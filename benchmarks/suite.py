@@ -43,11 +43,11 @@ def host_cpu() -> tuple[str, frozenset]:
     return model, flags
 
 
-def amx_bf16() -> bool:
-    """The kernels may use the AMX tile unit (kernels/isa.py)."""
+def bf16_unit() -> str | None:
+    """The unit the kernels' bf16 products run on (kernels/isa.py), or None."""
     from graph_api.kernels.isa import ISA
 
-    return ISA.amx_bf16
+    return ISA.bf16_unit
 
 
 def bf16_hardware() -> bool:
@@ -203,8 +203,8 @@ def bench_int4(rows, bw, K, N, G, kind, M, quick, rng, peers_on=True):
         jobs = {"project (blocked, prepared)": (ours, nc, reps)}
         if bf16_on:
             jobs["project fpmath bf16 (vdpbf16ps)"] = (ours_bf16, nc, reps)
-        if not decode and amx_bf16():  # bf16 + apply_to_int prefill: the AMX tile unit
-            jobs["project fpmath bf16 (AMX)"] = (ours_bf16_prefill, nc, reps)
+        if not decode and bf16_unit():  # bf16 + apply_to_int prefill: the host's bf16 unit
+            jobs[f"project fpmath bf16 ({bf16_unit()})"] = (ours_bf16_prefill, nc, reps)
         if decode and mode == "hot":
             jobs["project direct [N,K]"] = (direct, 1, 10)
         if peers_on:

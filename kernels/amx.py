@@ -283,26 +283,6 @@ def chunks_for(panels: int, tasks: int) -> np.ndarray:
 _CFG = tile_config_bytes()
 
 
-def matmul(a: np.ndarray, packed_b: np.ndarray, b_values, out: np.ndarray) -> np.ndarray:
-    """``out[M, N] = bf16(a) @ B`` on the AMX unit (requires ``ISA.amx_bf16``): ``a`` f32
-    [M, K] (rounded to bf16 by the packing: a no-op where the plan's mode rounded it
-    already), ``packed_b`` from :func:`pack_b`.  Rows whose f32 sums are not finite (an f32
-    sum may overflow where the reference's float64 sum does not) are redone with float64
-    sums of the same bf16 values, rounded once; ``b_values()`` gives B's f32 [K, N] bf16
-    values for that (called only then)."""
-    from graph_api.kernels import scratch
-
-    M, K = a.shape
-    gemm(pack_a(a, scratch.empty(padded(M) * padded(K), np.uint16)), packed_b, out, K)
-    bad = ~np.isfinite(out).all(axis=1)
-    if bad.any():
-        rows = np.flatnonzero(bad)
-        a_rows = (bf16_bits(a[rows]).astype(np.uint32) << np.uint32(16)).view(np.float32)
-        with np.errstate(all="ignore"):
-            out[rows] = a_rows.astype(np.float64) @ np.asarray(b_values(), np.float64)
-    return out
-
-
 #: rows of A per pass over B (their packed bf16 for one K chunk, 256 KiB, stays in L2)
 M_CHUNK = 256
 

@@ -170,7 +170,7 @@ class HostISA:
     def bf16_unit(self) -> str | None:
         """The unit a bf16 x bf16 -> f32 product runs on, or None (no unit makes bf16
         faster than f32 FMA: a relaxed mode then runs the strict kernel)."""
-        return "amx" if self.amx_bf16 else "avx512_bf16" if self.avx512_bf16 else None
+        return "amx_bf16" if self.amx_bf16 else "avx512_bf16" if self.avx512_bf16 else None
 
     @property
     def int8_unit(self) -> str:

@@ -5,10 +5,11 @@ the mode per partition). Here one MatMul + bias + GELU partition is compiled onc
 with ``Partition.set_fpmath_mode`` and run on the same inputs; the table gives the error
 against float64 and the time. What each mode does per pattern is in docs/fpmath.md:
 strict keeps f32; tf32/bf16/f16 round the MatMul inputs to that type and accumulate in f32;
-``any`` allows the fastest. A mode is a permission to go faster: where the host has AMX,
-the bf16 and any partitions multiply their bf16 operands on its tile unit (the plan
-``amx_bf16_matmul_epilogue``); elsewhere they round and run the f32 kernel (the units this
-host's kernels use are printed first; docs/fpmath.md has the table per ISA).
+``any`` allows the fastest. A mode is a permission to go faster: where the host has a bf16
+unit, the bf16 and any partitions multiply their bf16 operands on it (AMX: the plan
+``amx_bf16_matmul_epilogue``; AVX512_BF16: ``avx512_bf16_matmul_epilogue``); elsewhere they
+round and run the f32 kernel (the units this host's kernels use are printed first;
+docs/fpmath.md has the table per ISA).
 
     python -m samples 07_fpmath_modes
 """

@@ -45,15 +45,16 @@ class MatmulPlan(ChainPlan):
         # per-op plan that runs this MatMul alone (request.int_inputs)
         int_in = request.int_inputs or dequantized_inputs(request.ops).get(mm.id, frozenset())
         fp = request.fpmath
-        #: the unit the product runs on: "amx" when both operands are bf16 values after
-        #: the mode's rounding and the host has AMX (exact products, f32 sums: the same
-        #: arithmetic as the reference's rounded operands, summed in another order), else
-        #: None (f32 BLAS)
-        self.unit = "amx" if _amx_available() and all(
+        #: the unit the product runs on (kernels.bf16_matmul: "amx_bf16", "avx512_bf16")
+        #: when both operands are bf16 values after the mode's rounding and the host has
+        #: one (exact products, f32 sums: the reference's arithmetic on the rounded
+        #: operands, summed in another order), else None (f32 BLAS)
+        unit = _bf16_unit()
+        self.unit = unit if unit and all(
             fp.operand_type(lts[lt.id].dtype, i in int_in) == dtypes.DataType.bf16
             for i, lt in enumerate(mm.inputs[:2])) else None
         if self.unit:
-            self.kernel = f"{self.unit}_bf16_matmul_epilogue"
+            self.kernel = f"{self.unit}_matmul_epilogue"
         self.round = [(fp.round_dequantized_weight if i in int_in else
                        (lambda x, t=lts[lt.id].dtype: fp.round_input(x, t)))
                       for i, lt in enumerate(mm.inputs[:2])]
@@ -68,7 +69,7 @@ class MatmulPlan(ChainPlan):
         super().__init__(request, walk, [lt.id for lt in mm.inputs], pre)
         self.b_const = lts[self.b_id].property == PropertyType.constant and self.b_id in request.input_ids
         self._b_cache: dict = {}
-        self._packed: tuple | None = None  # (the constant B array object, its packed tiles) on AMX
+        self._packed: tuple | None = None  # (the constant B array object, its packed bf16) on a unit
         self._b_last: tuple | None = None  # (the constant array object last seen, its cache entry)
         self.direct = (not self.steps and not walk.layout and self.okind == 0 and self.dest_out
                        and self.dest_dense)
@@ -148,10 +149,10 @@ class MatmulPlan(ChainPlan):
             return None
         return self._store.gemm_runner(*got[0])
 
-    def _amx_run(self, arrays, outputs) -> bool:
-        """A linear layer (``a`` [..., K] x ``b`` [K, N]) on the AMX unit, its epilogue by
+    def _unit_run(self, arrays, outputs) -> bool:
+        """A linear layer (``a`` [..., K] x ``b`` [K, N]) on the bf16 unit, its epilogue by
         :meth:`store`; False for other shapes (batched B, transposed A)."""
-        from graph_api.kernels import amx, scratch
+        from graph_api.kernels import bf16_matmul, scratch
 
         src, b_src = arrays[self.a_id], arrays[self.b_id]
         if self.ta or b_src.ndim != 2 or src.ndim < 2:
@@ -165,18 +166,18 @@ class MatmulPlan(ChainPlan):
         else:
             b = dtypes.to_f32(b_src)
             b = b.T if self.tb else b
-            packed_b = amx.pack_b(amx.bf16_bits(b))
+            packed_b = bf16_matmul.pack_b(bf16_matmul.bf16_bits(b))
             if self.b_const:  # oneDNN's rule: a constant tensor's data does not change
                 self._packed = (b_src, packed_b)
         acc = scratch.empty(self.R * self.N, np.float32).reshape(self.R, self.N)
-        amx.matmul(a, packed_b, lambda: self._operand(arrays, 1, want_max=False)[0], acc)
+        bf16_matmul.matmul(a, packed_b, lambda: self._operand(arrays, 1, want_max=False)[0], acc)
         self.store(acc, arrays, outputs)
         return True
 
     def run(self, arrays, outputs) -> None:
         from graph_api.kernels.weight_compressed.wmatmul import _SAFE  # no f32 partial sum reaches f32's range below it
 
-        if self.unit == "amx" and self._amx_run(arrays, outputs):
+        if self.unit and self._unit_run(arrays, outputs):
             return
         b, bmax = self._operand(arrays, 1, want_max=False)
         if not self.ta:
@@ -214,10 +215,10 @@ class MatmulPlan(ChainPlan):
         self.store(acc, arrays, outputs)
 
 
-def _amx_available() -> bool:
-    from graph_api.kernels import amx
+def _bf16_unit() -> str | None:
+    from graph_api.kernels import bf16_matmul
 
-    return amx.AVAILABLE
+    return bf16_matmul.UNIT
 
 
 def _is_view_f32(x) -> bool:

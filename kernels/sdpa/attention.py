@@ -8,8 +8,8 @@ from graph_api.kernels.numba_setup import numba  # numba: configured first
 
 import numpy as np
 
-from graph_api.kernels.sdpa import decode_bf16, prefill
-from graph_api.kernels.bits import RND_BF16, act_kind
+from graph_api.kernels.sdpa import decode_bf16, prefill, prefill_bf16
+from graph_api.kernels.bits import RND_BF16, RND_F16, act_kind
 from graph_api.kernels.sdpa.blocked import attend_blocked
 from graph_api.kernels.sdpa.decode import decode_items
 from graph_api.kernels.sdpa.decode_avx2 import stage_params
@@ -40,7 +40,7 @@ def _decode_ok(kk, vk, ktr, kG, vG, khs, vhs, D, S, Sq, rnd):
 
 def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=None,
          out=None, out_dtype="f32", q_dtype=None, rnd: int = 0, kv_splits: int | None = None,
-         stats=None, prob_quant=None, score_rnd: int = 0, bf16_dot: bool = False):
+         stats=None, prob_quant=None, score_rnd: int = 0, bf16_dot: bool = False, bf16_probs: bool = False):
     """Attention ``softmax(q k^T * scale + mask) v`` -> [B, Hq, Sq, D].
 
     Args:
@@ -67,6 +67,9 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         may take bf16 inputs (Q, the probabilities, K/V values).  With ``rnd`` bf16,
         int4/int8 decode then runs :mod:`graph_api.kernels.sdpa.decode_bf16` (``vdpbf16ps``)
         where the CPU has AVX512_BF16, else the path that rounds the inputs.
+      bf16_probs: the graph rounds the probabilities to bf16 before ``P V`` (its SoftMax
+        output is bf16): with bf16 Q/K/V, a prefill may then run both products on the bf16
+        unit (:mod:`graph_api.kernels.sdpa.prefill_bf16`).
     """
     B, Hq, Sq, D = q.shape
     _, Hkv, S, _ = k.shape
@@ -93,6 +96,9 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         # an empty cache (~2.7 s for the prefill kernel), is not compiled for f32 prefill
         k = KV(np.ascontiguousarray(np.asarray(k.data).reshape(B, Hkv, D, S).swapaxes(2, 3)), "f32", k.shape)
         ktr = 0
+    if (bf16_probs and prob_quant is None and stats is None and rnd != RND_F16  # bf16 values: unchanged
+            and prefill_bf16.usable(qkind, kk, vk, ktr, D, S, Sq, okind, has_mask, mstr[3])):
+        return _bf16_prefill(qk, k, v, scale, scale_mode, mflat, mstr, has_mask, causal, okind, out)
     if (prob_quant is None and rnd == 0 and (qkind, kk, vk) != (0, 0, 0) and Sq >= prefill.QB
             and prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)):
         return _widened_prefill(qk if qkind == 0 else q_f32(qk, qkind, 0), k, v, m if has_mask else None,
@@ -228,6 +234,35 @@ def _widened_prefill(qf, k: KV, v: KV, mask, okind, out, stats, **kw):
                                                 h0 * rep:h1 * rep if mask.shape[1] > 1 else 1]
             sdpa(qf[qs], kf, vf, mask=ms, out=res[qs], stats=None if stats is None else stats[qs], **kw)
     return res if okind == 0 else store_out(res, okind, out)
+
+
+def _bf16_prefill(q16, k: KV, v: KV, scale, scale_mode, mflat, mstr, has_mask, causal, okind, out):
+    """:func:`sdpa` of bf16 Q/K/V on :mod:`.prefill_bf16` (both products on the bf16 unit)."""
+    B, Hq, Sq, D = q16.shape
+    _, Hkv, S, _ = k.shape
+    res = out if okind == 0 and out is not None and _row_strided(out) else np.empty((B, Hq, Sq, D), np.float32)
+    args = (prefill_bf16.prefill_items, B * Hq, *_rows16(q16), Hq, Sq, D, *_rows16(_bits4(k)),
+            *_rows16(_bits4(v)), Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
+            CAUSAL[causal], *_flat_out(res))
+    run_items(*args, work=2 * B * Hq * Sq * S * D)
+    if res is out:
+        return out
+    return store_out(res, okind, out)
+
+
+def _bits4(kv: KV) -> np.ndarray:
+    """A bf16 K/V operand's storage as uint16 bits [B, H, S, D]."""
+    return _data4(kv).view(np.uint16)
+
+
+def _rows16(a):
+    """(flat buffer, element strides of the first three axes) of a 4-D uint16 array: its
+    own memory when the rows are contiguous, else a C-order copy."""
+    if not (a.strides[-1] == 2 and min(a.strides) >= 0):
+        a = np.ascontiguousarray(a)
+    st = [s // 2 for s in a.strides]
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, st)) if a.size else 0
+    return np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(2,)), np.array(st[:3], np.int64)
 
 
 #: the prefill kernel's probability-quantize parameters when there is none (see _quantize_row)

@@ -511,7 +511,8 @@ class SdpaCore:
                       scale_mode=sc.scale_mode, mask=None if mask is None else g.kernel_mask(mask),
                       causal=causal, out=self._out_view(inputs, outputs),
                       out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd, stats=stats,
-                      bf16_dot=self.request.fpmath.rounding == "bf16" and self.request.fpmath.apply_to_int)
+                      bf16_dot=self.request.fpmath.rounding == "bf16" and self.request.fpmath.apply_to_int,
+                      bf16_probs=self.request.lts[sc.prob_id].dtype == DataType.bf16)
         out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
         if sc.inf_as_zero and np.isnan(out).any():
             if mask is not None or causal is not None:

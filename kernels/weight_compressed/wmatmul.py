@@ -80,7 +80,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api.kernels import amx
+from graph_api.kernels import bf16_matmul
 from graph_api.kernels.weight_compressed import wgemv4 as W4
 from graph_api.kernels.weight_compressed import wgemv8 as W8
 from graph_api.kernels.weight_compressed import wgemv4_bf16 as B4
@@ -1030,11 +1030,11 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     if not _fast_is_exact(xf, spec, scales, zps, pairs or prepared, amax):
         _prefill(xf, w, spec, scales, zps, prepared, rnd_w, out, okind, ep, exact=True)
         return out
-    # fpmath bf16 with apply_to_int and bf16 activations, prefill: the AMX tile unit on the
-    # bf16 weights, packed once per constant weight (_amx_prefill)
+    # fpmath bf16 with apply_to_int and bf16 activations, prefill: the bf16 unit (AMX or
+    # AVX512_BF16) on the bf16 weights, packed once per constant weight (_unit_prefill)
     if M > DECODE_MAX_M and rnd_w == RND_BF16 and (kind == 1 or (kind == 0 and rnd_x == RND_BF16)) \
-            and amx.AVAILABLE:
-        _amx_prefill(xf, w, spec, scales, zps, pairs or prepared, out, okind, ep)
+            and bf16_matmul.UNIT:
+        _unit_prefill(xf, w, spec, scales, zps, pairs or prepared, out, okind, ep)
         return out
     # prepare()'s copies only (int4 interleaved, int8 blocked; not a per-call view of the
     # user's [K, N] int4 buffer).  After the guard above: f32 sums of huge products that
@@ -1098,13 +1098,13 @@ def wmatmul(x, w, spec: WeightSpec, scales=None, zps=None, *, prepared: Prepared
     return out
 
 
-def _amx_prefill(xf, w, spec: WeightSpec, scales, zps, holder, out, okind, ep) -> None:
-    """``ep(xf @ bf16(dequant(W)))`` on the AMX unit: the weights dequantized in f32 and
-    rounded to bf16 (the reference's values under bf16 + apply_to_int), packed into
-    tiles once per constant weight (``holder``, the prepared weight; None: per call);
-    ``xf`` holds bf16 values (rounded activations or bf16 data), so the products are
-    the reference's, summed in f32."""
-    packed = getattr(holder, "amx_tiles", None)  # kept on the prepared weight, freed with it
+def _unit_prefill(xf, w, spec: WeightSpec, scales, zps, holder, out, okind, ep) -> None:
+    """``ep(xf @ bf16(dequant(W)))`` on the bf16 unit (:mod:`graph_api.kernels.bf16_matmul`):
+    the weights dequantized in f32 and rounded to bf16 (the reference's values under bf16 +
+    apply_to_int), packed once per constant weight (``holder``, the prepared weight; None:
+    per call); ``xf`` holds bf16 values (rounded activations or bf16 data), so the products
+    are the reference's, summed in f32."""
+    packed = getattr(holder, "bf16_packed", None)  # kept on the prepared weight, freed with it
     if packed is None:
         K, N = spec.K, spec.N
         if isinstance(holder, PreparedWeight) and holder.table is not None:  # int4, interleaved copy
@@ -1119,13 +1119,13 @@ def _amx_prefill(xf, w, spec: WeightSpec, scales, zps, holder, out, okind, ep) -
             panel = np.empty((K, N), np.float32)
             _dequant_panel(_flat(w), spec.kind in (S4, U4), spec.kind in (S4, S8), spec.transposed, K, N,
                            spec.group, spec.group_n, sc, zp, has_zp, 0, RND_BF16, panel)
-        packed = amx.pack_b(amx.bf16_bits(panel))
+        packed = bf16_matmul.pack_b(bf16_matmul.bf16_bits(panel))
         del panel
         if holder is not None:
-            holder.amx_tiles = packed
+            holder.bf16_packed = packed
     M = xf.shape[0]
     acc = np.empty((M, spec.N), np.float32)
-    amx.gemm(amx.pack_a(xf), packed, acc, spec.K)
+    bf16_matmul.gemm(bf16_matmul.pack_a(xf), packed, acc, spec.K)
     _store_rows(acc, 0, 0, out, okind, ep.ops, ep.fpar, ep.ipar, ep.buf)
 
 

@@ -182,23 +182,23 @@ class DenseLinear:
     w_dtype: DataType
     constant: bool
     cache: ConstantCache = field(default_factory=ConstantCache)
-    amx: bool = False  # the products run on the AMX unit (set at construction)
+    unit: str | None = None  # the bf16 unit the products run on (kernels.bf16_matmul; set at construction)
 
     def __post_init__(self):
-        from graph_api.kernels import amx
+        from graph_api.kernels import bf16_matmul
 
-        self.amx = amx.AVAILABLE and all(self.fpmath.operand_type(t) == DataType.bf16
-                                         for t in (self.x_dtype, self.w_dtype))
+        if all(self.fpmath.operand_type(t) == DataType.bf16 for t in (self.x_dtype, self.w_dtype)):
+            self.unit = bf16_matmul.UNIT
 
     def _weights(self, tensor):
-        """(f32 [K, N] weights, max |w|: NaN when a weight is NaN, their AMX tiles: constant
-        weights on an AMX plan, else None)."""
+        """(f32 [K, N] weights, max |w|: NaN when a weight is NaN, their packed bf16: constant
+        weights on a bf16 unit, else None)."""
         def build():
-            from graph_api.kernels import amx
+            from graph_api.kernels import bf16_matmul
 
             w = self.fpmath.round_input(tensor.numpy(), self.w_dtype)
             w = np.ascontiguousarray(w.T if self.transposed else w, dtype=np.float32)
-            tiles = amx.pack_b(amx.bf16_bits(w)) if self.amx and self.constant else None
+            tiles = bf16_matmul.pack_b(bf16_matmul.bf16_bits(w)) if self.unit and self.constant else None
             return w, float(np.max(np.abs(w))) if w.size else 0.0, tiles
 
         return self.cache.get([tensor], build) if self.constant else build()
@@ -209,11 +209,11 @@ class DenseLinear:
         xf = self.fpmath.round_input(x2d, self.x_dtype)
         w, wmax, tiles = self._weights(inputs[self.w_id])
         amax = float(np.max(np.abs(xf))) if xf.size else 0.0
-        if self.amx and xf.shape[0] > 8 and self.K:  # bf16 operands on the matrix unit
-            from graph_api.kernels import amx
+        if self.unit and xf.shape[0] > 8 and self.K:  # bf16 operands on the matrix unit
+            from graph_api.kernels import bf16_matmul
 
-            tiles = amx.pack_b(amx.bf16_bits(w)) if tiles is None else tiles  # variable weights: per call
-            acc = amx.matmul(xf, tiles, lambda: w, np.empty((xf.shape[0], self.N), np.float32))
+            tiles = bf16_matmul.pack_b(bf16_matmul.bf16_bits(w)) if tiles is None else tiles  # variable: per call
+            acc = bf16_matmul.matmul(xf, tiles, lambda: w, np.empty((xf.shape[0], self.N), np.float32))
         elif amax * wmax * max(self.K, 1) < wm._SAFE:  # NaN compares False
             acc = np.matmul(xf, w)
         else:  # inf/NaN or f32 partial sums that may overflow: float64 sums, as the reference

@@ -299,9 +299,10 @@ def test_float_matmul_post_ops_take_blas_with_epilogue(mode):
     y = b.op(K.ReLU, [y], dt.f32, [2, 5, 32])
     y = b.op(K.Multiply, [y, b.input(dt.f32, [2, 5, 32])], dt.f32, [2, 5, 32])
     b.op(K.TypeCast, [y], dt.bf16, [2, 5, 32])
-    # bf16 operands (the mode's rounding) run on the AMX unit where the host has one
-    from graph_api.kernels.fused.matmul_plan import _amx_available
-    b.run("amx_bf16_matmul_epilogue" if mode in ("bf16", "any") and _amx_available() else "blas_matmul_epilogue")
+    # bf16 operands (the mode's rounding) run on the bf16 unit (AMX, AVX512_BF16) where the host has one
+    from graph_api.kernels import bf16_matmul
+    unit = bf16_matmul.UNIT
+    b.run(f"{unit}_matmul_epilogue" if mode in ("bf16", "any") and unit else "blas_matmul_epilogue")
 
 
 def test_compressed_matmul_writes_into_dense_output_tensors():

@@ -167,8 +167,9 @@ def test_typecast_between_dequantize_and_matmul_is_refused():
 
     graph = graphs.quantized_matmul(bf16=True)
     run = ga.run_graph(graph, _feeds(graph, dt.u8, dt.s8, 3))
-    # bf16 operands after the TypeCasts: the AMX plan where the host has it, else f32 BLAS
-    assert run.partitions[0].compiled.plan.name.startswith(("blas_matmul_epilogue", "amx_bf16_matmul_epilogue"))
+    # bf16 operands after the TypeCasts: the bf16 unit's plan where the host has one, else f32 BLAS
+    assert run.partitions[0].compiled.plan.name.startswith(("blas_matmul_epilogue", "amx_bf16_matmul_epilogue",
+                                                            "avx512_bf16_matmul_epilogue"))
 
 
 def test_constant_weight_is_prepared_once_and_follows_a_new_buffer():
