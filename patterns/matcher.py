@@ -20,6 +20,14 @@ Nodes not reachable upward from the sink (extra outputs, e.g. SDPA backward's
 dK/dV MatMuls) are matched afterwards, in declaration order, among the
 consumers of an already matched producer.
 
+For the partitioner (``leak_free``), a state is dropped as soon as an op that
+reads a matched op's internal output is neither matched nor an ancestor of a
+pending tensor: no completion could take it in, so every one would leak.
+Otherwise the matches that leak come first (a greedy reading of the tail, a
+SmoothQuant scale taking a swish's Multiply, leaves its Sigmoid outside) and
+fill the partitioner's 64 candidates with rejects: an int8 MatMul with 8
+swishes and a Quantize formed 4 partitions instead of oneDNN's 1.
+
 Nothing here knows about a particular pattern; the partitioner decides which
 match to take (escaping intermediates, cycles).
 """
@@ -29,6 +37,7 @@ import itertools
 import weakref
 from dataclasses import dataclass
 
+from graph_api.enums import OpKind
 from graph_api.errors import op_label
 
 from .pattern import ENTRY, In, Input, Node, Pattern, Repeat
@@ -113,7 +122,7 @@ def weight(roles) -> float:
 
 
 class _State:
-    __slots__ = ("env", "out", "used", "groups", "nodes", "counts", "inst")
+    __slots__ = ("env", "out", "used", "groups", "nodes", "counts", "inst", "bits", "need")
 
     def __init__(self):
         self.env: dict = {}  # node name -> op id | SKIP | _REPEAT | "input"
@@ -123,12 +132,15 @@ class _State:
         self.nodes: dict = {}  # instantiated repetition nodes
         self.counts: dict = {}  # repeat name -> repetitions taken
         self.inst: dict = {}  # (repeat name, i) -> instance node names
+        self.bits = 0  # the used ops as _Ancestry bits
+        self.need = 0  # bits of the ops that read a used op's output that may not leave the match
 
     def copy(self) -> "_State":
         new = _State.__new__(_State)
         new.env, new.out, new.used = dict(self.env), dict(self.out), dict(self.used)
         new.groups, new.nodes = dict(self.groups), dict(self.nodes)
         new.counts, new.inst = dict(self.counts), dict(self.inst)
+        new.bits, new.need = self.bits, self.need
         return new
 
 
@@ -192,8 +204,10 @@ class _Ancestry:
     def __init__(self, graph):
         # not the graph itself: the cache below holds this only while the graph lives
         self.producer, self.ops = graph.producer, graph.ops
+        self.consumers = graph.consumers
         self.bits: dict = {}  # op id -> 1 << dense index
         self.masks: dict = {}  # tensor id -> bits of its producer and that op's ancestors
+        self.near: dict = {}  # tensor id -> bits of those ops and of every op reading their outputs
 
     def bit(self, op_id) -> int:
         b = self.bits.get(op_id)
@@ -202,7 +216,12 @@ class _Ancestry:
         return b
 
     def of(self, tid) -> int:
-        masks, producer, ops = self.masks, self.producer, self.ops
+        self.of_near(tid)
+        return self.masks[tid]
+
+    def of_near(self, tid) -> int:
+        """Bits of the ops ``tid`` depends on and of their consumers (:meth:`of` fills both)."""
+        masks, near, producer, ops = self.masks, self.near, self.producer, self.ops
         stack = [tid]
         while stack:  # iterative post-order: graphs can be deeper than Python's recursion
             t = stack[-1]
@@ -211,20 +230,26 @@ class _Ancestry:
                 continue
             prod = producer.get(t)
             if prod is None:
-                masks[t] = 0
+                masks[t] = near[t] = 0
                 stack.pop()
                 continue
-            inputs = [lt.id for lt in ops[prod[0]].inputs]
+            op = ops[prod[0]]
+            inputs = [lt.id for lt in op.inputs]
             pending = [i for i in inputs if i not in masks]
             if pending:
                 stack += pending
                 continue
             mask = self.bit(prod[0])
+            around = mask
+            for lt in op.outputs:
+                for c, _ in self.consumers.get(lt.id, ()):
+                    around |= self.bit(c)
             for i in inputs:
                 mask |= masks[i]
-            masks[t] = mask
+                around |= near[i]
+            masks[t], near[t] = mask, around
             stack.pop()
-        return masks[tid]
+        return near[tid]
 
 
 _ANCESTRY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -238,8 +263,10 @@ def _ancestry(graph) -> _Ancestry:
 
 
 class _Matcher:
-    def __init__(self, graph, pattern: Pattern, taken: dict, trace: Trace | None, anchor: int):
+    def __init__(self, graph, pattern: Pattern, taken: dict, trace: Trace | None, anchor: int,
+                 leak_free: bool = False):
         self.graph = graph
+        self.leak_free = leak_free
         self.pattern = pattern
         self.taken = taken
         self.trace = trace
@@ -247,7 +274,9 @@ class _Matcher:
         self.by_name = {n.name: n for n in pattern.nodes}
         self.steps = 0
         self.dead: set = set()  # dead_key()s of repetition steps whose search yielded nothing
-        self.maybe_downward = None  # _maybe_downward(pattern), once a repetition needs it
+        self.maybe_downward = None  # _maybe_downward(pattern), once a repetition or a leak needs it
+        self.ancestry = _ancestry(graph)
+        self.outputs = set(graph.output_ids)
 
     # ------------------------------------------------------------ helpers
     def node(self, st: _State, name):
@@ -308,6 +337,61 @@ class _Matcher:
             ref, port = edge.src, edge.src_port
         return None
 
+    def upward_only(self, st: _State) -> bool:
+        """True once the rest of the search binds only producers of pending
+        tensors and their ancestors (no node :func:`_maybe_downward` names is
+        unresolved)."""
+        if self.maybe_downward is None:
+            self.maybe_downward = _maybe_downward(self.pattern)
+        return all(name in st.env for name in self.maybe_downward)
+
+    def leaks(self, node: Node, op):
+        """Outputs of ``op`` bound as ``node`` that may not leave the match:
+        ``[(tensor id, consumer ids)]``; an empty consumer list is a graph output.
+
+        The anchor's outputs and the node's ``escape`` ports may leave; so may a
+        tensor an End op reads (when the End is in the match, see
+        :func:`~graph_api.patterns.partitioner.escaping`; left to the partitioner).
+        """
+        if op.id == self.anchor or not self.leak_free:
+            return []
+        found = []
+        for port, lt in enumerate(op.outputs):
+            if port in node.escape:
+                continue
+            users = self.graph.consumers.get(lt.id, [])
+            if any(self.graph.ops[c].kind == OpKind.End for c, _ in users):
+                continue
+            if users:
+                found.append((lt.id, [c for c, _ in users]))
+            elif lt.id in self.outputs:
+                found.append((lt.id, []))
+        return found
+
+    def leaking(self, st: _State, todo: tuple) -> int | None:
+        """Bits of the ops that read a used op's internal output and can no
+        longer join the match (every completion of ``st`` would be rejected by
+        :func:`~graph_api.patterns.partitioner.escaping`), or None."""
+        open_ = st.need & ~st.bits
+        if not open_ or not self.upward_only(st):
+            return None
+        for _, tid, _ in todo:
+            open_ &= ~self.ancestry.of(tid)
+            if not open_:
+                return None
+        return open_
+
+    def leak_reason(self, st: _State, bits: int) -> tuple[str, int]:
+        """The first used op (by id) whose output one of ``bits`` reads, as the partitioner words it."""
+        for op_id in sorted(st.used):
+            op = self.graph.ops[op_id]
+            for tid, users in self.leaks(self.node(st, st.used[op_id]), op):
+                for c in users:
+                    if self.ancestry.bit(c) & bits:
+                        return (f"intermediate tensor {tid} ({op_label(op)} as '{st.used[op_id]}') "
+                                f"is also used by op {c} outside the match"), op_id
+        raise AssertionError("leaking bits read no used op's output")
+
     def dead_key(self, st: _State, todo: tuple) -> tuple:
         """Everything the search from ``(st, todo)`` can depend on, to remember dead ends.
 
@@ -330,29 +414,30 @@ class _Matcher:
                 local.add(ref)
                 node = st.nodes[ref]
                 todo_refs += [e.src for e in node.inputs] + ([node.via] if node.via else [])
-        if self.maybe_downward is None:
-            self.maybe_downward = _maybe_downward(self.pattern)
-        ancestry = _ancestry(self.graph)
-        used = 0
-        for op_id in st.used:
-            used |= ancestry.bit(op_id)
-        if all(name in st.env for name in self.maybe_downward):
+        used = st.bits
+        if self.upward_only(st):
+            # pruning leaks also reads whether the consumers of those ops are used
+            around = self.ancestry.of_near if self.leak_free else self.ancestry.of
             reach = 0
             for _, tid, _ in todo:
-                reach |= ancestry.of(tid)
+                reach |= around(tid)
             used &= reach
         return (todo,
                 frozenset((k, v) for k, v in st.env.items() if k in self.by_name),
                 tuple((ref, st.env.get(ref), st.nodes[ref]) for ref in sorted(local)),
                 frozenset(item for item in st.out.items()
                           if item[0][0] in self.by_name or item[0][0] in local or item[0][0] in tuples),
-                frozenset(st.groups.items()), used, self.anchor in st.used)
+                frozenset(st.groups.items()), used, st.need & ~st.bits, self.anchor in st.used)
 
     # ------------------------------------------------------------ search
     def solve(self, st: _State, todo: tuple):
         self.steps += 1
         if self.steps > STEP_LIMIT:
             raise _OutOfSteps
+        leak = self.leaking(st, todo)
+        if leak:
+            self.fail(st, *self.leak_reason(st, leak))
+            return
         if not todo:
             node = self.next_unresolved(st)
             if node is None:
@@ -429,12 +514,22 @@ class _Matcher:
         yield from self.bind(st, node, op, rest)
 
     def bind(self, st, node: Node, op, rest):
+        need = 0
+        for tid, users in self.leaks(node, op):
+            if not users:
+                self.fail(st, f"intermediate tensor {tid} ({op_label(op)} as '{node.name}') is a graph output",
+                          op.id)
+                return
+            for c in users:
+                need |= self.ancestry.bit(c)
         found = False
         for ports in self.assignments(node, op):
             found = True
             new = st.copy()
             new.env[node.name] = op.id
             new.used[op.id] = node.name
+            new.bits |= self.ancestry.bit(op.id)
+            new.need |= need
             if node.group:
                 new.groups[node.group] = True
             todo = tuple((e.src, op.inputs[p].id, e.src_port) for e, p in zip(node.inputs, ports))
@@ -574,16 +669,20 @@ class _Matcher:
 
 
 def iter_matches(graph, pattern: Pattern, anchor: int, taken: dict | None = None,
-                 trace: Trace | None = None):
+                 trace: Trace | None = None, leak_free: bool = False):
     """Every match of ``pattern`` whose last op is ``anchor`` (biggest choices first).
 
     ``taken`` maps op ids already in a fused partition to that partition's
     pattern name; those ops are never matched.  Failures are noted in ``trace``.
+    ``leak_free`` leaves out matches whose intermediates escape (the
+    partitioner rejects them), pruned as soon as an op that reads one can no
+    longer join the match; the others come in the same order.  A tensor an End
+    op reads is left to the partitioner.
     """
     op = graph.ops[anchor]
     if not op.outputs:
         return
-    matcher = _Matcher(graph, pattern, taken or {}, trace, anchor)
+    matcher = _Matcher(graph, pattern, taken or {}, trace, anchor, leak_free)
     start = ((pattern.sink.name, op.outputs[0].id, 0),)
     global steps_taken
     try:

@@ -107,7 +107,7 @@ def find_fusion(graph, pattern, anchor: int, owner: dict, taken: dict,
     """The biggest acceptable match of ``pattern`` anchored at ``anchor``
     (the first one found among equals: greedy choices come first)."""
     candidates = []
-    for n, match in enumerate(iter_matches(graph, pattern, anchor, taken, trace)):
+    for n, match in enumerate(iter_matches(graph, pattern, anchor, taken, trace, leak_free=True)):
         if n >= MAX_CANDIDATES:
             break
         reason, score, subject = accept(graph, match)
