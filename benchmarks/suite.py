@@ -318,17 +318,23 @@ def bench_sdpa_decode(rows, bw, Hkv, S, kind, quick, rng, peers_on=True, modes=(
 
 
 def bench_sdpa_prefill(rows, quick, rng, peers_on=True, lengths=(512, 2048)):
-    """Causal self-attention, H=32, D=128: f32 and bf16 (512 only) K/V, and int4 K/V
-    (s4, groups of 32, K stored [D, S]) against PyTorch f32 on the dequantized values.
-    The project's rows run the f32 prefill kernel (bf16 and int4 K/V widened to f32 once
-    per call, see ``kernels/sdpa/``)."""
+    """Causal self-attention, H=32, D=128: f32, bf16 and int4 K/V (s4, groups of 32, K
+    stored [D, S]) against PyTorch on the (dequantized) values.  f32 runs the f32 prefill
+    kernel, and beside it fpmath bf16 (Q, K, V and the probabilities rounded to bf16, both
+    products on the bf16 unit where the host has one); bf16 (a bf16 graph: bf16
+    probabilities) runs both products on the bf16 unit, else the f32 kernel on widened
+    values; int4 K/V are widened to f32 once per call (``kernels/sdpa/``)."""
+    from graph_api.kernels.bits import RND_BF16
+    from graph_api.kernels.sdpa import prefill_bf16
+
     B, H, D = 1, 32, 128
     import ml_dtypes
+    unit = "vdpbf16ps" if prefill_bf16.AVAILABLE else "f32 kernel"
     for S in lengths:
         q = rng.standard_normal((B, H, S, D)).astype(np.float32)
         k = rng.standard_normal((B, H, S, D)).astype(np.float32)
         v = rng.standard_normal((B, H, S, D)).astype(np.float32)
-        kinds = ("f32", "bf16", "s4") if S <= 512 else ("f32", "s4")
+        kinds = ("f32", "bf16", "s4")
         for dt in kinds:
             qq = q
             if dt == "f32":
@@ -340,13 +346,19 @@ def bench_sdpa_prefill(rows, quick, rng, peers_on=True, lengths=(512, 2048)):
             else:
                 K, V = _kv_copies(H, S, D, 32, "s4", 1, rng)[0]
                 kd, vd = _kv_dense(K), _kv_dense(V)
-            label = f"SDPA prefill {S}x{S} causal H=32 D=128 {dt}" + (" K/V g32" if dt == "s4" else "")
+            label = f"SDPA prefill {S}x{S} causal H=32 D=128 {dt}" + (" K/V g32" if dt == "s4" else "") + \
+                (f" (both products on {unit})" if dt == "bf16" else "")
             reps = 3 if S <= 512 else 2
-            res = {"project": timeit(lambda i: SD.sdpa(qq, K, V, causal="top_left"), 1, reps, 1)}
+            res = {"project": timeit(lambda i: SD.sdpa(qq, K, V, causal="top_left", bf16_probs=dt == "bf16"),
+                                     1, reps, 1)}
+            if dt == "f32" and prefill_bf16.AVAILABLE:  # a relaxed mode is worth a row where a unit runs it
+                res[f"project fpmath bf16 ({unit})"] = timeit(
+                    lambda i: SD.sdpa(q, K, V, causal="top_left", rnd=RND_BF16, bf16_probs=True), 1, reps, 1)
             if peers_on:
                 if dt == "f32" and S <= 512:
                     res["numpy reference"] = timeit(lambda i: numpy_sdpa(q, k, v, True), 1, 3, 1)
-                for pdt in (("f32",) if dt != "bf16" else ("bf16",)):
+                for pdt in (("f32", "bf16") if dt == "f32" and prefill_bf16.AVAILABLE else
+                            ("f32",) if dt != "bf16" else ("bf16",)):
                     f = peers.make_torch_sdpa(q, [kd], [vd], pdt, causal=True)
                     if f:
                         res[f"torch SDPA {pdt}" + (" dense" if dt == "s4" else "")] = timeit(f, 1, 5)

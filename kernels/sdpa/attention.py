@@ -9,7 +9,7 @@ from graph_api.kernels.numba_setup import numba  # numba: configured first
 import numpy as np
 
 from graph_api.kernels.sdpa import decode_bf16, prefill, prefill_bf16
-from graph_api.kernels.bits import RND_BF16, RND_F16, act_kind
+from graph_api.kernels.bits import RND_BF16, act_kind
 from graph_api.kernels.sdpa.blocked import attend_blocked
 from graph_api.kernels.sdpa.decode import decode_items
 from graph_api.kernels.sdpa.decode_avx2 import stage_params
@@ -96,9 +96,12 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         # an empty cache (~2.7 s for the prefill kernel), is not compiled for f32 prefill
         k = KV(np.ascontiguousarray(np.asarray(k.data).reshape(B, Hkv, D, S).swapaxes(2, 3)), "f32", k.shape)
         ktr = 0
-    if (bf16_probs and prob_quant is None and stats is None and rnd != RND_F16  # bf16 values: unchanged
-            and prefill_bf16.usable(qkind, kk, vk, ktr, D, S, Sq, okind, has_mask, mstr[3])):
-        return _bf16_prefill(qk, k, v, scale, scale_mode, mflat, mstr, has_mask, causal, okind, out)
+    if bf16_probs and prob_quant is None and stats is None and prefill_bf16.usable(D, S, Sq):
+        ops = _bf16_operands(qk, qkind, k, v, rnd)
+        if ops is not None:
+            if has_mask and mstr[3] != 1:  # a mask broadcast along the keys: the kernel reads rows
+                mflat, mstr = flat_mask(np.broadcast_to(m, m.shape[:3] + (S,)))
+            return _bf16_prefill(*ops, scale, scale_mode, mflat, mstr, has_mask, causal, okind, out)
     if (prob_quant is None and rnd == 0 and (qkind, kk, vk) != (0, 0, 0) and Sq >= prefill.QB
             and prefill.usable(0, 0, 0, 0, D, S, Sq, 0, 0)):
         return _widened_prefill(qk if qkind == 0 else q_f32(qk, qkind, 0), k, v, m if has_mask else None,
@@ -236,23 +239,42 @@ def _widened_prefill(qf, k: KV, v: KV, mask, okind, out, stats, **kw):
     return res if okind == 0 else store_out(res, okind, out)
 
 
-def _bf16_prefill(q16, k: KV, v: KV, scale, scale_mode, mflat, mstr, has_mask, causal, okind, out):
-    """:func:`sdpa` of bf16 Q/K/V on :mod:`.prefill_bf16` (both products on the bf16 unit)."""
+def _bf16_operands(qk, qkind, k: KV, v: KV, rnd):
+    """Q, K, V as bf16 bits [B, H, S, D] (uint16; views of bf16 data, roundings of f32 data
+    under ``rnd`` bf16), or None when an operand is neither."""
+    from graph_api.kernels.amx import bf16_bits
+
+    if qkind == 1:
+        q16 = qk
+    elif qkind == 0 and rnd == RND_BF16:
+        q16 = bf16_bits(qk)
+    else:
+        return None
+    kv16 = []
+    for kv in (k, v):
+        data = _data4(kv) if not kv.transposed else \
+            np.asarray(kv.data).reshape(kv.shape[:2] + (kv.shape[3], kv.shape[2])).swapaxes(2, 3)
+        if kv.kind == "bf16":
+            kv16.append(data.view(np.uint16))
+        elif kv.kind == "f32" and rnd == RND_BF16:
+            kv16.append(bf16_bits(data))
+        else:
+            return None
+    return (q16, *kv16)
+
+
+def _bf16_prefill(q16, k16, v16, scale, scale_mode, mflat, mstr, has_mask, causal, okind, out):
+    """:func:`sdpa` of bf16 Q/K/V bits on :mod:`.prefill_bf16` (both products on the bf16 unit)."""
     B, Hq, Sq, D = q16.shape
-    _, Hkv, S, _ = k.shape
+    _, Hkv, S, _ = k16.shape
     res = out if okind == 0 and out is not None and _row_strided(out) else np.empty((B, Hq, Sq, D), np.float32)
-    args = (prefill_bf16.prefill_items, B * Hq, *_rows16(q16), Hq, Sq, D, *_rows16(_bits4(k)),
-            *_rows16(_bits4(v)), Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
-            CAUSAL[causal], *_flat_out(res))
+    args = (prefill_bf16.prefill_items, B * Hq, *_rows16(q16), Hq, Sq, D, *_rows16(k16), *_rows16(v16),
+            Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal],
+            *_flat_out(res))
     run_items(*args, work=2 * B * Hq * Sq * S * D)
     if res is out:
         return out
     return store_out(res, okind, out)
-
-
-def _bits4(kv: KV) -> np.ndarray:
-    """A bf16 K/V operand's storage as uint16 bits [B, H, S, D]."""
-    return _data4(kv).view(np.uint16)
 
 
 def _rows16(a):

@@ -104,6 +104,7 @@ from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, RND_TF32, rounding_code
+from graph_api.kernels.sdpa import prefill_bf16
 from graph_api.kernels.fused.hybrid import HybridPlan
 from graph_api.kernels.weight_compressed.wmatmul_plan import zero_size_reason
 from graph_api.kernels.plan import ComposedPlan, CompileRequest
@@ -438,6 +439,7 @@ class SdpaCore:
     final_id: int
     reshaped: dict           # tensor id -> source id of a StaticReshape inside (sdpa_gqa)
     stats_id: int | None = None  # SoftMax's stats output, when it leaves the partition
+    bf16_probs: bool = False  # the probabilities enter pv_matmul as bf16 (their type or the mode)
 
     def fetch(self, inputs, tid):
         """The logical array of ``tid``: a partition input, or a reshape of one."""
@@ -512,7 +514,7 @@ class SdpaCore:
                       causal=causal, out=self._out_view(inputs, outputs),
                       out_dtype=_FLOATS[self.out_dtype], rnd=self.rnd, stats=stats,
                       bf16_dot=self.request.fpmath.rounding == "bf16" and self.request.fpmath.apply_to_int,
-                      bf16_probs=self.request.lts[sc.prob_id].dtype == DataType.bf16)
+                      bf16_probs=self.bf16_probs)
         out = out.view(dtypes.numpy_dtype(self.out_dtype)).reshape(g.lead + (g.Sq, g.D))
         if sc.inf_as_zero and np.isnan(out).any():
             if mask is not None or causal is not None:
@@ -660,7 +662,12 @@ def build(request: CompileRequest):
     rnd = _roundings(request, q_lt, k, v)
     if isinstance(rnd, str):
         return rnd
-    if lts[scores.prob_id].dtype == DataType.f32 and request.fpmath.rounding is not None:
+    # f32 probabilities under bf16: the bf16 unit's prefill rounds them as the reference does
+    # (kernels/sdpa/prefill_bf16.py); the other kernels' online softmax keeps them f32
+    f32_probs_on_unit = (request.fpmath.rounding == "bf16" and rnd == RND_BF16 and k.kind in ("f32", "bf16")
+                         and v.kind in ("f32", "bf16") and prefill_bf16.usable(geo.D, geo.S, geo.Sq))
+    if lts[scores.prob_id].dtype == DataType.f32 and request.fpmath.rounding is not None \
+            and not f32_probs_on_unit:
         return f"fpmath {request.fpmath} rounds the f32 probabilities entering pv_matmul; the " \
                f"kernel's online softmax keeps them f32 (docs/fpmath.md: modes apply exactly)"
     chain = _output_chain(request, b, ops)
@@ -673,8 +680,11 @@ def build(request: CompileRequest):
     reason = _inside(request, reshaped, [q_lt.id, k, v, scores])
     if reason:
         return reason
+    if f32_probs_on_unit and lts[scores.prob_id].dtype == DataType.f32 and stats_id is not None:
+        return "SoftMax's stats with f32 probabilities under fpmath bf16 (the bf16 prefill keeps no stats)"
     core = SdpaCore(request, geo, q_lt.id, q_transposed, k, v, scores, rnd, out_lt.dtype,
-                    chain[0], chain[1], reshaped, stats_id)
+                    chain[0], chain[1], reshaped, stats_id,
+                    bf16_probs=lts[scores.prob_id].dtype == DataType.bf16 or f32_probs_on_unit)
     return HybridPlan(request, "numba_sdpa", _with_fallback(request, core), {op.id for op in request.ops})
 
 

@@ -5,15 +5,16 @@ bf16, the ``pv_matmul`` input), per batch ``b``, query head ``h``, KV head ``h /
 
     s[i, j] = (q[i] . k[j]) * scale  (or / scale)  + mask[b, h, i, j]   (-inf where causal hides j)
     e[i, j] = exp(s[i, j] - max_j s[i, :])                 f32, the f32 prefill's exact two-pass softmax
-    out[i]  = (sum_j bf16(e[i, j]) v[j]) / sum_j e[i, j]
+    p[i, j] = bf16(e[i, j] * (1 / sum_j e[i, j]))           the probabilities, rounded to bf16
+    out[i]  = sum_j p[i, j] v[j]
 
 Both products multiply bf16 values exactly and sum in f32 (the bf16 GEMM's micro-kernel,
 :mod:`graph_api.kernels.dpbf16_gemm`, on its packed layouts): ``q . k`` are the
-reference's products; the probabilities enter ``P V`` as bf16 like the reference's bf16
-SoftMax output, rounded before the division by the row sum instead of after (each
-within half a bf16 ulp, relative, either way), so the result is within the bf16
-tolerance the f32 prefill kernel is held to.  Scores and the softmax stay f32 (the
-reference rounds the scores to bf16: see kernels/sdpa/plan.py's numerics).
+reference's products, and the probabilities enter ``P V`` rounded to bf16 as the
+reference's bf16 SoftMax output (or, for f32 probabilities, as fpmath bf16 rounds the
+MatMul's input).  Scores and the softmax stay f32 where the reference rounds bf16
+scores (kernels/sdpa/plan.py's numerics).  f32 Q/K/V under fpmath bf16 enter as their
+bf16 roundings (the caller converts them).
 
 A work item is one (batch, query head), as :mod:`.prefill`: K is packed once per item
 as the GEMM's B operand ``Kᵀ`` (panels of 32 keys), V as ``B`` (panels of 32 columns
@@ -42,12 +43,11 @@ AVAILABLE = _DPBF16
 _STEP = 2048  # bytes of one 32-deep step of a packed 32-row block or 32-column panel
 
 
-def usable(q_kind: int, k_kind: int, v_kind: int, k_transposed: int, D: int, S: int, Sq: int,
-           okind: int, has_mask: bool, mask_key_stride: int) -> bool:
-    """bf16 Q/K/V with K ``[S, D]``, D a multiple of 32, a prefill of at least one block of
-    query rows over at most MAX_S keys, a mask (if any) contiguous along the keys."""
-    return (AVAILABLE and q_kind == k_kind == v_kind == 1 and k_transposed == 0 and D % 32 == 0
-            and 0 < S <= MAX_S and Sq >= QB and (not has_mask or mask_key_stride == 1))
+def usable(D: int, S: int, Sq: int) -> bool:
+    """The host has the unit, D is a multiple of 32, a prefill of at least one block of
+    query rows over at most MAX_S keys (the operands: bf16 bits, K ``[S, D]``, a mask
+    contiguous along the keys, are the caller's to give)."""
+    return AVAILABLE and D % 32 == 0 and 0 < S <= MAX_S and Sq >= QB
 
 
 @njit(inline="always", cache=True)
@@ -134,8 +134,9 @@ def prefill_items(ids, qb, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, s
                 base = (r // 16) * 512 + (r % 16) * 32
                 if r < nq:
                     row = sc[r * Sp:r * Sp + ntc]
+                    inv = np.float32(1.0) / lsum[r]  # all -inf scores: 0 * inf = NaN, as 0 / 0
                     for t in range(ntc):
-                        ppack[base + (t // 32) * 1024 + (t % 32)] = _bf16_rne(bits_from_f32(row[t]))
+                        ppack[base + (t // 32) * 1024 + (t % 32)] = _bf16_rne(bits_from_f32(row[t] * inv))
                 else:
                     for s in range(ntc // 32):
                         ppack[base + s * 1024:base + s * 1024 + 32] = 0
@@ -143,7 +144,7 @@ def prefill_items(ids, qb, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, s
                 _block(pp, vp + p * ksteps * _STEP, ntc // 32, accp + p * 128, D * 4, accp + p * 128, D * 4, 0)
             for r in range(nq):
                 o = b * ostr[0] + h * ostr[1] + (i0 + r) * ostr[2]
-                orow = obuf[o:o + D]
-                den = lsum[r]
-                for d in range(D):
-                    orow[d] = acc[r * D + d] / den
+                if lsum[r] == 0:  # every score -inf: 0 / 0, as the f32 kernels (the plan decides)
+                    obuf[o:o + D] = np.nan
+                else:
+                    obuf[o:o + D] = acc[r * D:r * D + D]

@@ -66,7 +66,7 @@ def test_prefill_matches_float64(case, mask_shape, causal):
     if mask is not None:
         mask = rng.standard_normal(mask).astype(np.float32)
         mask[..., -S // 8:] = -1e4  # BERT's padding
-    assert prefill_bf16.usable(1, 1, 1, 0, D, S, Sq, 0, mask is not None, 1)
+    assert prefill_bf16.usable(D, S, Sq)
     K, V = SD.KV(k, "bf16", k.shape), SD.KV(v, "bf16", v.shape)
     for scale, mode in ((0.125, "mul"), (np.sqrt(D), "div")):
         o = SD.sdpa(q, K, V, scale=scale, scale_mode=mode, mask=mask, causal=causal, bf16_probs=True)
@@ -88,14 +88,14 @@ def test_probabilities_round_to_bf16_only_when_the_graph_does():
     assert np.abs(f32 - want).max() < 1e-5 < np.abs(unit - want).max()
 
 
-def _bf16_sdpa_graph(B, H, S, D, mode="strict"):
-    """oneDNN's bf16 SDPA (scale Multiply, causal mask added, bf16 SoftMax output)."""
+def _sdpa_graph(B, H, S, D, dtype=dt.bf16, mode="strict"):
+    """oneDNN's SDPA (scale Multiply, causal mask added, SoftMax, all tensors ``dtype``)."""
     g = ga.Graph(ga.EngineKind.cpu, ga.FPMathMode[mode])
     lt, K_ = ga.LogicalTensor, ga.OpKind
     shp = [B, H, S, D]
-    q, k, v = lt(0, dt.bf16, shp), lt(1, dt.bf16, shp), lt(2, dt.bf16, shp)
-    scale, mask = lt(3, dt.bf16, [1]), lt(4, dt.bf16, [1, 1, S, S])
-    s1, s2, s3, p, o = (lt(i, dt.bf16, [B, H, S, S] if i < 9 else shp) for i in (5, 6, 7, 8, 9))
+    q, k, v = lt(0, dtype, shp), lt(1, dtype, shp), lt(2, dtype, shp)
+    scale, mask = lt(3, dtype, [1]), lt(4, dtype, [1, 1, S, S])
+    s1, s2, s3, p, o = (lt(i, dtype, [B, H, S, S] if i < 9 else shp) for i in (5, 6, 7, 8, 9))
     g.add_op(ga.Op(0, K_.MatMul, [q, k], [s1], attrs={"transpose_b": True}))
     g.add_op(ga.Op(1, K_.Multiply, [s1, scale], [s2]))
     g.add_op(ga.Op(2, K_.Add, [s2, mask], [s3]))
@@ -105,7 +105,11 @@ def _bf16_sdpa_graph(B, H, S, D, mode="strict"):
     return g
 
 
-def test_bf16_sdpa_partition_runs_the_unit_kernel_within_the_check_tolerance(monkeypatch):
+@pytest.mark.parametrize("dtype,mode", [(dt.bf16, "strict"), (dt.f32, "bf16")], ids=["bf16_graph", "f32_under_bf16"])
+def test_sdpa_partition_runs_the_unit_kernel_within_the_check_tolerance(dtype, mode, monkeypatch):
+    """A bf16 graph (its SoftMax output is bf16) and an f32 graph under fpmath bf16 (the
+    mode rounds Q, K, V and the probabilities entering the MatMuls): both run the unit
+    kernel, within the check's tolerance of the reference under the graph's mode."""
     from graph_api.check import compare
 
     calls = []
@@ -113,14 +117,16 @@ def test_bf16_sdpa_partition_runs_the_unit_kernel_within_the_check_tolerance(mon
     monkeypatch.setattr(prefill_bf16, "prefill_items",
                         lambda *a: (calls.append(1), real(*a))[1])
     B, H, S, D = 1, 4, 96, 64
-    g = _bf16_sdpa_graph(B, H, S, D)
+    g = _sdpa_graph(B, H, S, D, dtype, mode)
     rng = np.random.default_rng(1)
+    npdt = ga.dtypes.numpy_dtype(dtype)
     causal = np.triu(np.full((S, S), -np.inf, np.float32), 1)[None, None]
-    feeds = {0: rng.standard_normal((B, H, S, D)).astype(BF16), 1: rng.standard_normal((B, H, S, D)).astype(BF16),
-             2: rng.standard_normal((B, H, S, D)).astype(BF16), 3: np.array([D ** -0.5], BF16),
-             4: causal.astype(BF16)}
+    feeds = {0: rng.standard_normal((B, H, S, D)).astype(npdt), 1: rng.standard_normal((B, H, S, D)).astype(npdt),
+             2: rng.standard_normal((B, H, S, D)).astype(npdt), 3: np.array([D ** -0.5], npdt),
+             4: causal.astype(npdt)}
     got = ga.run_graph(g, feeds)
     assert [r.partition.get_kind() for r in got.partitions] == ["sdpa"], got.partitions
+    assert [r.compiled.plan.name for r in got.partitions] == ["numba_sdpa"]
     assert calls, "the bf16 unit kernel did not run"
     old = settings.reference
     settings.reference = True
@@ -128,5 +134,5 @@ def test_bf16_sdpa_partition_runs_the_unit_kernel_within_the_check_tolerance(mon
         ref = ga.run_graph(g, feeds)
     finally:
         settings.reference = old
-    verdict = compare(ref.outputs[9], got.outputs[9], dt.bf16, g.fpmath)
+    verdict = compare(ref.outputs[9], got.outputs[9], dtype, g.fpmath)
     assert verdict.ok, verdict.message
