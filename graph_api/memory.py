@@ -242,9 +242,9 @@ def reserve(nbytes: int, what: str) -> None:
     if held + nbytes > budget:
         label = "an allocation outside any partition" if work is None else work.label
         raise OutOfMemory(
-            f"{label}: {what} needs {nbytes:,} bytes ({_human(nbytes)}) more than the "
-            f"{held:,} bytes ({_human(held)}) it holds, which passes the memory budget of "
-            f"{budget:,} bytes ({_human(budget)}); raise it with {MEMORY_BUDGET_ENV} or "
+            f"{label}: {what} needs {nbytes:,} bytes ({_human(nbytes)}); with the {held:,} bytes "
+            f"({_human(held)}) of tensors and working memory it holds, that passes the memory budget "
+            f"of {budget:,} bytes ({_human(budget)}); raise it with {MEMORY_BUDGET_ENV} or "
             f"graph_api.set_memory_budget()")
 
 
