@@ -308,6 +308,13 @@ class CompiledPartition:
     def lts(self) -> dict[int, LogicalTensor]:
         return self.request.lts
 
+    @property
+    def held_bytes(self) -> int:
+        """What this compiled partition may keep between executes (the compiled-partition
+        cache's byte bound counts it): the prepared copies of its constants, as the
+        memory budget counts them."""
+        return self.need.constants
+
     def query_logical_tensor(self, tid: int) -> LogicalTensor:
         """The concrete logical tensor of an input or output port."""
         if tid not in self.request.input_ids and tid not in self.request.output_ids:
