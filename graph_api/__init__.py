@@ -45,7 +45,8 @@ from .json_io import load, save
 from .logical_tensor import LogicalTensor
 from .op import Op
 from .partition import CompiledPartition, Partition
-from .partition_cache import get_compiled_partition_cache_capacity, set_compiled_partition_cache_capacity
+from .partition_cache import (get_compiled_partition_cache_bytes, get_compiled_partition_cache_capacity,
+                              set_compiled_partition_cache_bytes, set_compiled_partition_cache_capacity)
 from .runner import CompiledGraph, compile_graph, run_graph
 from .tensor import Tensor, make_scalar_tensor
 from .builder import CompiledModel, GraphBuilder
@@ -79,6 +80,7 @@ __all__ = [
     "get_memory_budget", "set_memory_budget",
     "CompiledGraph", "compile_graph",
     "get_compiled_partition_cache_capacity", "set_compiled_partition_cache_capacity",
+    "get_compiled_partition_cache_bytes", "set_compiled_partition_cache_bytes",
     "Allocator", "make_engine_with_allocator", "OpAttr",
     "from_onnx", "import_onnx",
 ]

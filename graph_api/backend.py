@@ -107,6 +107,8 @@ def compile_plan(request: CompileRequest, label: str) -> Compiled:
         with scratch.counting() as arena:
             try:
                 _run_on_placeholders(select_plan(request), request)
+            except MemoryError:  # the budget's OutOfMemory (or the system's): it would not run either
+                raise
             except Exception as why:  # noqa: BLE001 - placeholder values, not the user's: see below
                 # inputs whose values shape the result (a Reduce axes tensor) may reject the
                 # placeholders; the real inputs are checked at execute, where kernels that the

@@ -5,6 +5,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import memory as budgeted
 from .enums import EngineKind, parse_enum
 from .errors import InvalidArguments, OutOfMemory
 
@@ -29,9 +30,8 @@ class Allocator:
 
     def take(self, nbytes: int, alignment: int = 64) -> tuple[np.ndarray, object]:
         """(``nbytes`` of uint8 memory, the handle to give back) from the callbacks or numpy."""
-        if self.allocate is None:
-            memory = np.empty(nbytes, np.uint8)
-            return memory, None
+        if self.allocate is None:  # counted against the memory budget of the partition running
+            return budgeted.empty(nbytes, np.uint8, "the scratchpad"), None
         handle = self.allocate(nbytes, alignment)
         if handle is None:
             raise OutOfMemory(f"the engine's allocator returned None for {nbytes} bytes")

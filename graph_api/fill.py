@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from . import backend, dtypes
+from . import backend, dtypes, memory
 from .dtypes import DataType
 from .enums import LayoutType, OpKind
 from .errors import InvalidArguments
@@ -248,7 +248,10 @@ def _ints(rng, lo, hi, shape) -> np.ndarray:
 
 
 def _uniform(rng, lo, hi, shape) -> np.ndarray:
-    return rng.random(shape, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
+    values = rng.random(shape, dtype=np.float32)
+    values *= np.float32(hi - lo)  # in place: the same values as ``r * (hi - lo) + lo``
+    values += np.float32(lo)
+    return values
 
 
 def _zero_point(op, lowest: int, highest: int) -> int:
@@ -367,14 +370,57 @@ def fill_inputs(graph, seed: int = SEED, roles: dict | None = None) -> dict[int,
         if roles[tid].name == "stats":
             continue
         rng = np.random.default_rng([seed, tid])  # per tensor: adding an input changes nothing else
-        feeds[tid] = dtypes.convert(_values(graph, rng, lt, roles[tid]), lt.dtype)
-        if lt.encoding is not None:  # sparse: values the encoding can hold (n:m blocks pruned)
-            feeds[tid] = prune(feeds[tid], lt.encoding)
+        with _filling(lt, feeds, roles[tid]):
+            feeds[tid] = _convert(_values(graph, rng, lt, roles[tid]), lt.dtype)
+            if lt.encoding is not None:  # sparse: values the encoding can hold (n:m blocks pruned)
+                feeds[tid] = prune(feeds[tid], lt.encoding)
     for tid in graph.input_ids:
         if roles[tid].name == "stats":
             lt = graph.tensors[tid]
-            feeds[tid] = dtypes.convert(_stats(graph, feeds, roles[tid], lt), lt.dtype)
+            with _filling(lt, feeds, roles[tid]):
+                feeds[tid] = dtypes.convert(_stats(graph, feeds, roles[tid], lt), lt.dtype)
     return feeds
+
+
+def fill_bytes(lt: LogicalTensor, role: Role) -> int:
+    """What filling ``lt`` may hold at once: the values as made (int16 or f32,
+    with one temporary; a choice's int64 indices) and the tensor's own type."""
+    per_element = 12 if role.name in CHOICES else 8
+    if role.name == "stats":  # the reference scores in f64, and their exp
+        return memory.nbytes_of(lt.shape, np.float64) * 4
+    return math.prod(lt.shape) * per_element + memory.nbytes_of(lt.shape, dtypes.numpy_dtype(lt.dtype))
+
+
+class _filling(memory.working):
+    """One input's fill as a working block: its temporaries are checked against
+    the memory budget on top of the inputs filled so far, and the system's
+    refusal is OutOfMemory naming the tensor."""
+
+    def __init__(self, lt: LogicalTensor, feeds: dict, role: Role):
+        super().__init__(f"filling input tensor {lt.id} ({lt.dtype.name} {list(lt.shape)})",
+                         sum(a.nbytes for a in feeds.values()))
+        self.need = fill_bytes(lt, role)
+
+    def __enter__(self):
+        super().__enter__()
+        try:
+            memory.reserve(self.need, "its values and their temporaries")
+        except BaseException:
+            super().__exit__(None, None, None)
+            raise
+        return self
+
+
+def _convert(values: np.ndarray, dtype) -> np.ndarray:
+    """``dtypes.convert`` of made values, without its int64 temporaries for int16
+    values (the same results: int16 values clipped to the type's range)."""
+    info = dtypes.info(dtype)
+    if values.dtype == np.int16 and info.kind == "int" and info.np_dtype is not None:
+        np.clip(values, max(int(info.lowest), -2**15), min(int(info.highest), 2**15 - 1), out=values)
+        return values.astype(info.np_dtype)
+    if values.dtype == np.float32 and dtype == DataType.f32:
+        return values
+    return dtypes.convert(values, dtype)
 
 
 def reference_arrays(graph, feeds: dict, wanted=None) -> dict[int, np.ndarray]:
@@ -391,7 +437,8 @@ def reference_arrays(graph, feeds: dict, wanted=None) -> dict[int, np.ndarray]:
     ops = [graph.ops[i] for i in order]
     lts = {tid: _concrete(lt) for tid, lt in graph.tensors.items()}
     request = backend.CompileRequest(None, ops, lts, list(graph.input_ids), list(graph.output_ids), graph.fpmath)
-    return backend.reference_plan(request).run_arrays(feeds)
+    with memory.working(f"the reference run of the graph ({len(ops)} ops)", sum(a.nbytes for a in feeds.values())):
+        return backend.reference_plan(request).run_arrays(feeds)
 
 
 def _concrete(lt: LogicalTensor) -> LogicalTensor:

@@ -19,6 +19,7 @@ from .fpmath import FPMath
 from .graph import Graph
 from .infer import merge_shapes, propagate
 from .logical_tensor import LogicalTensor, dense_strides
+from . import memory
 from .memory import check_partition
 from .op import Op
 from .opset import OP_SCHEMAS
@@ -197,12 +198,16 @@ class Partition:
         for op in self.ops:
             for check in OP_SCHEMAS[op.kind].compile_checks:
                 check(op, [lts[lt.id].shape for lt in op.inputs])
-        check_partition(f"partition {self.id} ({self.get_kind()})", lts, self.input_ids, self.output_ids)
+        label = f"partition {self.id} ({self.get_kind()})"
+        need = check_partition(label, lts, self.input_ids, self.output_ids)
         request = backend.CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids) + self.bound_ids,
                                          list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
-        built = backend.compile_plan(request, f"partition {self.id}")
+        # the plan's own allocations (offsets, prepared copies, the warm-up's intermediates)
+        # count on top of the partition's tensors; its intermediates count as allocated
+        with memory.working(label, need.total - need.intermediates):
+            built = backend.compile_plan(request, f"partition {self.id}")
         plan = built.plan
-        compiled = CompiledPartition(self, request, plan, built.scratch_bytes, engine)
+        compiled = CompiledPartition(self, request, plan, built.scratch_bytes, engine, need)
         ms = (time.perf_counter() - start) * 1e3
         compiled.compile_ms = ms
         log(f"compile,partition {self.id},{self.get_kind()},{len(self.ops)} ops,"
@@ -277,8 +282,12 @@ class Partition:
 class CompiledPartition:
     """A partition compiled for concrete shapes: ``execute`` runs its plan."""
 
-    def __init__(self, partition: Partition, request, plan, scratch_bytes: int = 0, engine: Engine | None = None):
+    def __init__(self, partition: Partition, request, plan, scratch_bytes: int = 0, engine: Engine | None = None,
+                 need: memory.Need | None = None):
         self.partition = partition
+        #: what the partition's tensors take (memory.Need), checked at compile
+        self.need = need or memory.Need()
+        self._label = f"partition {partition.id} ({partition.get_kind()})"
         self.request = request
         self.plan = plan
         #: bytes of intermediates one execution takes (the scratchpad's size)
@@ -298,6 +307,13 @@ class CompiledPartition:
     @property
     def lts(self) -> dict[int, LogicalTensor]:
         return self.request.lts
+
+    @property
+    def held_bytes(self) -> int:
+        """What this compiled partition may keep between executes (the compiled-partition
+        cache's byte bound counts it): the prepared copies of its constants, as the
+        memory budget counts them."""
+        return self.need.constants
 
     def query_logical_tensor(self, tid: int) -> LogicalTensor:
         """The concrete logical tensor of an input or output port."""
@@ -468,6 +484,14 @@ class CompiledPartition:
         happens before the plan runs; a failed check leaves every output untouched.
         """
         scratch_memory, ins, outs = self._checked(stream, inputs, outputs, scratchpad)
+        with memory.working(self._label, self._counted()):
+            self._execute(stream, scratch_memory, ins, outs)
+
+    def _counted(self) -> int:
+        """Bytes of the partition's tensors a call holds before its plan allocates."""
+        return self.need.total - self.need.intermediates
+
+    def _execute(self, stream, scratch_memory, ins, outs) -> None:
         plan_ins, plan_outs = self._stage(ins, "input"), self._stage(outs, "output")
         reference = None
         if settings.check and self.plan.name != "reference":
@@ -518,22 +542,27 @@ class CompiledPartition:
 
         each_call.per_call_work = "execute"
         scratch_memory, ins, outs = self._checked(stream, inputs, outputs, scratchpad)
+        with memory.working(self._label, self._counted()):
+            return self._bind(each_call, scratch_memory, ins, outs)
+
+    def _bind(self, each_call, scratch_memory, ins, outs):
         staged = self._stage(ins, "input")  # constants (unpacked int4 weights) are staged once and kept
         if settings.check or settings.verbose or self._stage(outs, "output") is not outs or \
                 any(staged[t] is not ins[t] and ins[t].lt.property != PropertyType.constant for t in ins):
             return each_call
         ins = staged
         if self.scratch_bytes and scratch_memory is None:
-            scratch_memory = np.empty(self.scratch_bytes, np.uint8)
+            scratch_memory = memory.empty(self.scratch_bytes, np.uint8, "the scratchpad")
         fast = getattr(self.plan, "bind", None)
         with backend.scratch_arena(scratch_memory):
             runner = None if fast is None else fast(ins, outs)
         if runner is not None:
             return runner
-        plan_execute, arena = self.plan.execute, backend.scratch_arena
+        plan_execute, arena, work = self.plan.execute, backend.scratch_arena, memory.working
+        label, counted = self._label, self._counted()
 
         def plan_call():
-            with arena(scratch_memory):
+            with work(label, counted), arena(scratch_memory):
                 plan_execute(dict(ins), dict(outs))  # copies: a plan's dicts are its own
 
         plan_call.per_call_work = "plan"

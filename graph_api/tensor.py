@@ -34,7 +34,7 @@ import numbers
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, memory
 from .engine import Engine
 from .enums import LayoutType, PropertyType
 from .errors import InvalidArguments, InvalidDataType, InvalidShape, OutOfMemory
@@ -373,7 +373,10 @@ class Tensor:
     def staged(self, copy_values: bool) -> "Tensor":
         """A direct tensor of the same logical tensor over private memory,
         holding this tensor's values when ``copy_values`` (for inputs)."""
+        memory.reserve(self._flat_size * self._flat_dtype.itemsize,
+                       f"a staged copy of {'input' if copy_values else 'output'} tensor {self.lt.id}")
         stage = Tensor(self.lt, self.engine)
+        memory.track(stage.buffer)
         if copy_values:
             stage._store(stage.buffer, self.numpy())
         return stage

@@ -24,10 +24,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from graph_api import memory
 from graph_api.kernels.bits import (exp32, f32_to_bf16, f32_to_f16_bits, gelu_erf32, gelu_tanh32, round_bf16, round_f16,
                                     tanh32, vadd, vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
 from graph_api.kernels.weight_compressed.wmatmul import _ep_steps
+from graph_api.logical_tensor import dense_strides
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
                                SIGMOID, SILU, SUB, TANH, UNARY_FIRST)
 
@@ -484,13 +486,68 @@ def matmul_into(a, b, out) -> None:
 
 
 def element_offsets(shape, strides) -> np.ndarray:
-    """Element offset of every index of a strided tensor, as an array of ``shape``."""
-    off = np.zeros(tuple(shape), np.int64)
+    """Element offset of every index of a strided tensor, as an array of ``shape``
+    (one int64 per element: only for small tensors, :data:`TABLE_ELEMENTS`)."""
+    off = memory.zeros(tuple(shape), np.int64, "an offset table")
     for axis, (d, s) in enumerate(zip(shape, strides)):
         view = [1] * len(shape)
         view[axis] = d
-        off = off + (np.arange(d, dtype=np.int64) * s).reshape(view)
+        off += (np.arange(d, dtype=np.int64) * s).reshape(view)
     return off
+
+
+#: a layout that strides cannot express is checked on an offset table of at most
+#: this many elements (8 bytes each); larger ones are refused (the plan's reason)
+TABLE_ELEMENTS = 1 << 20
+
+
+def reshape_strides(shape, strides, new_shape):
+    """Strides that view the strided ``(shape, strides)`` as ``new_shape`` without
+    moving an element (numpy's no-copy reshape rule), or None when none exist."""
+    shape, new_shape = tuple(int(d) for d in shape), tuple(int(d) for d in new_shape)
+    if math.prod(shape) != math.prod(new_shape):
+        return None
+    if math.prod(shape) == 0:
+        return tuple(dense_strides(new_shape))
+    old = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    od, os_ = [d for d, _ in old], [s for _, s in old]
+    nd = list(new_shape)
+    result = [0] * len(nd)
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < len(nd) and oi < len(od):
+        np_, op = nd[ni], od[oi]
+        while np_ != op:
+            if np_ < op:
+                np_ *= nd[nj]
+                nj += 1
+            else:
+                op *= od[oj]
+                oj += 1
+        for k in range(oi, oj - 1):  # the old axes merged here must be one run
+            if os_[k] != od[k + 1] * os_[k + 1]:
+                return None
+        result[nj - 1] = os_[oj - 1]
+        for k in range(nj - 1, ni, -1):
+            result[k - 1] = result[k] * nd[k]
+        ni, nj, oi, oj = nj, nj + 1, oj, oj + 1
+    return tuple(result)  # trailing new dims of 1 keep stride 0: never stepped along
+
+
+def row_col_offsets(shape, strides):
+    """``(roff, coff)`` of a strided tensor seen as [R, N] (N its last dim): one
+    offset per row (over the leading dims) and per column, ``O(R + N)`` memory."""
+    N = int(shape[-1]) if len(shape) else 1
+    lead, lstr = tuple(shape[:-1]), tuple(strides[:-1])
+    R = math.prod(lead)
+    roff = memory.zeros(R, np.int64, "the output's row offsets")
+    view = roff.reshape(lead) if lead else roff
+    for axis, (d, s) in enumerate(zip(lead, lstr)):
+        if s:
+            idx = [1] * len(lead)
+            idx[axis] = d
+            view += (np.arange(d, dtype=np.int64) * s).reshape(idx)
+    coff = np.arange(N, dtype=np.int64) * (int(strides[-1]) if len(shape) else 0)
+    return roff, coff
 
 
 def separable(off2d: np.ndarray):

@@ -137,6 +137,43 @@ def dense_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def _store_offsets(store, layout, lts, shape, strides, R, N):
+    """``(roff, coff)``: where element [r, n] of the head's result goes in the
+    destination (``shape``, ``strides``) through the ``layout`` ops (reshapes and
+    transposes, applied from the destination back), or None when that is not
+    ``roff[r] + coff[n]``.  Stride arithmetic (``O(R + N)`` memory); a reshape
+    that strides cannot express is checked on a table of offsets, for at most
+    :data:`store.TABLE_ELEMENTS` elements."""
+    if R * N == 0:
+        return np.zeros(R, np.int64), np.zeros(N, np.int64)
+    strides = tuple(strides)
+    for op in reversed(layout):
+        if op.kind == K.StaticTranspose:
+            back = np.argsort([o % len(shape) for o in op.attrs["order"]])
+            shape, strides = tuple(shape[a] for a in back), tuple(strides[a] for a in back)
+            continue
+        new_shape = tuple(lts[op.inputs[0].id].shape)
+        new_strides = store.reshape_strides(shape, strides, new_shape)
+        if new_strides is None:
+            return _table_offsets(store, layout, lts, shape, strides, op, R, N)
+        shape, strides = new_shape, new_strides
+    return store.row_col_offsets(shape, strides)
+
+
+def _table_offsets(store, layout, lts, shape, strides, stuck, R, N):
+    """The general case of :func:`_store_offsets` from the op ``stuck`` on, on a table."""
+    if R * N > store.TABLE_ELEMENTS:
+        return None
+    off = store.element_offsets(shape, strides)
+    ops = list(reversed(layout))
+    for op in ops[ops.index(stuck):]:
+        if op.kind == K.StaticTranspose:
+            off = off.transpose(np.argsort([o % off.ndim for o in op.attrs["order"]]))
+        else:
+            off = off.reshape(lts[op.inputs[0].id].shape)
+    return store.separable(off.reshape(R, N))
+
+
 class ChainPlan:
     """Head (subclass) + epilogue store + reference steps around them.
 
@@ -172,15 +209,7 @@ class ChainPlan:
         self.dest_out = self.dest in request.output_ids
         strides = tuple(dest_lt.strides) if self.dest_out else dense_strides(dest_lt.shape)
         self.dest_dense = strides == dense_strides(dest_lt.shape)
-        off = store.element_offsets(dest_lt.shape, strides)
-        for op in reversed(walk.layout):
-            if op.kind == K.StaticTranspose:
-                order = [o % off.ndim for o in op.attrs["order"]]
-                off = off.transpose(np.argsort(order))
-            else:
-                off = off.reshape(lts[op.inputs[0].id].shape)
-        self.offsets = store.separable(off.reshape(self.R, self.N)) if off.size else \
-            (np.zeros(self.R, np.int64), np.zeros(self.N, np.int64))
+        self.offsets = _store_offsets(store, walk.layout, lts, tuple(dest_lt.shape), strides, self.R, self.N)
         #: columns stored consecutively (the store's run length), worked out once
         self.run_length = store.contiguous_run(self.offsets[1]) if self.offsets is not None else 1
         parts = [self.kernel]

@@ -409,3 +409,91 @@ def test_a_per_channel_axis_outside_the_shape_is_refused_at_add_op(axis):
                attrs={"qtype": "per_channel", "scales": [0.5] * 3, "zps": [0] * 3, "axis": axis})
     with pytest.raises(ga.InvalidGraphOp, match=f"axis={axis} is out of range for rank-2"):
         g.add_op(op)
+
+
+# ====================================================================== huge batch under a small budget (issue 33)
+#: the batch dim of the mutants; tensors of 2^20 rows passed the budget's
+#: tensor count and then failed as bare MemoryErrors in offset tables, the
+#: filler and the SDPA's buffers
+HUGE_BATCH = 1 << 20
+SMALL_BUDGET = 64 << 20
+#: the short version's share of the files (every n-th)
+HUGE_BATCH_EVERY_SHORT = 32
+
+
+def with_batch(doc, batch: int):
+    """``doc`` with every dim equal to its first tensor's leading dim set to ``batch``
+    (the batch, where the file has one), dense strides kept in their order; None
+    when no tensor has a positive leading dim."""
+    doc = copy.deepcopy(doc)
+    tensors = [t for t in _tensors(doc) if isinstance(t.get("shape"), list) and t["shape"]
+               and all(isinstance(d, int) for d in t["shape"])]
+    leading = [t["shape"][0] for t in tensors if t["shape"][0] > 0]
+    if not leading:
+        return None
+    for t in tensors:
+        if t["shape"][0] == leading[0]:
+            t["shape"][0] = batch
+        stride = t.get("stride")
+        if isinstance(stride, list) and len(stride) == len(t["shape"]) and all(d > 0 for d in t["shape"]):
+            order = sorted(range(len(stride)), key=lambda i: -stride[i] if isinstance(stride[i], int) else 0)
+            acc = 1
+            for axis in reversed(order):
+                stride[axis], acc = acc, acc * t["shape"][axis]
+    return doc
+
+
+def run_under_budget(path, budget: int | None) -> str:
+    """Load, fill, compile and run ``path`` under ``budget`` (None: the graph's own
+    counted need, so only what plans and the filler allocate can pass it)."""
+    from graph_api import memory
+
+    try:
+        prepared = prepare(path)
+        if budget is None:
+            need = memory.check_graph(prepared.graph, runnable(prepared.graph.get_partitions()))
+            budget = max(need.total, 1)
+        ga.set_memory_budget(budget)
+        execute(prepared)
+    except ga.OutOfMemory:
+        return "out of memory"
+    except GraphError:
+        return "other typed error"
+    finally:
+        ga.set_memory_budget(None)
+    return "ran"
+
+
+def fuzz_huge_batch(tmp_path, files) -> Counter:
+    outcomes, failures = Counter(), []
+    for path in files:
+        name = rel(path)
+        doc = json.loads(path.read_text())
+        for batch, budget, kind in ((HUGE_BATCH, SMALL_BUDGET, "2^20 batch, 64 MiB budget"),
+                                    (64, None, "batch 64, budget = the graph's counted tensors")):
+            mutated = with_batch(doc, batch)
+            if mutated is None:
+                outcomes["no batch dim"] += 1
+                continue
+            target = tmp_path / "huge-batch.json"
+            target.write_text(json.dumps(mutated))
+            try:
+                outcomes[run_under_budget(target, budget)] += 1
+            except Exception as err:  # noqa: BLE001 - the contract under test
+                outcomes["FAILED"] += 1
+                where = traceback.extract_tb(err.__traceback__)[-1]
+                failures.append(f"{name} ({kind}): {type(err).__name__}: {str(err)[:300]} "
+                                f"(at {where.filename.split('/')[-1]}:{where.lineno})")
+    print(f"\nhuge batch under a small budget: {len(files)} files: {dict(outcomes)}")
+    assert not failures, f"{len(failures)} mutants escaped the error hierarchy:\n" + "\n".join(failures)
+    return outcomes
+
+
+def test_huge_batch_under_a_small_budget_short(tmp_path):
+    outcomes = fuzz_huge_batch(tmp_path, FILES[::HUGE_BATCH_EVERY_SHORT])
+    assert outcomes["out of memory"] > 0
+
+
+@pytest.mark.long
+def test_huge_batch_under_a_small_budget_long(tmp_path):
+    fuzz_huge_batch(tmp_path, FILES)

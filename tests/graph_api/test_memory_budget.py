@@ -213,3 +213,148 @@ def test_cli_turns_an_unforeseen_memory_error_into_one_line(tmp_path, capsys, mo
     code = cli.main(["run", str(small)])
     out, err = capsys.readouterr()
     assert code == cli.EXIT_ERROR and err.count("\n") == 1 and "[out_of_memory]" in err
+
+
+# ---------------------------------------------------------------- what plans allocate (issue 33)
+def test_an_allocation_past_the_budget_in_a_working_block_names_it_and_the_bytes():
+    ga.set_memory_budget(1000)
+    with memory.working("partition 7 (demo)", counted=600) as work:
+        kept = memory.empty(300, np.uint8, "a buffer")
+        assert work.held == 0  # below the tracking size: checked, not tracked
+        with pytest.raises(ga.OutOfMemory) as err:
+            memory.empty(401, np.uint8, "the scratchpad")
+    assert "partition 7 (demo): the scratchpad needs 401 bytes (401 B); with the 600 bytes" in str(err.value)
+    assert "budget of 1,000 bytes" in str(err.value) and kept.size == 300
+
+
+def test_a_working_block_counts_what_it_holds_until_it_is_freed():
+    ga.set_memory_budget(3 << 20)
+    with memory.working("partition 1 (demo)") as work:
+        a = memory.empty(2 << 20, np.uint8, "a")
+        assert work.held == 2 << 20
+        with pytest.raises(ga.OutOfMemory, match="partition 1"):
+            memory.empty(2 << 20, np.uint8, "b")
+        del a
+        assert work.held == 0
+        memory.empty(2 << 20, np.uint8, "b")  # fits again
+    assert work.peak == 2 << 20
+
+
+def test_a_system_memory_error_in_a_working_block_is_out_of_memory_naming_it():
+    with pytest.raises(ga.OutOfMemory, match=r"partition 3 \(x\): the system refused an allocation"):
+        with memory.working("partition 3 (x)"):
+            raise MemoryError("Unable to allocate 4.5 GiB")
+
+
+def test_compile_turns_a_plans_memory_error_into_out_of_memory(monkeypatch):
+    """The epilogue's offset table (4.5 GiB for a 1.1 GiB tensor) failed as a bare
+    MemoryError at compile; any plan allocation that fails now names the partition."""
+    from graph_api.kernels import store
+
+    def refuse(*args, **kwargs):
+        raise MemoryError("Unable to allocate 4.50 GiB for an array with shape (1048576, 1152)")
+
+    monkeypatch.setattr(store, "row_col_offsets", refuse)
+    monkeypatch.setattr(store, "element_offsets", refuse)
+    with pytest.raises(ga.OutOfMemory, match=r"partition 0 \(.*\): the system refused an allocation"):
+        compile_only(matmul_relu(4, 8, 5))
+
+
+def test_compile_does_not_skip_a_warm_up_that_ran_out_of_memory(monkeypatch):
+    """The warm-up swallowed every exception (a MemoryError too) and compile
+    succeeded; execute would then fail the same way."""
+    from graph_api import backend
+
+    def refuse(plan, request):
+        raise MemoryError("Unable to allocate")
+
+    monkeypatch.setattr(backend, "_run_on_placeholders", refuse)
+    monkeypatch.setattr(backend, "_WARMED", type(backend._WARMED)())
+    with pytest.raises(ga.OutOfMemory, match=r"partition 0 "):
+        compile_only(matmul_relu(4, 8, 6))
+
+
+def tensors_for(cp, part, rng):
+    ins = [ga.Tensor(cp.query_logical_tensor(t), None,
+                     rng.standard_normal(cp.query_logical_tensor(t).shape).astype(np.float32))
+           for t in part.input_ids]
+    return ins, [ga.Tensor(cp.query_logical_tensor(t)) for t in part.output_ids]
+
+
+def test_execute_turns_a_plans_memory_error_into_out_of_memory(monkeypatch):
+    g = matmul_relu(4, 8, 7)
+    (part,) = g.get_partitions()
+    cp = compile_only(g)
+    ins, outs = tensors_for(cp, part, np.random.default_rng(0))
+
+    def refuse(inputs, outputs):
+        raise MemoryError("Unable to allocate 93.1 GiB")
+
+    monkeypatch.setattr(cp.plan, "execute", refuse)
+    with pytest.raises(ga.OutOfMemory, match=r"partition 0 \(.*\): the system refused an allocation"):
+        cp.execute(ga.Stream(ga.Engine()), ins, outs)
+
+
+def test_execute_counts_intermediates_against_the_budget():
+    """The fused plan's f32 intermediate (1 MiB) is taken at execute: past the
+    budget it is refused, naming the partition and the bytes; the scratchpad an
+    engine's allocator gives is counted the same way."""
+    g = matmul_relu(512, 8, 512)
+    (part,) = g.get_partitions(ga.PartitionPolicy.fusion)
+    cp = compile_only(g)
+    ins, outs = tensors_for(cp, part, np.random.default_rng(1))
+    stream = ga.Stream(ga.Engine())
+    cp.execute(stream, ins, outs)
+    if not cp.scratch_bytes:
+        pytest.skip(f"plan {cp.plan.name} takes no scratchpad here")
+    ga.set_memory_budget(cp.need.total - cp.need.intermediates + cp.scratch_bytes // 2)
+    with pytest.raises(ga.OutOfMemory, match=r"partition 0 \(.*\): an intermediate needs 1,048,576 bytes"):
+        cp.execute(stream, ins, outs)
+    stream = ga.Stream(ga.Engine(allocator=ga.Allocator()))
+    with pytest.raises(ga.OutOfMemory, match=rf"partition 0 \(.*\): the scratchpad needs {cp.scratch_bytes:,} bytes"):
+        cp.execute(stream, ins, outs)
+
+
+def input_graph(shape, dtype=dt.f32):
+    g = ga.Graph()
+    g.add_op(ga.Op(0, K.ReLU, [lt(0, list(shape), dtype)], [lt(1, list(shape), dtype)]))
+    g.finalize()
+    return g
+
+
+def test_fill_checks_its_temporaries_against_the_budget_naming_the_tensor():
+    from graph_api import fill
+
+    g = input_graph((1024, 1024))  # 4 MiB of f32; its fill holds 12 MiB at most
+    ga.set_memory_budget(8 << 20)
+    with pytest.raises(ga.OutOfMemory, match=r"filling input tensor 0 \(f32 \[1024, 1024\]\): its values"):
+        fill.fill_inputs(g)
+    ga.set_memory_budget(16 << 20)
+    assert fill.fill_inputs(g)[0].shape == (1024, 1024)
+
+
+def test_fill_turns_the_systems_refusal_into_out_of_memory(monkeypatch):
+    from graph_api import fill
+
+    def refuse(*args):
+        raise MemoryError("Unable to allocate 4.00 GiB")
+
+    monkeypatch.setattr(fill, "_uniform", refuse)
+    with pytest.raises(ga.OutOfMemory, match=r"filling input tensor 0 .*the system refused an allocation"):
+        fill.fill_inputs(input_graph((4, 4)))
+
+
+def test_sdpa_working_memory_counts_against_the_budget_at_execute():
+    """The SDPA's split partials and merge buffers (a bare MemoryError at run in
+    kernels/sdpa with a batch of 2^20) are taken through the budget."""
+    from ..patterns import graphs
+
+    g = graphs.sdpa(mask=None, s=64)
+    (part,) = g.get_partitions()
+    cp = compile_only(g)
+    ins, outs = tensors_for(cp, part, np.random.default_rng(2))
+    stream = ga.Stream(ga.Engine())
+    cp.execute(stream, ins, outs)
+    ga.set_memory_budget(cp.need.total - cp.need.intermediates + 64)
+    with pytest.raises(ga.OutOfMemory, match=r"partition 0 \(sdpa\): the SDPA .* needs \d+ bytes"):
+        cp.execute(stream, ins, outs)
