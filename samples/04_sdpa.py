@@ -4,7 +4,9 @@
            -> SoftMax -> @ V
 
 The causal mask is written with ops (oneDNN's implicit-causal form), so no S x S mask
-tensor exists. GQA keeps K/V with fewer heads and broadcasts them over a head group
+tensor exists. The prefill runs once more under fpmath ``bf16``: Q, K, V and the
+probabilities are rounded to bf16 and both products run on the host's bf16 unit
+(AVX512_BF16 ``vdpbf16ps``; kernels/sdpa/prefill_bf16.py) where it has one. GQA keeps K/V with fewer heads and broadcasts them over a head group
 through a 5-D batch ([B, Hkv, group, S, D] x [B, Hkv, 1, S, D]); MQA is GQA with one KV
 head. The fused kernel reads each K/V head once per group. Every result is compared with
 a float64 numpy computation.
@@ -22,8 +24,8 @@ from graph_api import GraphBuilder
 from samples import gallery
 
 
-def attention_graph(q_shape, kv_shape, causal: bool):
-    b = GraphBuilder()
+def attention_graph(q_shape, kv_shape, causal: bool, fpmath: str = "strict"):
+    b = GraphBuilder(fpmath)
     q, k, v = b.input(dt.f32, q_shape), b.input(dt.f32, kv_shape), b.input(dt.f32, kv_shape)
     scale = b.constant(np.array([np.sqrt(q_shape[-1])], np.float32))
     s = b.divide(b.matmul(q, k, transpose_b=True), scale)
@@ -46,8 +48,8 @@ def reference(q, k, v, causal: bool) -> np.ndarray:
     return (e / e.sum(-1, keepdims=True)) @ v
 
 
-def run(title, q_shape, kv_shape, causal, rng, repeat):
-    b = attention_graph(q_shape, kv_shape, causal)
+def run(title, q_shape, kv_shape, causal, rng, repeat, fpmath="strict"):
+    b = attention_graph(q_shape, kv_shape, causal, fpmath)
     model = b.compile()
     q = rng.standard_normal(q_shape).astype(np.float32)
     k = rng.standard_normal(kv_shape).astype(np.float32)
@@ -59,8 +61,17 @@ def run(title, q_shape, kv_shape, causal, rng, repeat):
     ms = (time.perf_counter() - start) / repeat * 1e3
     gallery.graph(title, b.graph, model.partitions, model.kernels)
     print(f"  {ms:.3f} ms per call")
-    # f32 kernel vs float64: softmax weights and the V sum each lose a few f32 ulps
-    gallery.error(f"{title}, max abs vs numpy f64", float(np.abs(out - reference(q, k, v, causal)).max()), 2e-5)
+    # f32 kernel vs float64: softmax weights and the V sum each lose a few f32 ulps.  Under
+    # bf16 the reference takes the bf16 roundings of Q, K, V (what the mode multiplies);
+    # the probabilities enter P V rounded to bf16: <= 2**-8 relative each, times |v| < 4.5
+    if fpmath == "strict":
+        want, limit = reference(q, k, v, causal), 2e-5
+    else:
+        import ml_dtypes
+
+        want = reference(*(x.astype(ml_dtypes.bfloat16) for x in (q, k, v)), causal)
+        limit = 4.5 * 2.0 ** -8
+    gallery.error(f"{title}, max abs vs numpy f64", float(np.abs(out - want).max()), limit)
 
 
 def main(small: bool = False) -> None:
@@ -68,6 +79,11 @@ def main(small: bool = False) -> None:
     s, d, hq, hkv, kv_len = (16, 32, 8, 2, 64) if small else (512, 128, 32, 8, 4096)
     repeat = 1 if small else 5
     run(f"causal SDPA prefill, {hq} heads, S={s}", (1, hq, s, d), (1, hq, s, d), True, rng, repeat)
+    from graph_api.kernels.sdpa import prefill_bf16
+
+    unit = "vdpbf16ps" if prefill_bf16.AVAILABLE else "no bf16 unit: the reference per-op plans"
+    run(f"the same under fpmath bf16 ({unit}), S={max(s, 32)}", (1, hq, max(s, 32), d), (1, hq, max(s, 32), d),
+        True, rng, repeat, "bf16")
     group = hq // hkv
     run(f"GQA decode, {hq} query heads over {hkv} KV heads, L={kv_len}",
         (1, hkv, group, 1, d), (1, hkv, 1, kv_len, d), False, rng, repeat)

@@ -239,7 +239,7 @@ class QuantMatmulPlan(ChainPlan):
             acc = self._gemm(arrays)
             out = buf.view(np.uint16) if self.okind in (1, 2) else buf
             qmatmul.store(acc, self.colscale, out, self.offsets[0], self.offsets[1], self.okind,
-                          self.epilogue(arrays), self.qs, self.qz, *self.qrange)
+                          self.epilogue(arrays), self.qs, self.qz, *self.qrange, run=self.run_length)
         self.finish(buf, arrays, outputs)
 
 
