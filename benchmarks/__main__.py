@@ -25,7 +25,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="subset, < 2 minutes")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.md"))
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--only", default="", help="comma list: int4,prefill,matmul,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,cnn,sparse,sdpa_quantized,sdpa_backward,onnx,torch_frontend")
+    ap.add_argument("--only", default="", help="comma list: int4,prefill,matmul,sdpa,sdpa_bf16,prefill_sdpa,compile,overhead,decoder,bert,qmatmul,moe,cnn,sparse,sdpa_quantized,sdpa_backward,onnx,torch_frontend")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     want = lambda k: not only or k in only
@@ -123,6 +123,12 @@ def main(argv=None):
 
         n0 = len(rows)
         qmatmul.bench_qmatmul(rows, args.quick, peers_on)
+        _print(rows[n0:])
+    if want("moe"):
+        from benchmarks import moe
+
+        n0 = len(rows)
+        moe.bench_moe(rows, args.quick, peers_on)
         _print(rows[n0:])
     if want("onnx"):
         from benchmarks import onnx_frontend

@@ -229,8 +229,11 @@ class Partition:
                 raise InvalidArguments(
                     f"partition {self.id}: input tensor {tid} ({port!r}) is missing from compile inputs")
             if lt.dtype != port.dtype:
+                reader = next((op for op in self.ops if any(x.id == tid for x in op.inputs)), None)
+                at = f" ({op_label(reader)} reads it)" if reader is not None else ""
                 raise InvalidDataType(
-                    f"partition {self.id}: input tensor {tid} is {lt.dtype.name}, the graph says {port.dtype.name}")
+                    f"partition {self.id}: input tensor {tid}{at} is {lt.dtype.name}, the graph says "
+                    f"{port.dtype.name}")
             if lt.layout not in (LayoutType.strided, LayoutType.undef) and lt.property != PropertyType.host_scalar:
                 raise InvalidArguments(
                     f"partition {self.id}: input tensor {tid} must have a strided layout, got {lt.layout.name}")

@@ -66,6 +66,12 @@ def _gated_mlp(request):
     return mlp_plan.build(request)
 
 
+def _grouped(request):
+    from .grouped import plan as grouped_plan
+
+    return grouped_plan.build(request)
+
+
 def _sdpa(request):
     from .sdpa import plan as sdpa_plan
 
@@ -138,6 +144,7 @@ KERNELS: dict[tuple, Builder] = {
         P.BINARY_POST_OPS, P.ELTWISE_POST_OPS, P.SOFTMAX_POST_OPS, P.LAYERNORM_POST_OPS,
         P.REDUCTION_POST_OPS, P.RECIPROCAL_MULTIPLY, P.TYPECAST_QUANTIZE, P.REORDER_SUM, P.X8_REORDER)},
     (P.GATED_MLP, "*", "*"): _gated_mlp,
+    (P.GROUPED_MATMUL, "*", "*"): _grouped,  # the experts of a mixture-of-experts layer
     (P.SDPA, "*", "*"): _sdpa,
     (P.SDPA_COMPRESSED, "*", "*"): _sdpa,
     (P.SDPA_GQA, "*", "*"): _sdpa,

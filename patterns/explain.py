@@ -20,6 +20,7 @@ import networkx as nx
 from graph_api.errors import op_label
 
 from .library import PATTERNS
+from .pattern import Group
 from .library.sparse import SPARSE_PATTERN_NAMES, sparse_op_ids
 from .matcher import Trace
 from .partitioner import find_fusion, fuse
@@ -80,7 +81,8 @@ def explain_op(graph, op_id: int, attempts: _Attempts) -> Explanation:
     op = graph.ops[op_id]
     result = Explanation(op_id, op.kind.name)
     patterns = attempts.patterns
-    candidates = [rank for rank, p in enumerate(patterns) if op.kind in p.op_kinds()]
+    # a Group takes a whole graph or nothing (no near miss to explain per op)
+    candidates = [rank for rank, p in enumerate(patterns) if op.kind in p.op_kinds() and not isinstance(p, Group)]
     if not candidates:
         result.reason = f"no pattern has a {op.kind.name} op"
         return result

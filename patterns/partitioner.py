@@ -13,6 +13,10 @@ acceptable when
 * contracting it into one node keeps the partition graph acyclic (checked
   with networkx on the graph condensed by the partitions chosen so far).
 
+A :class:`~graph_api.patterns.pattern.Group` (the grouped MatMul) runs at its
+priority like a pattern: :func:`find_group` takes the whole graph as its
+template's instances, each found by :func:`find_fusion`, or nothing.
+
 Ops no pattern takes become single-op partitions; ``PartitionPolicy.debug``
 gives single-op partitions only.
 """
@@ -29,6 +33,7 @@ from graph_api.errors import op_label
 from .library import PATTERNS
 from .library.sparse import SPARSE_PATTERN_NAMES, sparse_op_ids
 from .matcher import Match, Trace, iter_matches, weight
+from .pattern import Group
 
 #: matches tried per (pattern, anchor) before giving up on that anchor
 MAX_CANDIDATES = 64
@@ -125,6 +130,42 @@ def find_fusion(graph, pattern, anchor: int, owner: dict, taken: dict,
     return None
 
 
+def find_group(graph, group: Group, topo: list[int], taken: dict) -> tuple | str:
+    """(template, instance matches in topological order) when the whole graph is
+    ``group.min..max`` unconnected instances of one of ``group.templates``, else
+    why not (oneDNN's group matching, branch gmm-poc: a group covers the graph)."""
+    if taken or len(graph.ops) < group.min:
+        return f"a {group.name} group takes the whole graph, {group.min} or more experts"
+    position = {op_id: i for i, op_id in enumerate(topo)}
+    why = f"the graph is not {group.min}..{group.max} instances of one template"
+    for template in group.templates:
+        anchors = template.anchor_kinds()
+        claimed: dict[int, str] = {}
+        matches = []
+        for anchor in reversed(topo):
+            if anchor in claimed or graph.ops[anchor].kind not in anchors:
+                continue
+            match = find_fusion(graph, template, anchor, {}, claimed)
+            if match is None:
+                break
+            matches.append(match)
+            claimed.update(dict.fromkeys(match.op_ids, template.name))
+        if len(claimed) != len(graph.ops) or not group.min <= len(matches) <= group.max:
+            continue
+        owner = {op_id: n for n, m in enumerate(matches) for op_id in m.op_ids}
+        if any(owner[u] != owner[v] for u, v in graph.nx.edges()):
+            why = f"instances of {template.name} are connected"
+            continue
+        matches.sort(key=lambda m: min(position[o] for o in m.op_ids))
+        experts = [m.bindings for m in matches]
+        failed = next((c for c in group.checks if not c.fn(experts, graph)), None)
+        if failed is not None:
+            why = f"whole-group condition '{failed.text}' fails"
+            continue
+        return template, matches
+    return why
+
+
 def _region_kinds(graph) -> dict[int, frozenset]:
     """Op id -> the op kinds of its weakly connected part of the graph: every op
     a match anchored there can bind lies in that part."""
@@ -144,6 +185,19 @@ def fuse(graph, patterns, topo: list[int]) -> tuple[list[Fusion], dict]:
     sparse = sparse_op_ids(graph)  # seed 003: ops on sparse tensors join sparse patterns only
     region_kinds = _region_kinds(graph)
     for pattern in patterns:
+        if isinstance(pattern, Group):
+            found = find_group(graph, pattern, topo, {**sparse, **taken})
+            if isinstance(found, str):
+                continue
+            template, matches = found
+            key = ("fusion", len(fusions))
+            ops = [o for m in matches for o in m.op_ids]
+            for op_id in ops:
+                owner[op_id] = key
+                taken[op_id] = pattern.name
+            bindings = {"template": template.name, "experts": [m.bindings for m in matches]}
+            fusions.append(Fusion(sorted(ops, key=position.get), pattern, bindings))
+            continue
         anchors = pattern.anchor_kinds()
         required = pattern.required_kinds()
         blocked = taken if not sparse or pattern.name in SPARSE_PATTERN_NAMES else {**sparse, **taken}

@@ -23,7 +23,9 @@ match's ``bindings``) and says:
 see the same tensor (the gated MLP's shared ``src``).  :class:`Repeat` is a
 repeated chain ``{body}*min..max`` (at most :data:`MAX_REPETITION`), each
 repetition one of several small :class:`Body` graphs entered at :data:`ENTRY`;
-``Repeat(min=1, max=1)`` is an alternation of sub-graphs.
+``Repeat(min=1, max=1)`` is an alternation of sub-graphs.  A :class:`Group` is
+not a graph but a partition-level grouping: unconnected instances of template
+patterns (the experts of a grouped MatMul) as one partition.
 
 Whole-match conditions (:class:`Check`) see the bindings.  The matcher is in
 :mod:`graph_api.patterns.matcher`, the partitioner in :mod:`graph_api.patterns.partitioner`.
@@ -244,6 +246,46 @@ class Pattern:
                 for n in body.nodes:
                     kinds |= n.kinds
         return frozenset(kinds)
+
+
+@dataclass(frozen=True)
+class Group:
+    """``{template}*min..max``: unconnected instances of one pattern as one partition.
+
+    oneDNN's ``pb_graph_t::append_group(template, min, max)`` (branch
+    lvtao/main/gmm-poc, commit 49219738cf: a group node matches disconnected
+    instances of a template graph).  As there, a group forms only when its
+    instances are *the whole graph*: ``min..max`` instances of one of
+    ``templates`` (tried in order, biggest first), matched by the one matcher
+    (:func:`graph_api.patterns.partitioner.find_fusion`), every op in exactly one
+    instance, no tensor passing from one instance to another.  ``checks`` are
+    :class:`Check` s on the list of the instances' bindings.  The partition's
+    bindings are ``{"template": name, "experts": [bindings per instance]}``,
+    instances in the graph's topological order.
+    """
+
+    name: str
+    priority: float
+    templates: tuple
+    min: int = 2
+    max: int = 1024
+    checks: tuple = ()
+    doc: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "templates", tuple(self.templates))
+        object.__setattr__(self, "checks", tuple(self.checks))
+        if not 1 <= self.min <= self.max:
+            raise ValueError(f"group {self.name!r}: need 1 <= min <= max")
+
+    def op_kinds(self) -> frozenset:
+        return frozenset().union(*(t.op_kinds() for t in self.templates))
+
+    def anchor_kinds(self) -> frozenset:
+        return frozenset().union(*(t.anchor_kinds() for t in self.templates))
+
+    def required_kinds(self) -> tuple:
+        return ()
 
 
 # ---------------------------------------------------------------- predicates

@@ -32,6 +32,7 @@ SAMPLES = [
     "16_sparse_weights",
     "17_torch_compile",
     "18_onnx_import",
+    "19_moe_int4",
 ]
 
 

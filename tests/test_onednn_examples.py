@@ -28,9 +28,9 @@ These are all the CPU examples of oneDNN's main branch (the others there,
 ``gpu_opencl_*`` and ``sycl_*``, need a GPU or SYCL runtime). Examples found only on
 oneDNN development branches follow, each marked with its branch and commit:
 ``int8_sdpa.cpp`` and ``fp8_sdpa.cpp`` (scalar ``scales``/``zps`` attributes),
-``matmul_sel.cpp``, ``multiple_binary_ops.cpp``; ``grouped_matmul.cpp`` and
-``sdpa_dynamic_quantized.cpp`` and ``sdpa_training.cpp`` are strict xfails naming
-what is missing.
+``matmul_sel.cpp``, ``multiple_binary_ops.cpp``, ``grouped_matmul.cpp`` (one
+``grouped_matmul`` partition); ``sdpa_dynamic_quantized.cpp`` and ``sdpa_training.cpp``
+are strict xfails naming what is missing.
 """
 import itertools
 import math
@@ -2144,9 +2144,6 @@ def grouped_matmul(ekind, k=256, n=1024):
     return partitions, ts_inputs, ts_outputs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "no grouped-MatMul partition: the pattern library fuses connected subgraphs only, so the "
-    "eight independent MatMuls give eight single-op partitions where the gmm-poc branch gives one"))
 def test_grouped_matmul_example():
     partitions, ts_inputs, ts_outputs = grouped_matmul(ga.EngineKind.cpu, k=64, n=96)  # k 256, n 1024: reduced
     assert len(partitions) == 1, [(p.get_kind(), sorted(p.get_ops())) for p in partitions]
@@ -2156,9 +2153,9 @@ def test_grouped_matmul_example():
         np.testing.assert_array_equal(ts_dst.numpy(), a @ b)
 
 
-def test_grouped_matmul_graph_runs_as_eight_partitions():
-    """What the grouped_matmul.cpp graph gives today: one single-op partition per
-    MatMul, each run with the example's loop and checked."""
+def test_grouped_matmul_graph_is_one_grouped_partition_in_the_examples_loop():
+    """The grouped_matmul.cpp graph is one ``grouped_matmul`` partition (the gmm-poc
+    branch's group pass), run with the examples' loop (shapes known only at compile)."""
     graph = ga.Graph(ga.EngineKind.cpu)
     m, k, n = [10, 20, 30, 40, 50, 60, 70, 80], 64, 96
     for i in range(8):
@@ -2166,7 +2163,8 @@ def test_grouped_matmul_graph_runs_as_eight_partitions():
                                             logical_tensor(8 + i, dt.f32, [k, n], layout_type.strided)],
                         [logical_tensor(16 + i, dt.f32, [m[i], n], layout_type.strided)], f"mm_{i}"))
     graph.finalize()
-    assert sorted(sorted(p.get_ops()) for p in graph.get_partitions()) == [[100 + i] for i in range(8)]
+    assert [(p.get_kind(), sorted(p.get_ops())) for p in graph.get_partitions()] == \
+        [("grouped_matmul", [100 + i for i in range(8)])]
     rng = np.random.default_rng(5)
     shapes = {**{i: [m[i], k] for i in range(8)}, **{8 + i: [k, n] for i in range(8)}}
     data = {i: rng.integers(-4, 5, s).astype(np.float32) for i, s in shapes.items()}

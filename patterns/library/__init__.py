@@ -7,6 +7,8 @@ oneDNN spreads over several passes are one pattern here with optional nodes.
 prio   pattern                 oneDNN passes
 =====  ======================  =============================================
 30.0   composite               (extension: a Composite op with a fast kernel)
+25.0   grouped_matmul          grouped_matmul (branch gmm-poc; a Group: the whole graph as
+                               unconnected experts, extended to compressed and gated ones)
 22.1   gated_mlp               quantized_gated_mlp(_v1), gated_mlp(_v1)
 22.0   sdpa_quantized          x8_sdpa, int8_bf16_sdp, int8_*_gpt_sdp
 22.0   sdpa_compressed         sdp_with_compressed_{k,v,kv}
@@ -56,6 +58,7 @@ from .matmul import (BINARY_MATMUL_BINARY, MATMUL_COMPRESSED, MATMUL_DROPOUT, MA
 from .misc import (BINARY_POST_OPS, ELTWISE_POST_OPS, LAYERNORM_POST_OPS, RECIPROCAL_MULTIPLY,
                    REDUCTION_POST_OPS, REORDER_SUM, SOFTMAX_POST_OPS, TYPECAST_QUANTIZE, X8_REORDER)
 from .mlp import GATED_MLP
+from .moe import GROUPED_MATMUL
 from .sparse import SPARSE_MATMUL_POST_OPS
 from .sdpa import (MQA_JAX, SDPA, SDPA_BACKWARD, SDPA_COMPRESSED, SDPA_GQA, SDPA_JAX,
                    SDPA_QUANTIZED)
@@ -63,6 +66,7 @@ from .sdpa import (MQA_JAX, SDPA, SDPA_BACKWARD, SDPA_COMPRESSED, SDPA_GQA, SDPA
 #: every pattern, highest priority first (ties keep the order written here)
 PATTERNS = [
     COMPOSITE,
+    GROUPED_MATMUL,
     GATED_MLP,
     SDPA_QUANTIZED, SDPA_COMPRESSED,
     SDPA_GQA,

@@ -11,7 +11,7 @@ import graph_api as ga
 from graph_api import backend
 from graph_api.kernels import registry
 from graph_api.patterns.library import PATTERNS
-from graph_api.patterns.pattern import Pattern
+from graph_api.patterns.pattern import Group, Pattern
 from tests.patterns.test_cnn_patterns import CNN_CANONICAL
 from tests.patterns.test_library import CANONICAL
 
@@ -40,7 +40,7 @@ def test_every_registered_kernel_names_a_library_pattern_object():
     for key in registry.KERNELS:
         if key == registry.DOT_KEY:  # MatMul algorithms / maps of any pattern, asked first
             continue
-        assert isinstance(key[0], Pattern) and any(key[0] is p for p in PATTERNS), key
+        assert isinstance(key[0], (Pattern, Group)) and any(key[0] is p for p in PATTERNS), key
 
 
 @pytest.fixture(scope="module")
@@ -79,5 +79,8 @@ def test_every_role_a_builder_reads_is_a_node_of_its_pattern(roles_read):
     assert set(roles_read) == set(served), "a registered pattern's builder never ran on a canonical graph"
     for name, roles in roles_read.items():
         builder = served[name][1]
-        nodes = {node.name for pattern, other in served.values() if other is builder for node in pattern.nodes}
+        # a Group's bindings are its template name and the experts' own bindings
+        nodes = {node.name for pattern, other in served.values() if other is builder
+                 for node in getattr(pattern, "nodes", ())} | \
+            ({"template", "experts"} if isinstance(served[name][0], Group) else set())
         assert roles <= nodes, f"{name}: the builder reads {sorted(roles - nodes)}, not nodes of its patterns"

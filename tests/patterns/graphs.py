@@ -503,3 +503,34 @@ def composite(name="rms_norm"):
     inputs = [g.input((4, 16))] + ([g.input((16,))] if name == "rms_norm" else [])
     g.op(K.Composite, *inputs, attrs={"name": name}, name="composite")
     return g.done()
+
+
+def grouped_matmul(expert="matmul", ms=(3, 0, 5), k=16, n=32, weights=None, mismatch=None, connect=False,
+                   extra=None):
+    """Unconnected experts (the grouped_matmul Group): ``expert`` 'matmul' (src [m, k] @
+    [dequant]W [k, n]) or 'gated' (a gated MLP per expert, hidden k, intermediate n).
+    ``mismatch='k'``: the last expert has K 2k; ``connect``: expert 1 reads expert 0's
+    output; ``extra``: an op kind added on expert 0's output (the group no longer is
+    the whole graph)."""
+    g = G("strict", bool(weights))
+    outs = []
+    for e, m in enumerate(ms):
+        kk = 2 * k if mismatch == "k" and e == len(ms) - 1 else k
+
+        def weight(shape, name):
+            if weights is None:
+                return g.input(shape)
+            return _dequant(g, shape, weights, dt.f32, axis=0, name=name, group=8)
+
+        x = outs[0] if connect and e == 1 else g.input((m, kk))
+        if expert == "gated":
+            gate = g.op(K.MatMul, x, weight((kk, n), f"gate_w{e}"), name=f"gate{e}")
+            a = g.op(K.Multiply, gate, g.op(K.Sigmoid, gate, name=f"sigmoid{e}"), name=f"swish{e}")
+            up = g.op(K.MatMul, x, weight((kk, n), f"up_w{e}"), name=f"up{e}")
+            h = g.op(K.Multiply, a, up, name=f"gate_mul{e}")
+            outs.append(g.op(K.MatMul, h, weight((n, kk), f"down_w{e}"), name=f"down{e}"))
+        else:
+            outs.append(g.op(K.MatMul, x, weight((kk, kk if connect else n), f"w{e}"), name=f"expert{e}"))
+    if extra is not None:
+        g.op(extra, outs[0], name="extra")
+    return g.done()

@@ -105,6 +105,11 @@ CANONICAL = [
      lambda: gr.small("typecast", (), ("quantize",), dtype=dt.bf16)),
     ("x8-reorder", "x8_reorder", lambda: gr.small("x8_reorder", (), ("quantize",), dtype=dt.s8)),
     ("reorder-sum", "reorder_sum", lambda: gr.small("reorder", ("add",))),
+    # ---- grouped MatMul / mixture of experts (a Group: the whole graph) ----
+    ("moe-f32-experts", "grouped_matmul", lambda: gr.grouped_matmul()),
+    ("moe-s4-experts", "grouped_matmul", lambda: gr.grouped_matmul(weights=dt.s4)),
+    ("moe-u8-gated-experts", "grouped_matmul", lambda: gr.grouped_matmul("gated", weights=dt.u8)),
+    ("moe-f32-gated-experts", "grouped_matmul", lambda: gr.grouped_matmul("gated", ms=(2, 4))),
     # ---- CNN training ----
     ("bn-bwd-relu-bwd-ncx", "batchnorm_bwd_relu_bwd", lambda: gr.bn_bwd_relu_bwd()),
     ("bn-bwd-relu-bwd-nxc-no-gamma", "batchnorm_bwd_relu_bwd",
@@ -184,6 +189,27 @@ BROKEN = [
     ("layernorm-used-outside", lambda: gr.small("layernorm", ("relu",), leak="first"),
      "layernorm_post_ops", "first", "outside the match"),
 ]
+
+
+@pytest.mark.parametrize("factory,want", [
+    pytest.param(lambda: gr.grouped_matmul(mismatch="k"), ["single op"] * 3, id="experts-differ-in-k"),
+    pytest.param(lambda: gr.grouped_matmul(connect=True, n=16), ["single op"] * 3, id="experts-connected"),
+    pytest.param(lambda: gr.grouped_matmul(extra=K.ReLU), ["matmul_post_ops", "single op", "single op"],
+                 id="not-the-whole-graph"),
+    pytest.param(lambda: gr.grouped_matmul(ms=(4,)), ["single op"], id="one-expert"),
+    pytest.param(lambda: gr.grouped_matmul("gated", ms=(2,)), ["gated_mlp"], id="one-gated-expert"),
+])
+def test_grouped_matmul_forms_only_from_the_whole_graph_of_agreeing_experts(factory, want):
+    assert sorted(kinds(factory())) == sorted(want)
+
+
+def test_grouped_matmul_bindings_list_the_experts_in_order():
+    graph = gr.grouped_matmul("gated", weights=dt.s4, ms=(1, 2))
+    (part,) = graph.get_partitions()
+    b = part.fusion.bindings
+    assert b["template"] == "gated_mlp" and len(b["experts"]) == 2
+    assert [e["down_matmul"] for e in b["experts"]] == sorted(e["down_matmul"] for e in b["experts"])
+    assert all(e["gate_wei_dequant"] is not None for e in b["experts"])
 
 
 def _bmb_bf16_out():
