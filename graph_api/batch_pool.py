@@ -137,7 +137,7 @@ class ProcessPool(concurrent.futures.Executor):
         threads = threads or max(1, cores() // workers)
         self._env = {name: str(threads) for name in THREAD_ENV if name not in os.environ}
         self._context = multiprocessing.get_context("spawn")
-        self._tasks = queue.SimpleQueue()  # (future, fn, args, kwargs); None = stop
+        self._tasks = queue.SimpleQueue()  # (future, fn, args, kwargs), or ("finish",) / ("cancel",)
         self._pending = collections.deque()  # submitted, not yet sent to a worker
         self._wake_read, self._wake_write = self._context.Pipe(duplex=False)
         self._workers = [self._start() for _ in range(workers)]
