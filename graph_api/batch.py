@@ -474,7 +474,7 @@ def run_case(case: Case, root: Path, max_elements: int = MAX_ELEMENTS) -> Outcom
 
     path = Path(root) / case.path
     if not path.is_file():
-        return Outcome(case, "missing", f"{case.path} is not in {root}")
+        return missing(case, root)
     knobs = dict(case.knobs)
     try:
         expected = _count(knobs.get("expected-n-partitions", "1"), "expected-n-partitions", 0)
@@ -502,6 +502,13 @@ def run_case(case: Case, root: Path, max_elements: int = MAX_ELEMENTS) -> Outcom
     return Outcome(case, "failed", "; ".join(bad)) if bad else Outcome(case, "passed")
 
 
+def missing(case: Case, root) -> Outcome | None:
+    """The outcome of a case whose JSON file is not under ``root``; None when it is there."""
+    if (Path(root) / case.path).is_file():
+        return None
+    return Outcome(case, "missing", f"{case.path} is not in {root}")
+
+
 def outcome_line(index: int, outcome: Outcome) -> str:
     """benchdnn's ``N:STATE __REPRO: command`` line, with where the case came
     from and, for a case not passed, why."""
@@ -517,7 +524,6 @@ def run_batch(batch_file, root=None, max_elements: int = MAX_ELEMENTS, echo=prin
     one) cannot be read."""
     root = Path(root) if root is not None else find_root(batch_file)
     cases = list(expand(batch_file, root))
-    summary = Summary()
     # every case builds new partitions, and a compiled partition's cache key
     # holds its partition's serial, so no later case can hit an entry; kept
     # entries only hold memory (plans, store offsets, scratch: ~60 MB for a
@@ -526,11 +532,18 @@ def run_batch(batch_file, root=None, max_elements: int = MAX_ELEMENTS, echo=prin
     capacity = get_compiled_partition_cache_capacity()
     set_compiled_partition_cache_capacity(0)
     try:
-        for index, case in enumerate(cases):
-            outcome = run_case(case, root, max_elements)
-            summary.outcomes.append(outcome)
-            echo(outcome_line(index, outcome))
+        return collect((run_case(case, root, max_elements) for case in cases), echo)
     finally:
         set_compiled_partition_cache_capacity(capacity)
+
+
+def collect(outcomes, echo=print) -> Summary:
+    """The :class:`Summary` of ``outcomes`` (one per case, in the batch's order,
+    as they come), echoing each case's line and then the summary line: the one
+    reporting of the serial run and of :mod:`graph_api.batch_pool`."""
+    summary = Summary()
+    for index, outcome in enumerate(outcomes):
+        summary.outcomes.append(outcome)
+        echo(outcome_line(index, outcome))
     echo(summary.line())
     return summary

@@ -4,7 +4,7 @@
 
     graph-api run FILE.json [--policy fusion|debug] [--fpmath MODE] [--apply-to-int]
                             [--repeat N] [--check] [--seed N] [--mb N]
-    graph-api run --batch BATCH_FILE [--inputs-root DIR]
+    graph-api run --batch BATCH_FILE [--inputs-root DIR] [--workers N | --scheduler ADDRESS]
     graph-api run MODEL.onnx [--fpmath MODE] [--repeat N] [--check] [--inputs FILE.npz]
     graph-api partitions FILE.json [--policy fusion|debug]
     graph-api dot FILE.json [-o out.dot] [--policy fusion|debug]
@@ -15,7 +15,9 @@ partitions, compiles and executes it and prints one row per partition.  With
 (:func:`graph_api.check.compare`, per-data-type tolerances) and the exit code
 is 1 on a mismatch.  ``run --batch`` runs a benchdnn graph batch file
 (:mod:`graph_api.batch`) and prints benchdnn's summary line; exit code 1 when a
-case failed.  Errors are one line, ``graph-api: error: <message>``,
+case failed.  Its cases run on ``--workers N`` local processes (default one per
+core; 1 runs them in this process) or on the Dask cluster at ``--scheduler``
+(:mod:`graph_api.batch_pool`), with the same lines in the same order.  Errors are one line, ``graph-api: error: <message>``,
 exit code 2 — among them a graph that needs more memory than the budget
 (:mod:`graph_api.memory`), refused before any input is allocated.  Also ``python -m graph_api``.
 
@@ -44,6 +46,7 @@ from .json_io import load
 from .memory import check_graph
 from .runner import GraphRun, run_graph
 from .batch import run_batch
+from .batch_pool import run_batch_parallel
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 
@@ -301,6 +304,8 @@ def render_svg(dot_path: Path) -> Path | None:
 def cmd_run(args) -> int:
     if args.batch is not None:
         return cmd_run_batch(args)
+    if args.workers is not None or args.scheduler is not None:
+        raise InvalidArguments("--workers and --scheduler are for --batch BATCH_FILE")
     if str(args.file).endswith(".onnx"):  # the ONNX front door, loaded through the facade
         model = graph_api.import_onnx(args.file, fpmath=args.fpmath or "strict", policy=args.policy)
         lines, ok = model.report(args.inputs, seed=args.seed, repeat=args.repeat, check=args.check)
@@ -317,8 +322,15 @@ def cmd_run(args) -> int:
 def cmd_run_batch(args) -> int:
     if args.file is not None:
         raise InvalidArguments(f"give either a graph file ({args.file}) or --batch, not both")
+    if args.scheduler is not None and args.workers is not None:
+        raise InvalidArguments("give either --workers (local processes) or --scheduler (a Dask cluster), not both")
     # flushed per line: a long batch shows its progress (and a killed run its cases so far)
-    summary = run_batch(args.batch, args.inputs_root, echo=functools.partial(print, flush=True))
+    echo = functools.partial(print, flush=True)
+    if args.workers == 1:
+        summary = run_batch(args.batch, args.inputs_root, echo=echo)
+    else:
+        summary = run_batch_parallel(args.batch, args.inputs_root, echo=echo, workers=args.workers,
+                                     scheduler=args.scheduler)
     return EXIT_OK if summary.ok else EXIT_MISMATCH
 
 
@@ -406,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--inputs-root", metavar="DIR", default=None,
                      help="folder the batch file's --case/--batch paths are relative to "
                           "(default: found from the batch file)")
+    run.add_argument("--workers", type=_positive, default=None, metavar="N",
+                     help="--batch: run the cases on N worker processes (default: one per core; "
+                          "1: in this process, one after another)")
+    run.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                     help="--batch: run the cases on the Dask distributed cluster at ADDRESS "
+                          "(e.g. tcp://host:8786; needs pip install 'graph_api[dask]')")
     run.set_defaults(handler=cmd_run)
     add("partitions", "print the partition table and why unfused ops were not fused").set_defaults(
         handler=cmd_partitions)

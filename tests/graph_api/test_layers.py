@@ -23,7 +23,7 @@ CORE = {f"graph_api.{m}" for m in (
     "composite composite_library sparse_encoding sparse_storage sparse_tensor sparse_ops").split()}
 #: the top layer: what runs graphs and partitions, and the command line
 RUNTIME = {f"graph_api.{m}" for m in (
-    "graph partition runner builder cli batch json_io rewrite fill composite_inline "
+    "graph partition runner builder cli batch batch_pool json_io rewrite fill composite_inline "
     "backend __main__").split()}
 #: the one runtime module that reaches kernels and patterns
 SEAM = "graph_api.backend"
