@@ -384,6 +384,8 @@ def split_weights(op, shape):
     OIX/IOX put the channel dims first, XIO/XOI last (as oneDNN's
     ``canonicalize``).
     """
+    if len(shape) < 3:
+        raise _fail(op, f"weights {_show(shape)} must have rank >= 3 (O, I and spatial dims)")
     fmt = op.attrs["weights_format"]
     if fmt == "OIX":
         return shape[0], shape[1], tuple(shape[2:])
@@ -771,6 +773,9 @@ def conv_transpose_backward_data(op, in_shapes):
     diff_dst, wei = in_shapes
     if diff_dst is None or wei is None:
         return [None]
+    if len(diff_dst) != len(wei) or len(diff_dst) < 3:
+        raise _fail(op, f"diff_dst {_show(diff_dst)} and weights {_show(wei)} must have the same "
+                        f"rank >= 3")
     n, c, x = split_data(op, diff_dst)
     o, i, k = split_weights(op, wei)
     groups = op.attrs["groups"]

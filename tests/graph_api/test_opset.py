@@ -804,3 +804,64 @@ def test_end_and_wildcard_shapes():
     assert infer("End", ["f32:2x3"], []) == []
     assert infer("Wildcard", ["f32:2"], ["s8:3x3", "f32:?"]) == [(3, 3), None]
     assert infer("Wildcard", [], []) == []
+
+
+# ------------------------------------------------ ranks nothing checked (issue 33)
+def _with_rank(spec: str, rank: int) -> str:
+    """``spec`` with its dims cut or padded with 2s to ``rank``."""
+    dtype, _, dims = spec.partition(":")
+    base = [int(d) for d in dims.split("x")] if dims and dims != "?" else []
+    return dtype + ":" + "x".join(str(d) for d in (base + [2] * 7)[:rank])
+
+
+def _rank_variants():
+    """(kind, inputs, outputs, attrs): one VALID row with one input or declared
+    output at rank 0..6, or one shape-naming attribute of length 1..6."""
+    for kind, (ins, outs, attrs, _) in sorted(VALID.items()):
+        for port in range(len(ins)):
+            for rank in range(7):
+                yield kind, ins[:port] + [_with_rank(ins[port], rank)] + ins[port + 1:], outs, attrs
+        for port in range(len(outs)):
+            for rank in range(7):
+                yield kind, ins, outs[:port] + [_with_rank(outs[port], rank)] + outs[port + 1:], attrs
+        for name in ("dst_shape", "weights_shape", "src_shape"):
+            for rank in range(1, 7) if name in attrs else ():
+                yield kind, ins, outs, dict(attrs, **{name: (list(attrs[name]) + [2] * 7)[:rank]})
+
+
+def test_every_shape_function_takes_any_rank_or_names_the_op():
+    """A rank the op does not take is InvalidShape/InvalidGraphOp naming the op,
+    never an IndexError from indexing dims nothing checked (issue 33: the weights
+    of Convolution/ConvTransposeBackwardData, a 1-entry ConvolutionBackwardWeights
+    weights_shape, in split_weights)."""
+    untyped, count = [], 0
+    for kind, ins, outs, attrs in _rank_variants():
+        count += 1
+        try:
+            infer(kind, ins, outs, **attrs)
+        except (InvalidShape, InvalidGraphOp) as err:
+            assert f"op {OP_ID}" in str(err)
+        except Exception as err:  # noqa: BLE001 - the contract under test
+            untyped.append(f"{kind} {ins} -> {outs}: {type(err).__name__}: {err}")
+    assert count > 1800
+    assert not untyped, "\n".join(untyped)
+
+
+@pytest.mark.parametrize("kind, ins, outs, attrs, fragment", [
+    ("ConvTransposeBackwardData", ["f32:1x8x6x6", "f32:4"], ["f32:?"], {},
+     r"diff_dst \[1, 8, 6, 6\] and weights \[4\] must have the same rank >= 3"),
+    ("ConvTransposeBackwardData", ["f32:1x8x6x6", "f32:8x4x3"], ["f32:?"], {},
+     r"diff_dst \[1, 8, 6, 6\] and weights \[8, 4, 3\] must have the same rank >= 3"),
+    ("ConvolutionBackwardData", ["f32:1x8x6x6", "f32:3"], ["f32:1x4x8x8"], {"dst_shape": [1, 4, 8, 8]},
+     r"weights \[3\] must have rank >= 3"),
+    ("ConvolutionBackwardWeights", ["f32:1x4x8x8", "f32:1x8x6x6"], ["f32:?"],
+     {"weights_shape": [8]}, r"weights \[8\] must have rank >= 3"),
+])
+def test_conv_backward_ranks_are_invalid_shape(kind, ins, outs, attrs, fragment):
+    """ConvTransposeBackwardData with rank-1 weights raised IndexError in
+    split_weights; rank-3 weights under a rank-4 diff_dst gave a rank-3 diff_src
+    (zip stopped at the shorter spatial list) and a numpy error at execute."""
+    attrs = dict(_CONV2D, weights_format="OIX" if "Transpose" not in kind else "IOX",
+                 data_format="NCX", **attrs)
+    with pytest.raises(InvalidShape, match=f"op {OP_ID} \\({kind}.*{fragment}"):
+        infer(kind, ins, outs, **attrs)
