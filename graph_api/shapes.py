@@ -546,6 +546,18 @@ def pooling(op, in_shapes):
     return [join_data(op, n, c, out_x)]
 
 
+def _scaled_dim(op, src, d: int, scale: float) -> int:
+    """``int(d * scale)`` in f32, as oneDNN; a product that is no size (negative,
+    past int64, or not finite: add_op refuses NaN/inf scales, and a finite
+    scale may still overflow f32) is InvalidShape before any conversion."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.float32(d) * np.float32(scale)
+    if not 0 <= out < 2.0**63:
+        raise _fail(op, f"scales={op.attrs['scales']} give {float(out)!r} for a spatial dim {d} of "
+                        f"src {_show(src)}; expected a size in [0, 2^63)")
+    return int(out)
+
+
 def interpolate(op, in_shapes):
     """Interpolate: spatial dims from ``sizes``, or ``floor(x * scales)`` (f32 math)."""
     src = in_shapes[0]
@@ -561,8 +573,7 @@ def interpolate(op, in_shapes):
     if sizes:
         out_x = list(sizes)
     elif scales:
-        out_x = [UNKNOWN if d == UNKNOWN else int(np.float32(d) * np.float32(s))
-                 for d, s in zip(x, scales)]
+        out_x = [UNKNOWN if d == UNKNOWN else _scaled_dim(op, src, d, s) for d, s in zip(x, scales)]
     else:  # sizes come from the 2nd input's data
         out_x = [UNKNOWN] * len(x)
     for d, (i, o) in enumerate(zip(x, out_x)):

@@ -865,3 +865,67 @@ def test_conv_backward_ranks_are_invalid_shape(kind, ins, outs, attrs, fragment)
                  data_format="NCX", **attrs)
     with pytest.raises(InvalidShape, match=f"op {OP_ID} \\({kind}.*{fragment}"):
         infer(kind, ins, outs, **attrs)
+
+
+# ------------------------------------------ non-finite float attributes (issue 33)
+def _float_attrs():
+    """(kind, attribute, is a list, +-inf allowed) of every f32/f32[] attribute."""
+    return [(kind.name, a.name, a.kind == "f32[]", a.infinite) for kind, schema in OP_SCHEMAS.items()
+            for a in schema.attrs if "f32" in a.kind]
+
+
+def test_the_float_attributes_are_the_known_ones():
+    """A new float attribute gets its own decision (finite, or +-inf meaningful)."""
+    infinite = sorted(f"{k}.{a}" for k, a, _, inf in _float_attrs() if inf)
+    assert infinite == ["Clamp.max", "Clamp.min", "ClampBackward.max", "ClampBackward.min"]
+    assert len(_float_attrs()) == 26
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 1e39, -1e39],
+                         ids=["nan", "inf", "-inf", "1e39", "-1e39"])
+@pytest.mark.parametrize("kind, name, is_list, infinite", _float_attrs(),
+                         ids=[f"{k}.{a}" for k, a, _, _ in _float_attrs()])
+def test_non_finite_float_attributes_are_refused_at_add_op(kind, name, is_list, infinite, value):
+    """NaN (or +-inf, or a value that is +-inf in f32) in a float attribute ran
+    and gave fused kernels and the reference different answers (int8 MatMul
+    fusions: 127 vs 0; Interpolate: ValueError).  oneDNN defines no meaning for
+    them (only Clamp's bounds take +-inf: a one-sided clip), so add_op refuses
+    them as invalid_graph_op naming the op and the attribute."""
+    ins, outs, attrs, _ = VALID[kind]
+    attrs = dict(attrs)
+    if is_list:
+        attrs[name] = [value] + [2.0] * (len(attrs.get(name) or [0.5]) - 1)
+    else:
+        attrs[name] = value
+    op = make(kind, ins, outs, **attrs)
+    if infinite and value == value and (value < 0) == (name == "min"):
+        verify_op(op, OP_SCHEMAS)  # min = -inf, max = +inf: nothing clipped on that side
+        return
+    fragment = f"attribute {name}=" if value != value or not infinite else "above max"
+    with pytest.raises(InvalidGraphOp, match=f"op {OP_ID} \\({kind}.*{fragment}") as err:
+        verify_op(op, OP_SCHEMAS)
+    assert err.value.status.name == "invalid_graph_op"
+
+
+@pytest.mark.parametrize("lo, hi, ok", [(0.5, 0.5, True), (-1.0, 1e39, True), (float("-inf"), float("inf"), True),
+                                        (float("inf"), float("inf"), True), (1.0, 0.5, False),
+                                        (1e39, float("inf"), True), (float("inf"), 1e38, False)])
+def test_clamp_bounds_follow_onednns_clip_rule(lo, hi, ok):
+    """oneDNN's clip takes any ``min <= max`` in f32 (math::is_eltwise_ok); min > max is refused."""
+    for kind in ("Clamp", "ClampBackward"):
+        ins, outs, _, _ = VALID[kind]
+        op = make(kind, ins, outs, min=lo, max=hi)
+        if ok:
+            verify_op(op, OP_SCHEMAS)
+        else:
+            with pytest.raises(InvalidGraphOp, match=f"op {OP_ID} \\({kind}.*is above max"):
+                verify_op(op, OP_SCHEMAS)
+
+
+@pytest.mark.parametrize("scales, fragment", [([1e38, 1.0], "give inf"), ([-2.0, 1.0], "give -10.0"),
+                                              ([3e18, 1.0], "give 1.49")])
+def test_interpolate_scales_that_give_no_size_are_invalid_shape(scales, fragment):
+    """Finite scales whose f32 product with a dim overflows, is negative or
+    passes int64 are refused before the conversion to int (was OverflowError)."""
+    with pytest.raises(InvalidShape, match=f"op {OP_ID} \\(Interpolate.*scales=.*{fragment}"):
+        infer("Interpolate", ["f32:1x3x5x5"], mode="nearest", scales=scales, data_format="NCX")
