@@ -665,6 +665,11 @@ EPILOGUE_UNARY = [(K.ReLU, {}), (K.GELU, {}), (K.GELU, {"mode": "gelu_tanh"}), (
                   (K.Tanh, {}), (K.Clamp, {"min": -1.0, "max": 2.0}), (K.Elu, {"alpha": 0.5}),
                   (K.LeakyReLU, {"alpha": 0.1}), (K.Abs, {}), (K.Exp, {}), (K.Square, {}),
                   ("swish", {})]
+#: Clamp bounds of +-inf (issue 33): the one float attribute add_op lets be infinite
+CLAMP_INFINITE = [{"min": -np.inf, "max": np.inf}, {"min": 0.0, "max": np.inf},
+                  {"min": -np.inf, "max": 0.5}, {"min": np.inf, "max": np.inf},
+                  {"min": -np.inf, "max": -np.inf}]
+EPILOGUE_UNARY += [(K.Clamp, bounds) for bounds in CLAMP_INFINITE]
 
 
 @pytest.mark.parametrize("kind,attrs", EPILOGUE_UNARY,
@@ -720,3 +725,45 @@ def test_inf_nan_and_zero_operands_of_binary_post_ops_match_the_reference(kind, 
     reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
     verdict = compare(reference[8], fused[8], dt.f32)
     assert verdict.ok, verdict.message
+
+
+def _int8_graph(kind, bounds, out_dtype):
+    """u8 src and s8 constant weights dequantized, MatMul or 2-D Convolution,
+    Clamp(bounds), Quantize to ``out_dtype``: one int8 partition."""
+    rng = np.random.default_rng(7)
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    if kind == K.MatMul:
+        xs, ws, ys, attrs = [4, 32], [32, 16], [4, 16], {}
+    else:
+        xs, ws, ys = [1, 8, 6, 6], [16, 8, 3, 3], [1, 16, 6, 6]
+        attrs = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+                     data_format="NCX", weights_format="OIX")
+    q = {"qtype": "per_tensor", "scales": [0.5], "zps": [3]}
+    g.add_op(ga.Op(1, K.Dequantize, [lt(0, dt.u8, xs)], [lt(1, dt.f32, xs)], attrs=q))
+    g.add_op(ga.Op(2, K.Dequantize, [lt(2, dt.s8, ws, C)], [lt(3, dt.f32, ws)],
+                   attrs={"qtype": "per_tensor", "scales": [0.25], "zps": [0]}))
+    g.add_op(ga.Op(3, kind, [lt(1, dt.f32, xs), lt(3, dt.f32, ws)], [lt(4, dt.f32, ys)], attrs=attrs))
+    g.add_op(ga.Op(4, K.Clamp, [lt(4, dt.f32, ys)], [lt(5, dt.f32, ys)], attrs=bounds))
+    g.add_op(ga.Op(5, K.Quantize, [lt(5, dt.f32, ys)], [lt(6, out_dtype, ys)], attrs=q))
+    feeds = {0: rng.integers(0, 12, xs).astype(np.uint8), 2: rng.integers(-4, 5, ws).astype(np.int8)}
+    return g, feeds
+
+
+@pytest.mark.parametrize("out_dtype", [dt.s8, dt.u8], ids=lambda d: d.name)
+@pytest.mark.parametrize("bounds", CLAMP_INFINITE, ids=lambda b: f"{b['min']}-{b['max']}")
+@pytest.mark.parametrize("kind", [K.MatMul, K.Convolution], ids=lambda k: k.name)
+def test_clamp_with_infinite_bounds_in_int8_fusions_matches_the_reference(kind, bounds, out_dtype):
+    """Issue 33: non-finite float attributes gave fused int8 kernels and the
+    reference different answers.  add_op now refuses all but Clamp's +-inf
+    bounds; with those the fused int8 MatMul/Convolution store saturates exactly
+    as the reference does (min = max = +inf: every output the type's maximum)."""
+    g, feeds = _int8_graph(kind, bounds, out_dtype)
+    fused, plans = run(g, feeds)
+    assert len(plans) == 1 and plans[0] != "reference"
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    np.testing.assert_array_equal(fused[6], reference[6])
+    top = np.iinfo(np.int8 if out_dtype == dt.s8 else np.uint8)
+    if bounds["min"] == np.inf:
+        assert (fused[6] == top.max).all()
+    if bounds["max"] == -np.inf:
+        assert (fused[6] == top.min).all()
