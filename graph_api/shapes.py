@@ -508,8 +508,12 @@ def conv_transpose(op, in_shapes):
     groups = op.attrs.get("groups", 1)
     if groups < 1:
         raise _fail(op, f"groups={groups} must be positive")
-    if groups == 1 and UNKNOWN not in (c, i) and c != i:
+    # weights I counts all input channels, O those of one group (oneDNN's canonical
+    # (OCg, IC, K...)); the reference reads src channel g*ICg + c with weights column g*ICg + c
+    if UNKNOWN not in (c, i) and c != i:
         raise _fail(op, f"src has {c} channels, expected the weights input channels {i}")
+    if c != UNKNOWN and c % groups:
+        raise _fail(op, f"src channels {c} do not split into groups={groups}")
     strides = _spatial_attr(op, "strides", len(x))
     dilations = _spatial_attr(op, "dilations", len(x))
     _check_positive(op, "strides", strides)

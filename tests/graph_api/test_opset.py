@@ -929,3 +929,19 @@ def test_interpolate_scales_that_give_no_size_are_invalid_shape(scales, fragment
     passes int64 are refused before the conversion to int (was OverflowError)."""
     with pytest.raises(InvalidShape, match=f"op {OP_ID} \\(Interpolate.*scales=.*{fragment}"):
         infer("Interpolate", ["f32:1x3x5x5"], mode="nearest", scales=scales, data_format="NCX")
+
+
+@pytest.mark.parametrize("src, wei, groups, fragment", [
+    ("f32:2x16x5x5", "f32:8x2x4x3", 4, "src has 16 channels, expected the weights input channels 8"),
+    ("f32:2x6x5x5", "f32:6x2x3x3", 4, "src channels 6 do not split into groups=4"),
+])
+def test_grouped_conv_transpose_channels_are_checked(src, wei, groups, fragment):
+    """Grouped ConvTranspose weights hold all input channels (I) and the
+    per-group outputs (O); the channel rule was checked for groups=1 only, and
+    a mismatch reached the kernels as a numpy matmul error (found by the
+    fuzzer's rank_change kind)."""
+    with pytest.raises(InvalidShape, match=f"op {OP_ID} \\(ConvTranspose.*{fragment}"):
+        infer("ConvTranspose", [src, wei], weights_format="IOX", data_format="NCX", groups=groups,
+              **_CONV2D)
+    assert infer("ConvTranspose", ["f32:2x16x5x5", "f32:16x2x3x3"], weights_format="IOX", data_format="NCX",
+                 groups=4, **_CONV2D) == [(2, 8, 5, 5)]

@@ -767,3 +767,49 @@ def test_clamp_with_infinite_bounds_in_int8_fusions_matches_the_reference(kind, 
         assert (fused[6] == top.max).all()
     if bounds["max"] == -np.inf:
         assert (fused[6] == top.min).all()
+
+
+# ---------------------------------------- rank changes found by the JSON fuzzer (issue 33)
+def test_a_broadcast_that_adds_a_dim_after_interpolate_matches_the_reference():
+    """Interpolate [2, 3, 4] then Add of a [1, 1, 1, 1] operand (output [1, 2, 3, 8]):
+    the image-blocked plan ran every op output as [1, ...] and reshaped the
+    Interpolate's [2, 3, 8] into (1, 3, 8) (ValueError at execute)."""
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    g.add_op(ga.Op(1, K.Interpolate, [lt(0, dt.f32, [2, 3, 4])], [lt(1, dt.f32, [2, 3, 8])],
+                   attrs={"mode": "nearest", "scales": [2.0], "data_format": "NCX"}))
+    g.add_op(ga.Op(2, K.Add, [lt(1, dt.f32, [2, 3, 8]), lt(2, dt.f32, [1, 1, 1, 1])],
+                   [lt(3, dt.f32, [1, 2, 3, 8])]))
+    feeds = {0: np.arange(24, dtype=np.float32).reshape(2, 3, 4), 2: np.full((1, 1, 1, 1), 0.5, np.float32)}
+    fused, plans = run(g, feeds)
+    assert len(plans) == 1
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    np.testing.assert_array_equal(fused[3], reference[3])
+    np.testing.assert_array_equal(fused[3][0], np.repeat(feeds[0], 2, axis=2) + 0.5)
+
+
+@pytest.mark.parametrize("axis, gamma, beta", [(-1, [8], []), (-1, [], [1]), (1, [8], []), (1, [], [8]),
+                                               (1, [1, 8], [4, 1]), (1, [1], [4, 8])])
+def test_layer_norm_with_broadcast_gamma_or_beta_matches_the_reference(axis, gamma, beta):
+    """gamma/beta that broadcast into the normalized dims ([8] or [4, 8]: a
+    scalar, [1], [1, 8]; the shape rule takes them) were read as C values by the
+    fused row kernel, which read past them (8.8e-42 for 1.82), and by its numpy
+    form (a broadcast error)."""
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    shape = [3, 4, 8]
+    g.add_op(ga.Op(1, K.LayerNorm, [lt(0, dt.f32, shape), lt(1, dt.f32, gamma), lt(2, dt.f32, beta)],
+                   [lt(3, dt.f32, shape)],
+                   attrs={"keep_stats": False, "epsilon": 0.0625, "begin_norm_axis": axis}))
+    g.add_op(ga.Op(2, K.GELU, [lt(3, dt.f32, shape)], [lt(4, dt.f32, shape)]))
+    feeds = {0: np.random.default_rng(3).integers(-8, 9, shape).astype(np.float32),
+             1: np.full(gamma, 1.5, np.float32), 2: np.full(beta, -0.25, np.float32)}
+    g.finalize()
+    result = ga.run_graph(g, feeds)
+    (part,) = result.partitions
+    plan = part.compiled.plan
+    assert plan.kernel == ("numba_norm" if axis == -1 else "numpy_f32_norm")
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    verdict = compare(reference[4], result.outputs[4], dt.f32)
+    assert verdict.ok, verdict.message
+    if axis == -1:  # what the row kernel is given (a read past an array is not seen reliably)
+        args = plan._rows_args(feeds[0], dict(feeds), np.empty(shape, np.float32))
+        assert args[5].size == args[7].size == 8
