@@ -541,3 +541,30 @@ def test_deconv_backward_data_with_a_rank_change_is_invalid_shape():
         wei["shape"], wei["stride"] = shape, _dense_stride(shape)
         with pytest.raises(ga.InvalidShape, match="ConvTransposeBackwardData.*must have the same rank >= 3"):
             ga.Graph.from_json(json.dumps(doc))
+
+
+def test_a_self_overlapping_intermediate_layout_loses_no_results():
+    """An intermediate declared with overlapping strides ([1, 2, 4, 4] on
+    [1, 1, 2, 2]: found by the long fuzz, a stride mutant of
+    int8_avgpool_reshape_fusion.json) was allocated in that layout by the
+    per-op plan, so the AvgPool results sharing memory were lost (-3 for -6).
+    Inside a partition the layout is the partition's own: it is made dense."""
+    import numpy as np
+
+    f32, s8 = ga.DataType.f32, ga.DataType.s8
+    q = {"qtype": "per_tensor", "scales": [0.5], "zps": [0]}
+    g = ga.Graph()
+    g.add_op(ga.Op(0, ga.OpKind.Dequantize, [ga.LogicalTensor(0, s8, [1, 1, 3, 3])],
+                   [ga.LogicalTensor(1, f32, [1, 1, 3, 3])], attrs=q))
+    g.add_op(ga.Op(1, ga.OpKind.AvgPool, [ga.LogicalTensor(1, f32, [1, 1, 3, 3])],
+                   [ga.LogicalTensor(2, f32, [1, 1, 2, 2], [1, 2, 4, 4])],
+                   attrs=dict(kernel=[2, 2], strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0],
+                              exclude_pad=False, data_format="NCX")))
+    g.add_op(ga.Op(2, ga.OpKind.StaticReshape, [ga.LogicalTensor(2, f32, [1, 1, 2, 2])],
+                   [ga.LogicalTensor(3, f32, [4])], attrs={"shape": [-1], "special_zero": False}))
+    g.add_op(ga.Op(3, ga.OpKind.Quantize, [ga.LogicalTensor(3, f32, [4])], [ga.LogicalTensor(4, s8, [4])], attrs=q))
+    g.finalize()
+    assert len(g.get_partitions()) == 1
+    values = (np.arange(9) * 2).astype(np.int8).reshape(1, 1, 3, 3)
+    out = ga.run_graph(g, {0: values}).outputs[4]
+    np.testing.assert_array_equal(out, [4, 6, 10, 12])  # the means of the four 2x2 windows
