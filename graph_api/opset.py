@@ -13,6 +13,8 @@ they are made (int4 DynamicQuantize, the RFC ``groups`` form, Reduce* with a
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import composite, dot_algorithm, indexing_maps, shapes
 from .dtypes import DataType as DT
 from .enums import OpKind
@@ -46,6 +48,12 @@ TWELVE_ZEROS = tuple([0] * shapes.MAX_NDIMS)
 
 def _required(name: str, kind: str, choices: tuple | None = None) -> Attr:
     return Attr(name, kind, REQUIRED, choices)
+
+
+def _bound(name: str) -> Attr:
+    """Clamp's min/max: +-inf is a one-sided clip (oneDNN's clip_v2 takes any
+    alpha <= beta); NaN fails that comparison, so oneDNN refuses it."""
+    return Attr(name, "f32", REQUIRED, infinite=True)
 
 
 def _conv_attrs(weights_formats: tuple[str, ...]) -> tuple[Attr, ...]:
@@ -183,6 +191,17 @@ def check_typecast_data_type(op):
         raise _fail(op, f"src and dst are both {src.name}; TypeCast must change the data type")
     if {src, dst} == {DT.bf16, DT.f16}:
         raise _fail(op, f"{src.name} -> {dst.name} is not supported; cast through f32")
+
+
+def check_clamp_bounds(op):
+    """Clamp/ClampBackward: ``min <= max`` in f32, oneDNN's clip rule (``beta >=
+    alpha`` in ``math::is_eltwise_ok``, checked when the primitive is made);
+    a NaN bound fails it there, and is refused with the attribute check here."""
+    with np.errstate(over="ignore"):  # 1e39 is +inf in f32
+        lo, hi = np.float32(op.attrs["min"]), np.float32(op.attrs["max"])
+    if not hi >= lo:
+        raise _fail(op, f"min={op.attrs['min']!r} is above max={op.attrs['max']!r}; "
+                        f"Clamp needs min <= max")
 
 
 def check_interpolate_sizes_scales(op):
@@ -451,9 +470,9 @@ def row(kind: OpKind, inputs, outputs, type_vars, infer, attrs=(), constraints=(
                     constraints=tuple(constraints), doc=doc, **extra)
 
 
-def unary(kind: OpKind, *attrs: Attr, doc: str = "") -> OpSchema:
+def unary(kind: OpKind, *attrs: Attr, constraints=(), doc: str = "") -> OpSchema:
     """1 input, 1 output, same T in {f32, bf16, f16}, same shape."""
-    return row(kind, ["src:T"], ["dst:T"], {"T": FLOATS}, shapes.identity, attrs, doc=doc)
+    return row(kind, ["src:T"], ["dst:T"], {"T": FLOATS}, shapes.identity, attrs, constraints, doc=doc)
 
 
 def binary(kind: OpKind, types=FLOATS, same_type: bool = True, doc: str = "") -> OpSchema:
@@ -513,7 +532,8 @@ K = OpKind
 
 _ELEMENTWISE = [
     unary(K.Abs, doc="|x|"),
-    unary(K.Clamp, _required("min", "f32"), _required("max", "f32"), doc="min(max(x, min), max)"),
+    unary(K.Clamp, _bound("min"), _bound("max"), constraints=[check_clamp_bounds],
+          doc="min(max(x, min), max)"),
     unary(K.Elu, _required("alpha", "f32"), doc="x > 0 ? x : alpha * (exp(x) - 1)"),
     unary(K.Exp, doc="exp(x)"),
     unary(K.GELU, Attr("mode", "string", "gelu_erf", ("gelu_erf", "gelu_tanh")),
@@ -716,10 +736,11 @@ def shape_given(attr: str, port: int):
     return check
 
 
-def eltwise_bwd(kind: OpKind, *attrs: Attr, first: str = "src", doc: str = "") -> OpSchema:
+def eltwise_bwd(kind: OpKind, *attrs: Attr, first: str = "src", constraints=(),
+                doc: str = "") -> OpSchema:
     """(src or src/dst, diff_dst) -> diff_src, one T in {f32, bf16, f16}."""
     return row(kind, [f"{first}:T", "diff_dst:T"], ["diff_src:T"], {"T": FLOATS},
-               shapes.eltwise_backward, attrs, doc=doc)
+               shapes.eltwise_backward, attrs, constraints, doc=doc)
 
 
 def pool_bwd_attrs(*extra: Attr) -> tuple[Attr, ...]:
@@ -730,8 +751,8 @@ def pool_bwd_attrs(*extra: Attr) -> tuple[Attr, ...]:
 
 _BACKWARD = [
     eltwise_bwd(K.AbsBackward, doc="dy * sign(x)"),
-    eltwise_bwd(K.ClampBackward, _required("min", "f32"), _required("max", "f32"), USE_DST,
-                first="src/dst", doc="dy where min < v < max, else 0"),
+    eltwise_bwd(K.ClampBackward, _bound("min"), _bound("max"), USE_DST, first="src/dst",
+                constraints=[check_clamp_bounds], doc="dy where min < v < max, else 0"),
     eltwise_bwd(K.EluBackward, _required("alpha", "f32"), USE_DST, first="src/dst",
                 doc="dy * (x > 0 ? 1 : alpha e^x)  (use_dst: d > 0 ? 1 : d + alpha)"),
     eltwise_bwd(K.GELUBackward, Attr("mode", "string", "gelu_erf", ("gelu_erf", "gelu_tanh")),

@@ -38,6 +38,11 @@ def markdown() -> str:
         ins = ", ".join(p.name + ("?" if p.optional else "") + ("..." if p.variadic else "") for p in s.inputs)
         outs = ", ".join(p.name + ("?" if p.optional else "") + ("..." if p.variadic else "") for p in s.outputs)
         lines.append(f"| {kind.name} | {ins} | {outs} | {_types(s)} | {_attrs(s)} |")
+    infinite = [f"{k.name}.{a.name}" for k in sorted(OP_SCHEMAS, key=lambda k: k.name)
+                for a in OP_SCHEMAS[k].attrs if a.infinite]
+    lines += ["", "Float attributes (f32, f32[]) hold finite f32 values: NaN, +-inf and values that are "
+              "+-inf in f32 (1e39) are `invalid_graph_op` at `add_op`, naming the op and the attribute. "
+              f"Only {', '.join(infinite)} take +-inf (a one-sided clip; min <= max, as oneDNN's clip)."]
     extensions = [k for k in sorted(OP_SCHEMAS, key=lambda k: k.name) if "extension" in OP_SCHEMAS[k].doc]
     if extensions:  # rows that are not oneDNN ops (their docs say so)
         lines += ["", "Project extensions (not oneDNN op kinds):", ""]

@@ -192,7 +192,11 @@ class Partition:
                     raise InvalidShape(
                         f"partition {self.id}: the shape of tensor {lt.id} ({op_label(op)}) "
                         f"cannot be inferred from the given inputs")
-                if final.strides is None or final.layout != LayoutType.strided:
+                internal = lt.id not in in_lts and lt.id not in out_lts
+                if final.strides is None or final.layout != LayoutType.strided or (
+                        internal and self_overlapping(final.shape, final.strides)):
+                    # an intermediate's layout is the partition's own: one whose elements
+                    # share memory would lose results (the per-op plan writes it)
                     final = final.with_shape(final.shape, dense_strides(final.shape), LayoutType.strided)
                 lts[lt.id] = final
         for op in self.ops:

@@ -50,11 +50,12 @@ def rebuild(graph, op_fn=None, lt_fn=None, fpmath=None):
 
 def _pow2_up(x: float) -> float:
     """The smallest power of two >= ``x``; non-positive, non-finite values and
-    values whose power of two is past the float range are kept as they are."""
+    values whose power of two is past the f32 range (scales are f32: 2^128 is
+    +inf there, which add_op refuses) are kept as they are."""
     if not (x > 0 and math.isfinite(x)):
         return x
     exponent = math.ceil(math.log2(x))
-    return 2.0 ** exponent if exponent < 1024 else x
+    return 2.0 ** exponent if exponent < 128 else x
 
 
 def power_of_two_scales(graph):

@@ -8,8 +8,11 @@ defaults into the op, as oneDNN does.  The table itself is ``opset.OP_SCHEMAS``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
+
+import numpy as np
 
 from .dtypes import DataType
 from .enums import OpKind
@@ -37,10 +40,18 @@ class Port:
 
 @dataclass(frozen=True)
 class Attr:
+    """One attribute of a schema row.
+
+    Float values (kinds ``f32``, ``f32[]``) are finite after rounding to f32, as
+    oneDNN stores them: NaN is never taken, and ``infinite`` lets one attribute
+    take +-inf where oneDNN gives it a meaning (Clamp's bounds: a one-sided clip).
+    """
+
     name: str
     kind: str
     default: object = NO_DEFAULT
     choices: tuple | None = None
+    infinite: bool = False
 
     @property
     def required(self) -> bool:
@@ -153,6 +164,30 @@ def _normalize_attr(op, spec: Attr, value):
     raise AssertionError(kind)
 
 
+def _check_float_values(op, spec: Attr, value) -> None:
+    """NaN anywhere, or +-inf unless ``spec.infinite``: InvalidGraphOp naming the attribute.
+
+    Checked on the f32 value oneDNN stores (1e39 is +inf there), before any
+    shape function or kernel converts it."""
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, float) for v in values):
+        return
+    with np.errstate(over="ignore"):
+        f32 = np.array(values, np.float64).astype(np.float32)
+    bad = np.isnan(f32) if spec.infinite else ~np.isfinite(f32)
+    if bad.any():
+        i = int(np.argmax(bad))
+        if isinstance(value, list):
+            got = f"has entry {i} = {float(f32[i])!r} (as f32)"
+        elif math.isfinite(value):
+            got = f"is {float(f32[i])!r} as f32"
+        else:
+            got = "is NaN" if math.isnan(value) else "is not finite"
+        allowed = "finite or +-inf, never NaN" if spec.infinite else "finite"
+        raise InvalidGraphOp(f"{op_label(op)}: attribute {spec.name}={value!r} {got}; "
+                             f"{op.kind.name} {spec.name} must be {allowed}")
+
+
 def check_attrs(op, schema: OpSchema) -> None:
     """Reject unknown attrs, wrong kinds and values; write defaults into ``op``."""
     for name in list(op.attrs):
@@ -164,6 +199,8 @@ def check_attrs(op, schema: OpSchema) -> None:
         if spec.choices is not None and value not in spec.choices:
             raise InvalidGraphOp(
                 f"{op_label(op)}: attribute {name}={value!r} is not one of {list(spec.choices)}")
+        if "f32" in spec.kind:
+            _check_float_values(op, spec, value)
         op.attrs[name] = value
     for spec in schema.attrs:
         if spec.name in op.attrs:

@@ -384,6 +384,8 @@ def split_weights(op, shape):
     OIX/IOX put the channel dims first, XIO/XOI last (as oneDNN's
     ``canonicalize``).
     """
+    if len(shape) < 3:
+        raise _fail(op, f"weights {_show(shape)} must have rank >= 3 (O, I and spatial dims)")
     fmt = op.attrs["weights_format"]
     if fmt == "OIX":
         return shape[0], shape[1], tuple(shape[2:])
@@ -506,8 +508,12 @@ def conv_transpose(op, in_shapes):
     groups = op.attrs.get("groups", 1)
     if groups < 1:
         raise _fail(op, f"groups={groups} must be positive")
-    if groups == 1 and UNKNOWN not in (c, i) and c != i:
+    # weights I counts all input channels, O those of one group (oneDNN's canonical
+    # (OCg, IC, K...)); the reference reads src channel g*ICg + c with weights column g*ICg + c
+    if UNKNOWN not in (c, i) and c != i:
         raise _fail(op, f"src has {c} channels, expected the weights input channels {i}")
+    if c != UNKNOWN and c % groups:
+        raise _fail(op, f"src channels {c} do not split into groups={groups}")
     strides = _spatial_attr(op, "strides", len(x))
     dilations = _spatial_attr(op, "dilations", len(x))
     _check_positive(op, "strides", strides)
@@ -544,6 +550,18 @@ def pooling(op, in_shapes):
     return [join_data(op, n, c, out_x)]
 
 
+def _scaled_dim(op, src, d: int, scale: float) -> int:
+    """``int(d * scale)`` in f32, as oneDNN; a product that is no size (negative,
+    past int64, or not finite: add_op refuses NaN/inf scales, and a finite
+    scale may still overflow f32) is InvalidShape before any conversion."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.float32(d) * np.float32(scale)
+    if not 0 <= out < 2.0**63:
+        raise _fail(op, f"scales={op.attrs['scales']} give {float(out)!r} for a spatial dim {d} of "
+                        f"src {_show(src)}; expected a size in [0, 2^63)")
+    return int(out)
+
+
 def interpolate(op, in_shapes):
     """Interpolate: spatial dims from ``sizes``, or ``floor(x * scales)`` (f32 math)."""
     src = in_shapes[0]
@@ -559,8 +577,7 @@ def interpolate(op, in_shapes):
     if sizes:
         out_x = list(sizes)
     elif scales:
-        out_x = [UNKNOWN if d == UNKNOWN else int(np.float32(d) * np.float32(s))
-                 for d, s in zip(x, scales)]
+        out_x = [UNKNOWN if d == UNKNOWN else _scaled_dim(op, src, d, s) for d, s in zip(x, scales)]
     else:  # sizes come from the 2nd input's data
         out_x = [UNKNOWN] * len(x)
     for d, (i, o) in enumerate(zip(x, out_x)):
@@ -771,6 +788,9 @@ def conv_transpose_backward_data(op, in_shapes):
     diff_dst, wei = in_shapes
     if diff_dst is None or wei is None:
         return [None]
+    if len(diff_dst) != len(wei) or len(diff_dst) < 3:
+        raise _fail(op, f"diff_dst {_show(diff_dst)} and weights {_show(wei)} must have the same "
+                        f"rank >= 3")
     n, c, x = split_data(op, diff_dst)
     o, i, k = split_weights(op, wei)
     groups = op.attrs["groups"]

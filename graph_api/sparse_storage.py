@@ -265,11 +265,71 @@ class SparseStorage:
 
     @classmethod
     def from_scipy(cls, encoding, matrix, dtype=None) -> "SparseStorage":
-        """From any ``scipy.sparse`` matrix/array; its explicit entries are kept (duplicates summed)."""
+        """From any ``scipy.sparse`` matrix/array; its explicit entries are kept (duplicates summed).
+
+        Its arrays are checked first (:func:`scipy_coo`): a malformed matrix is
+        :class:`InvalidSparseStorage`, never another matrix or scipy's own error."""
+        shape, coords, values = scipy_coo(matrix, dtype)
+        dt = dtypes.parse(dtype) if dtype is not None else _dtype_of(values)
+        return build(read(encoding), shape, dt, coords, values)
+
+
+#: scipy's index arrays read as the levels of an encoding: csr/csc as (indptr,
+#: indices) of a compressed level under a dense one, coo as (row, col) of a
+#: compressed level and a singleton; nonunique and nonordered, as scipy allows
+#: duplicates (summed) and unsorted indices
+SCIPY_LAYOUTS = {
+    "csr": "(i, j) -> (i : dense, j : compressed(nonunique, nonordered))",
+    "csc": "(i, j) -> (j : dense, i : compressed(nonunique, nonordered))",
+    "coo": "(i, j) -> (i : compressed(nonunique, nonordered), j : singleton(nonunique, nonordered))",
+}
+_SCIPY_ARRAYS = {"csr": "indptr = level 1 positions, indices = level 1 coordinates",
+                 "csc": "indptr = level 1 positions, indices = level 1 coordinates",
+                 "coo": "row = level 0 coordinates, col = level 1 coordinates"}
+
+
+def scipy_coo(matrix, dtype=None) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """(shape, coordinates ``[nse, 2]``, values) of a ``scipy.sparse`` matrix, its
+    arrays checked as :class:`SparseStorage` checks its own.
+
+    csr, csc and coo arrays are read as storage of :data:`SCIPY_LAYOUTS` and
+    validated there (an indptr that does not start at 0, decreases or does not
+    end at the number of indices; an index outside the shape; arrays of unequal
+    length).  Other formats (bsr, dia, lil, dok) pass scipy's own full format
+    check where it has one and its conversion to COO; what either raises is
+    InvalidSparseStorage, as are COO coordinates outside the shape.  Duplicates
+    are summed, as scipy reads them.
+    """
+    fmt = getattr(matrix, "format", type(matrix).__name__)
+    shape = tuple(int(d) for d in matrix.shape)
+    if len(shape) != 2:
+        raise InvalidSparseStorage(f"scipy {fmt} matrix: shape {list(shape)}; 2-D matrices only")
+    if fmt in SCIPY_LAYOUTS:
+        if fmt == "coo":
+            row, col = np.asarray(matrix.row), np.asarray(matrix.col)
+            levels = [(np.array([0, row.size]), row), (None, col)]
+        else:
+            levels = [(None, None), (np.asarray(matrix.indptr), np.asarray(matrix.indices))]
+        data = np.asarray(matrix.data)
+        dt = dtypes.parse(dtype) if dtype is not None else _dtype_of(data)
+        values = dtypes.convert(data, dt) if data.dtype != dtypes.numpy_dtype(dt) else data
+        try:
+            layout = SparseStorage(SCIPY_LAYOUTS[fmt], shape, dt, levels, values)
+        except InvalidSparseStorage as err:
+            raise InvalidSparseStorage(f"scipy {fmt} matrix {list(shape)} ({_SCIPY_ARRAYS[fmt]}): "
+                                       f"{err.message}") from None
+        coords, values = canonical_coo(shape, *layout.coo())  # scipy's duplicates are summed
+        return shape, coords, values
+    try:
+        if hasattr(matrix, "check_format"):
+            matrix.check_format(full_check=True)
         coo = matrix.tocoo()
-        coords = np.stack([coo.row, coo.col], axis=1).astype(np.int64)
-        dt = dtypes.parse(dtype) if dtype is not None else _dtype_of(coo.data)
-        return build(read(encoding), coo.shape, dt, coords, coo.data)
+        coords = np.stack([np.asarray(coo.row), np.asarray(coo.col)], axis=1).astype(np.int64)
+    except (ValueError, IndexError, TypeError, OverflowError) as err:
+        raise InvalidSparseStorage(f"scipy {fmt} matrix {list(shape)}: {err}") from None
+    if coords.size and (coords.min() < 0 or np.any(coords >= np.asarray(shape))):
+        raise InvalidSparseStorage(f"scipy {fmt} matrix {list(shape)}: an index lies outside the shape")
+    return (shape,) + canonical_coo(shape, coords, np.asarray(coo.data))
 
 
 def prune(array: np.ndarray, encoding) -> np.ndarray:

@@ -95,6 +95,11 @@ def build(request: CompileRequest):
     data = [lts[t] for t in request.input_ids if lts[t].shape]
     rank = max(len(lt.shape) for lt in data)
     batch = next(lt.shape[0] for lt in data if len(lt.shape) == rank)
+    for op in request.ops:  # the steps run each op's outputs as [1, ...]: all lead with the batch
+        for lt in op.outputs:
+            if tuple(lts[lt.id].shape[:1]) != (batch,):
+                return (f"{op.kind.name} (op {op.id}) output {lt.id} {list(lts[lt.id].shape)} does not "
+                        f"lead with the batch {batch} (a broadcast changed the rank)")
     sliced = set()
     for op in request.ops:
         out_rank = len(lts[op.outputs[0].id].shape)

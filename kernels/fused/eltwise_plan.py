@@ -134,6 +134,7 @@ class NormPlan(ChainPlan):
         self.src = head.inputs[0].id
         shape = request.lts[self.src].shape
         self.C = int(np.prod(shape[begin:]))
+        self.norm_shape = tuple(shape[begin:])
         self.begin = begin
         self.fused = fused
         self.kernel = "numba_norm" if fused else "numpy_f32_norm"
@@ -145,6 +146,16 @@ class NormPlan(ChainPlan):
         used = {lt.id for op in request.ops for lt in op.inputs} | set(request.output_ids)
         self.extra = [lt.id for lt in head.outputs[1:] if lt.id in used]
         super().__init__(request, walk, [lt.id for lt in head.inputs])
+
+    def _affine(self, arrays, tid) -> np.ndarray:
+        """gamma/beta as C f32 values: one that broadcasts into the normalized
+        dims (a scalar, a [1, C]; the shape rule allows it) is spread to them,
+        as the reference reads it (the row kernel indexes C values)."""
+        v = _f32(arrays[tid])
+        if v.size == self.C:
+            return v.reshape(-1)
+        return np.ascontiguousarray(np.broadcast_to(v.reshape(self.request.lts[tid].shape),
+                                                    self.norm_shape)).reshape(-1)
 
     def _stats(self, x, arrays):
         """LayerNorm mean/variance or SoftMax stats outputs (f64 / f32 as the reference)."""
@@ -190,9 +201,9 @@ class NormPlan(ChainPlan):
                 y = (x64 / np.sqrt(np.square(x64).mean(axis=1, keepdims=True) + self.eps)).astype(np.float32)
             y = y.reshape(-1)
             if self.gamma is not None:
-                y = (y.reshape(-1, self.C) * _f32(arrays[self.gamma]).reshape(1, -1)).reshape(-1)
+                y = (y.reshape(-1, self.C) * self._affine(arrays, self.gamma).reshape(1, -1)).reshape(-1)
             if self.beta is not None:
-                y = (y.reshape(-1, self.C) + _f32(arrays[self.beta]).reshape(1, -1)).reshape(-1)
+                y = (y.reshape(-1, self.C) + self._affine(arrays, self.beta).reshape(1, -1)).reshape(-1)
         return y
 
     def run(self, arrays, outputs) -> None:
@@ -215,8 +226,8 @@ class NormPlan(ChainPlan):
         R = x.size // self.C
         xv, kind = norm.act_kind(np.ascontiguousarray(x).reshape(-1))
         op = {K.LayerNorm: norm.LAYER, K.RMSNorm: norm.RMS, K.SoftMax: norm.SOFTMAX}[self.walk.head.kind]
-        g = np.ones(1, np.float32) if self.gamma is None else _f32(arrays[self.gamma]).reshape(-1)
-        b = np.zeros(1, np.float32) if self.beta is None else _f32(arrays[self.beta]).reshape(-1)
+        g = np.ones(1, np.float32) if self.gamma is None else self._affine(arrays, self.gamma)
+        b = np.zeros(1, np.float32) if self.beta is None else self._affine(arrays, self.beta)
         ep = self.epilogue(arrays, R, self.C)
         return (norm.bits16(xv), kind, R, self.C, op, g, self.gamma is not None, b, self.beta is not None,
                 self.eps, self.okind, ep.ops, ep.fpar, ep.ipar, ep.buf, norm.bits16(buf), norm.blocks(R))
@@ -234,7 +245,7 @@ class NormPlan(ChainPlan):
         x = arrays[self.src]
         if not x.size or not x.flags.c_contiguous or \
                 any(arrays[t].dtype != np.float32 or not arrays[t].flags.c_contiguous
-                    for t in (self.gamma, self.beta) if t is not None):
+                    or arrays[t].size != self.C for t in (self.gamma, self.beta) if t is not None):
             return None
         args = self._rows_args(x, arrays, self._dest_buffer(outputs))
         if self._ep_cache[2]:  # epilogue operands copied per call

@@ -488,20 +488,16 @@ def _nan_inf_cases():
         cp.execute(STREAM, [ga.Tensor(src, ENGINE, np.array([np.inf, -np.inf, 1e30, 1.0], np.float32))], [y])
         np.testing.assert_array_equal(y.numpy(), [127, -128, 127, 2])
 
-    def infinite_dequantize_scale():
+    def infinite_dequantize_scale():  # refused at add_op (issue 33: fused and reference disagreed)
         src, dst = ga.LogicalTensor(0, dt.s8, [3]), ga.LogicalTensor(1, dt.f32, [3])
-        cp = _compile(K.Dequantize, [src], [dst], {"scales": [float("inf")]})
-        y = ga.Tensor(dst, ENGINE)
-        cp.execute(STREAM, [ga.Tensor(src, ENGINE, np.array([-2, 0, 3], np.int8))], [y])
-        with np.errstate(invalid="ignore"):
-            np.testing.assert_array_equal(y.numpy(), np.array([-2, 0, 3], np.float32) * np.float32(np.inf))
+        _compile(K.Dequantize, [src], [dst], {"scales": [float("inf")]})
 
     return [Case("ReLU of NaN, +-inf, -0 and huge values", CORRECT, relu_of_specials),
             Case("Add of infinities", CORRECT, add_of_infinities),
             Case("NaN host scalar for s32", TYPED, nan_scalar_for_s32),
             Case("NaN host scalar for f32", CORRECT, nan_scalar_for_f32),
             Case("Quantize of infinities saturates", CORRECT, quantize_infinities_saturate),
-            Case("Dequantize with an infinite scale", CORRECT, infinite_dequantize_scale)]
+            Case("Dequantize with an infinite scale", TYPED, infinite_dequantize_scale)]
 
 
 # ---------------------------------------------------------------- empty

@@ -215,11 +215,89 @@ def benign(rng, doc):
 MUTATIONS = [structural, type_change, size_change, nesting, stride_change, attr_change, benign, benign]
 
 
-def mutant(doc, name: str, index: int) -> tuple[str, list[str]]:
-    """The JSON text of mutant ``index`` of file ``name`` and what was done."""
-    rng = random.Random(f"{name}:{index}")
+# ---- issue 33: non-finite float attributes and rank changes (kinds of their own)
+#: values a float attribute takes in :func:`non_finite_attr`
+NON_FINITE = [math.nan, math.inf, -math.inf]
+
+
+def non_finite_attr(rng, doc):
+    """A float attribute (an ``f32`` or ``f32[]`` entry: quantization scales,
+    eltwise alpha/beta, clamp bounds, epsilon, interpolate scales) becomes NaN,
+    +inf or -inf; in a list one element or all of them.  The op must be refused
+    at load as ``invalid_graph_op`` or run and match the reference."""
+    entries = [(op, name, entry) for op in _ops(doc) if isinstance(op.get("attrs"), dict)
+               for name, entry in op["attrs"].items()
+               if isinstance(entry, dict) and entry.get("type") in ("f32", "f32[]")]
+    if not entries:
+        return "no float attrs"
+    op, name, entry = rng.choice(entries)
+    value, bad = entry.get("value"), rng.choice(NON_FINITE)
+    if isinstance(value, list) and value:
+        if rng.random() < 0.5:
+            value[rng.randrange(len(value))] = bad
+        else:
+            entry["value"] = [bad] * len(value)
+    else:
+        entry["value"] = bad
+    return f"{op.get('kind')}.{name} -> {str(entry['value'])[:40]}"
+
+
+def _dense_stride(shape):
+    stride, acc = [], 1
+    for d in reversed(shape):
+        stride.append(acc)
+        acc *= max(d, 1)
+    return stride[::-1]
+
+
+def rank_change(rng, doc):
+    """One tensor's rank changes at every use of its id (a dim of 1 inserted, a
+    dim dropped, two adjacent dims merged, a dim split in two), with dense
+    strides: the ops reading it see an unexpected rank, the same data size when
+    merged or split.  Shape inference must refuse it with a typed error."""
+    tensors = [t for t in _tensors(doc) if isinstance(t.get("shape"), list) and len(t["shape"]) <= 12
+               and all(isinstance(d, int) and not isinstance(d, bool) and 0 < d < 2**40 for d in t["shape"])]
+    if not tensors:
+        return "no known shapes"
+    tid = rng.choice(tensors).get("id")
+    shape = list(next(t["shape"] for t in tensors if t.get("id") == tid))
+    choice, at = rng.randrange(4), rng.randrange(len(shape) + 1)
+    if choice == 0 or not shape:
+        shape.insert(at, 1)
+    elif choice == 1:
+        shape.pop(min(at, len(shape) - 1))
+    elif choice == 2 and len(shape) > 1:
+        at = min(at, len(shape) - 2)
+        shape[at:at + 2] = [shape[at] * shape[at + 1]]
+    else:
+        at = min(at, len(shape) - 1)
+        d = shape[at]
+        shape[at:at + 1] = [d // 2, 2] if d % 2 == 0 else [1, d]
+    produced = [t.get("id") for op in _ops(doc) if isinstance(op.get("outputs"), list)
+                for t in op["outputs"] if isinstance(t, dict)]  # a list: ids may be any JSON value
+    forget = rng.random() < 0.5  # op outputs unknown: inference carries the new rank on
+    for t in _tensors(doc):
+        if t.get("id") == tid:
+            t["shape"] = list(shape)
+            if isinstance(t.get("stride"), list) and t["stride"] != [INT64_MIN]:
+                t["stride"] = _dense_stride(shape)
+        elif forget and t.get("id") in produced:
+            t["shape"], t["stride"] = [INT64_MIN], [INT64_MIN]
+    return f"rank {tid} -> {shape}" + (", op outputs unknown" if forget else "")
+
+
+
+#: the issue-33 kinds, also run on their own (test_fuzz_issue33_kinds)
+ISSUE33_KINDS = [non_finite_attr, rank_change]
+MUTATIONS += ISSUE33_KINDS
+
+
+def mutant(doc, name: str, index: int, kinds=None) -> tuple[str, list[str]]:
+    """The JSON text of mutant ``index`` of file ``name`` and what was done
+    (mutations drawn from ``kinds``, by default all of ``MUTATIONS``)."""
+    rng = random.Random(f"{name}:{index}" if kinds is None else f"{name}:{index}:{kinds[0].__name__}")
     doc = copy.deepcopy(doc)
-    done = [rng.choice(MUTATIONS)(rng, doc) for _ in range(rng.choice([1, 1, 2, 3]))]
+    done = [rng.choice(kinds or MUTATIONS)(rng, doc) for _ in range(rng.choice([1, 1, 2, 3]))]
     text = json.dumps(doc)
     for depth in (40, 900, 3000):
         text = text.replace(json.dumps(f"{DEEP}{depth}"), "[" * depth + "]" * depth)
@@ -260,13 +338,13 @@ def run_mutant(path) -> str:
     return "checked"
 
 
-def fuzz(tmp_path, mutants_per_file: int) -> Counter:
+def fuzz(tmp_path, mutants_per_file: int, kinds=None) -> Counter:
     outcomes, failures = Counter(), []
     for path in FILES:
         name = rel(path)
         doc = json.loads(path.read_text())
         for index in range(mutants_per_file):
-            text, done = mutant(doc, name, index)
+            text, done = mutant(doc, name, index, kinds)
             target = tmp_path / f"mutant-{index}.json"
             target.write_text(text)
             try:
@@ -315,6 +393,20 @@ def test_fuzz_every_conformance_file_short(tmp_path):
 @pytest.mark.long
 def test_fuzz_every_conformance_file_long(tmp_path):
     fuzz(tmp_path, MUTANTS_LONG)
+
+
+@pytest.mark.parametrize("kind", ISSUE33_KINDS, ids=lambda k: k.__name__)
+def test_fuzz_issue33_kind_short(tmp_path, kind):
+    """Non-finite float attributes and rank changes alone (issue 33): one mutant
+    per file; each is refused with a typed error or runs and matches the reference."""
+    outcomes = fuzz(tmp_path, 1, [kind])
+    assert outcomes["load error"] > 0
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("kind", ISSUE33_KINDS, ids=lambda k: k.__name__)
+def test_fuzz_issue33_kind_long(tmp_path, kind):
+    fuzz(tmp_path, MUTANTS_LONG, [kind])
 
 
 # ====================================================================== regressions found here
@@ -497,3 +589,70 @@ def test_huge_batch_under_a_small_budget_short(tmp_path):
 @pytest.mark.long
 def test_huge_batch_under_a_small_budget_long(tmp_path):
     fuzz_huge_batch(tmp_path, FILES)
+
+
+# ---- issue 33 regressions (found by the probes the non_finite_attr / rank_change kinds now run)
+def _set_float_attr(doc, kind: str, name: str, value):
+    """Every ``kind`` op's float attribute ``name`` (a list: its every entry) set to ``value``."""
+    for op in _ops(doc):
+        entry = op.get("attrs", {}).get(name) if op.get("kind") == kind else None
+        if entry is not None:
+            entry["value"] = [value] * len(entry["value"]) if isinstance(entry["value"], list) else value
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name, kind, attr", [
+    ("pattern/int8/int8_matmul_mul_add_mul_fusion.json", "Dequantize", "scales"),
+    ("pattern/int8/int8_matmul_bias_sum_fusion.json", "Quantize", "scales"),
+    ("pattern/int8/int8_convtranspose_post_ops_sum_fusion.json", "Dequantize", "scales"),
+    ("pattern/f32/interpolate_post_ops_chain_fusion.json", "Interpolate", "scales"),
+    ("op/f32/interpolate_3d.json", "Interpolate", "scales"),
+])
+def test_non_finite_float_attributes_in_json_are_refused_at_load(name, kind, attr, value):
+    """Such graphs ran and the fused int8 kernels gave 127/-128 where the
+    reference gave 0 (inf scales), or shape inference raised ValueError /
+    OverflowError (Interpolate); now the load names the op and attribute."""
+    doc = json.loads(next(p for p in FILES if rel(p) == name).read_text())
+    with pytest.raises(ga.InvalidGraphOp, match=f"\\({kind}.*attribute {attr}=.*must be finite") as err:
+        ga.Graph.from_json(_set_float_attr(doc, kind, attr, value))
+    assert err.value.status.name == "invalid_graph_op"
+
+
+def test_deconv_backward_data_with_a_rank_change_is_invalid_shape():
+    """A rank change of ConvTransposeBackwardData's weights raised IndexError in
+    shapes.split_weights, or (rank 3 under a rank-4 diff_dst) ran into a numpy
+    broadcast error at execute."""
+    doc = json.loads(next(p for p in FILES if rel(p) == "op/f32/deconv_bwd_d.json").read_text())
+    wei = doc["graph"][0]["inputs"][1]
+    for shape in ([wei["shape"][0]], wei["shape"][:3]):
+        wei["shape"], wei["stride"] = shape, _dense_stride(shape)
+        with pytest.raises(ga.InvalidShape, match="ConvTransposeBackwardData.*must have the same rank >= 3"):
+            ga.Graph.from_json(json.dumps(doc))
+
+
+def test_a_self_overlapping_intermediate_layout_loses_no_results():
+    """An intermediate declared with overlapping strides ([1, 2, 4, 4] on
+    [1, 1, 2, 2]: found by the long fuzz, a stride mutant of
+    int8_avgpool_reshape_fusion.json) was allocated in that layout by the
+    per-op plan, so the AvgPool results sharing memory were lost (-3 for -6).
+    Inside a partition the layout is the partition's own: it is made dense."""
+    import numpy as np
+
+    f32, s8 = ga.DataType.f32, ga.DataType.s8
+    q = {"qtype": "per_tensor", "scales": [0.5], "zps": [0]}
+    g = ga.Graph()
+    g.add_op(ga.Op(0, ga.OpKind.Dequantize, [ga.LogicalTensor(0, s8, [1, 1, 3, 3])],
+                   [ga.LogicalTensor(1, f32, [1, 1, 3, 3])], attrs=q))
+    g.add_op(ga.Op(1, ga.OpKind.AvgPool, [ga.LogicalTensor(1, f32, [1, 1, 3, 3])],
+                   [ga.LogicalTensor(2, f32, [1, 1, 2, 2], [1, 2, 4, 4])],
+                   attrs=dict(kernel=[2, 2], strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0],
+                              exclude_pad=False, data_format="NCX")))
+    g.add_op(ga.Op(2, ga.OpKind.StaticReshape, [ga.LogicalTensor(2, f32, [1, 1, 2, 2])],
+                   [ga.LogicalTensor(3, f32, [4])], attrs={"shape": [-1], "special_zero": False}))
+    g.add_op(ga.Op(3, ga.OpKind.Quantize, [ga.LogicalTensor(3, f32, [4])], [ga.LogicalTensor(4, s8, [4])], attrs=q))
+    g.finalize()
+    assert len(g.get_partitions()) == 1
+    values = (np.arange(9) * 2).astype(np.int8).reshape(1, 1, 3, 3)
+    out = ga.run_graph(g, {0: values}).outputs[4]
+    np.testing.assert_array_equal(out, [4, 6, 10, 12])  # the means of the four 2x2 windows

@@ -804,3 +804,144 @@ def test_end_and_wildcard_shapes():
     assert infer("End", ["f32:2x3"], []) == []
     assert infer("Wildcard", ["f32:2"], ["s8:3x3", "f32:?"]) == [(3, 3), None]
     assert infer("Wildcard", [], []) == []
+
+
+# ------------------------------------------------ ranks nothing checked (issue 33)
+def _with_rank(spec: str, rank: int) -> str:
+    """``spec`` with its dims cut or padded with 2s to ``rank``."""
+    dtype, _, dims = spec.partition(":")
+    base = [int(d) for d in dims.split("x")] if dims and dims != "?" else []
+    return dtype + ":" + "x".join(str(d) for d in (base + [2] * 7)[:rank])
+
+
+def _rank_variants():
+    """(kind, inputs, outputs, attrs): one VALID row with one input or declared
+    output at rank 0..6, or one shape-naming attribute of length 1..6."""
+    for kind, (ins, outs, attrs, _) in sorted(VALID.items()):
+        for port in range(len(ins)):
+            for rank in range(7):
+                yield kind, ins[:port] + [_with_rank(ins[port], rank)] + ins[port + 1:], outs, attrs
+        for port in range(len(outs)):
+            for rank in range(7):
+                yield kind, ins, outs[:port] + [_with_rank(outs[port], rank)] + outs[port + 1:], attrs
+        for name in ("dst_shape", "weights_shape", "src_shape"):
+            for rank in range(1, 7) if name in attrs else ():
+                yield kind, ins, outs, dict(attrs, **{name: (list(attrs[name]) + [2] * 7)[:rank]})
+
+
+def test_every_shape_function_takes_any_rank_or_names_the_op():
+    """A rank the op does not take is InvalidShape/InvalidGraphOp naming the op,
+    never an IndexError from indexing dims nothing checked (issue 33: the weights
+    of Convolution/ConvTransposeBackwardData, a 1-entry ConvolutionBackwardWeights
+    weights_shape, in split_weights)."""
+    untyped, count = [], 0
+    for kind, ins, outs, attrs in _rank_variants():
+        count += 1
+        try:
+            infer(kind, ins, outs, **attrs)
+        except (InvalidShape, InvalidGraphOp) as err:
+            assert f"op {OP_ID}" in str(err)
+        except Exception as err:  # noqa: BLE001 - the contract under test
+            untyped.append(f"{kind} {ins} -> {outs}: {type(err).__name__}: {err}")
+    assert count > 1800
+    assert not untyped, "\n".join(untyped)
+
+
+@pytest.mark.parametrize("kind, ins, outs, attrs, fragment", [
+    ("ConvTransposeBackwardData", ["f32:1x8x6x6", "f32:4"], ["f32:?"], {},
+     r"diff_dst \[1, 8, 6, 6\] and weights \[4\] must have the same rank >= 3"),
+    ("ConvTransposeBackwardData", ["f32:1x8x6x6", "f32:8x4x3"], ["f32:?"], {},
+     r"diff_dst \[1, 8, 6, 6\] and weights \[8, 4, 3\] must have the same rank >= 3"),
+    ("ConvolutionBackwardData", ["f32:1x8x6x6", "f32:3"], ["f32:1x4x8x8"], {"dst_shape": [1, 4, 8, 8]},
+     r"weights \[3\] must have rank >= 3"),
+    ("ConvolutionBackwardWeights", ["f32:1x4x8x8", "f32:1x8x6x6"], ["f32:?"],
+     {"weights_shape": [8]}, r"weights \[8\] must have rank >= 3"),
+])
+def test_conv_backward_ranks_are_invalid_shape(kind, ins, outs, attrs, fragment):
+    """ConvTransposeBackwardData with rank-1 weights raised IndexError in
+    split_weights; rank-3 weights under a rank-4 diff_dst gave a rank-3 diff_src
+    (zip stopped at the shorter spatial list) and a numpy error at execute."""
+    attrs = dict(_CONV2D, weights_format="OIX" if "Transpose" not in kind else "IOX",
+                 data_format="NCX", **attrs)
+    with pytest.raises(InvalidShape, match=f"op {OP_ID} \\({kind}.*{fragment}"):
+        infer(kind, ins, outs, **attrs)
+
+
+# ------------------------------------------ non-finite float attributes (issue 33)
+def _float_attrs():
+    """(kind, attribute, is a list, +-inf allowed) of every f32/f32[] attribute."""
+    return [(kind.name, a.name, a.kind == "f32[]", a.infinite) for kind, schema in OP_SCHEMAS.items()
+            for a in schema.attrs if "f32" in a.kind]
+
+
+def test_the_float_attributes_are_the_known_ones():
+    """A new float attribute gets its own decision (finite, or +-inf meaningful)."""
+    infinite = sorted(f"{k}.{a}" for k, a, _, inf in _float_attrs() if inf)
+    assert infinite == ["Clamp.max", "Clamp.min", "ClampBackward.max", "ClampBackward.min"]
+    assert len(_float_attrs()) == 26
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 1e39, -1e39],
+                         ids=["nan", "inf", "-inf", "1e39", "-1e39"])
+@pytest.mark.parametrize("kind, name, is_list, infinite", _float_attrs(),
+                         ids=[f"{k}.{a}" for k, a, _, _ in _float_attrs()])
+def test_non_finite_float_attributes_are_refused_at_add_op(kind, name, is_list, infinite, value):
+    """NaN (or +-inf, or a value that is +-inf in f32) in a float attribute ran
+    and gave fused kernels and the reference different answers (int8 MatMul
+    fusions: 127 vs 0; Interpolate: ValueError).  oneDNN defines no meaning for
+    them (only Clamp's bounds take +-inf: a one-sided clip), so add_op refuses
+    them as invalid_graph_op naming the op and the attribute."""
+    ins, outs, attrs, _ = VALID[kind]
+    attrs = dict(attrs)
+    if is_list:
+        attrs[name] = [value] + [2.0] * (len(attrs.get(name) or [0.5]) - 1)
+    else:
+        attrs[name] = value
+    op = make(kind, ins, outs, **attrs)
+    if infinite and value == value and (value < 0) == (name == "min"):
+        verify_op(op, OP_SCHEMAS)  # min = -inf, max = +inf: nothing clipped on that side
+        return
+    fragment = f"attribute {name}=" if value != value or not infinite else "above max"
+    with pytest.raises(InvalidGraphOp, match=f"op {OP_ID} \\({kind}.*{fragment}") as err:
+        verify_op(op, OP_SCHEMAS)
+    assert err.value.status.name == "invalid_graph_op"
+
+
+@pytest.mark.parametrize("lo, hi, ok", [(0.5, 0.5, True), (-1.0, 1e39, True), (float("-inf"), float("inf"), True),
+                                        (float("inf"), float("inf"), True), (1.0, 0.5, False),
+                                        (1e39, float("inf"), True), (float("inf"), 1e38, False)])
+def test_clamp_bounds_follow_onednns_clip_rule(lo, hi, ok):
+    """oneDNN's clip takes any ``min <= max`` in f32 (math::is_eltwise_ok); min > max is refused."""
+    for kind in ("Clamp", "ClampBackward"):
+        ins, outs, _, _ = VALID[kind]
+        op = make(kind, ins, outs, min=lo, max=hi)
+        if ok:
+            verify_op(op, OP_SCHEMAS)
+        else:
+            with pytest.raises(InvalidGraphOp, match=f"op {OP_ID} \\({kind}.*is above max"):
+                verify_op(op, OP_SCHEMAS)
+
+
+@pytest.mark.parametrize("scales, fragment", [([1e38, 1.0], "give inf"), ([-2.0, 1.0], "give -10.0"),
+                                              ([3e18, 1.0], "give 1.49")])
+def test_interpolate_scales_that_give_no_size_are_invalid_shape(scales, fragment):
+    """Finite scales whose f32 product with a dim overflows, is negative or
+    passes int64 are refused before the conversion to int (was OverflowError)."""
+    with pytest.raises(InvalidShape, match=f"op {OP_ID} \\(Interpolate.*scales=.*{fragment}"):
+        infer("Interpolate", ["f32:1x3x5x5"], mode="nearest", scales=scales, data_format="NCX")
+
+
+@pytest.mark.parametrize("src, wei, groups, fragment", [
+    ("f32:2x16x5x5", "f32:8x2x4x3", 4, "src has 16 channels, expected the weights input channels 8"),
+    ("f32:2x6x5x5", "f32:6x2x3x3", 4, "src channels 6 do not split into groups=4"),
+])
+def test_grouped_conv_transpose_channels_are_checked(src, wei, groups, fragment):
+    """Grouped ConvTranspose weights hold all input channels (I) and the
+    per-group outputs (O); the channel rule was checked for groups=1 only, and
+    a mismatch reached the kernels as a numpy matmul error (found by the
+    fuzzer's rank_change kind)."""
+    with pytest.raises(InvalidShape, match=f"op {OP_ID} \\(ConvTranspose.*{fragment}"):
+        infer("ConvTranspose", [src, wei], weights_format="IOX", data_format="NCX", groups=groups,
+              **_CONV2D)
+    assert infer("ConvTranspose", ["f32:2x16x5x5", "f32:16x2x3x3"], weights_format="IOX", data_format="NCX",
+                 groups=4, **_CONV2D) == [(2, 8, 5, 5)]

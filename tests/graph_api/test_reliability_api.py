@@ -243,16 +243,23 @@ def test_zero_points_beyond_s32_are_rejected_at_add_op():
         _dequant([4], {"qtype": "per_tensor", "scales": [1.0], "zps": [2**40]})
 
 
-@pytest.mark.parametrize("scale", [float("inf"), float("nan"), 1e308])
-def test_scale_rewrite_keeps_non_finite_and_huge_scales(scale):
+@pytest.mark.parametrize("scale, kept", [(float("inf"), None), (float("nan"), None), (1e308, None),
+                                         (3e38, 3e38), (1e38, 2.0**127), (-0.5, -0.5)])
+def test_scale_rewrite_keeps_huge_scales_and_add_op_refuses_non_finite_ones(scale, kept):
+    """Non-finite scales (1e308 is +inf in f32) are refused at add_op (issue 33);
+    a finite scale whose power of two is past f32 stays as it is."""
     src = ga.LogicalTensor(0, dt.f32, [4])
     dst = ga.LogicalTensor(1, dt.s8, [4])
     g = ga.Graph(ga.EngineKind.cpu)
-    g.add_op(ga.Op(0, K.Quantize, [src], [dst], attrs={"scales": [scale]}))
+    op = ga.Op(0, K.Quantize, [src], [dst], attrs={"scales": [scale]})
+    if kept is None:
+        with pytest.raises(ga.InvalidGraphOp, match="attribute scales=.*must be finite"):
+            g.add_op(op)
+        return
+    g.add_op(op)
     g.finalize()
     (op,) = power_of_two_scales(g).ops.values()
-    rewritten = op.attrs["scales"][0]
-    assert rewritten == scale or (np.isnan(scale) and np.isnan(rewritten))
+    assert op.attrs["scales"] == [kept]
 
 
 def test_filler_handles_zero_points_outside_int16():

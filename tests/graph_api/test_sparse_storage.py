@@ -159,3 +159,60 @@ def test_dense_nan_counts_as_a_nonzero():
     a[1, 3] = np.nan
     st = SparseStorage.from_dense("CSR", a)
     assert st.nse == 1 and np.isnan(st.values[0])
+
+
+# ------------------------------------------------ malformed scipy input (issue 33)
+def _scipy(fmt, **arrays):
+    """A 3x4 scipy matrix of ``fmt`` with some of its index arrays replaced
+    (in place, as a user holding a malformed matrix would have it)."""
+    import scipy.sparse as sp
+
+    m = sp.coo_array(np.arange(1, 13, dtype=np.float32).reshape(3, 4) * (np.arange(12).reshape(3, 4) % 3 == 0))
+    m = m.asformat(fmt)
+    for name, value in arrays.items():
+        setattr(m, name, np.asarray(value, getattr(m, name).dtype))
+    return m
+
+
+MALFORMED_SCIPY = [
+    ("csr", {"indptr": [0, 2, 1, 4]}, "indptr = level 1 positions.*never decrease"),
+    ("csr", {"indptr": [1, 2, 3, 4]}, "positions must start at 0"),
+    ("csr", {"indptr": [0, 1, 2, 3]}, "positions end at 3 but there are 4 coordinates"),
+    ("csr", {"indices": [0, 7, 2, 1]}, "coordinate 7 outside \\[0, 4\\)"),
+    ("csr", {"indices": [0, -1, 2, 1]}, "indices = level 1 coordinates.*outside \\[0, 2\\^31-1\\]"),
+    ("csc", {"indptr": [0, 2, 1, 3, 4]}, "never decrease"),
+    ("csc", {"indices": [0, 3, 1, 2]}, "coordinate 3 outside \\[0, 3\\)"),
+    ("coo", {"col": [0, 3, 9, 1]}, "coordinate 9 outside \\[0, 4\\)"),
+    ("coo", {"row": [0, -2, 1, 2]}, "row = level 0 coordinates.*outside \\[0, 2\\^31-1\\]"),
+    ("coo", {"row": [0, 0, 5, 2]}, "coordinate 5 outside \\[0, 3\\)"),
+    ("bsr", {"indices": [0, 9, 2, 1]}, "column index values must be < 4"),
+]
+
+
+@pytest.mark.parametrize("fmt, arrays, fragment", MALFORMED_SCIPY,
+                         ids=[f"{f}-{'-'.join(a)}-{i}" for i, (f, a, _) in enumerate(MALFORMED_SCIPY)])
+def test_malformed_scipy_input_is_invalid_sparse_storage(fmt, arrays, fragment):
+    """A decreasing indptr was stored as another matrix than scipy's own
+    toarray(); an index outside the shape escaped as scipy's ValueError.  scipy
+    arrays now pass SparseStorage's checks (issue 33)."""
+    m = _scipy(fmt, **arrays)
+    for encoding in ("CSR", "COO"):
+        lt = ga.LogicalTensor(0, ga.DataType.f32, [3, 4], sparse_encoding=encoding)
+        with pytest.raises(InvalidSparseStorage, match=f"scipy {fmt} matrix.*{fragment}") as err:
+            ga.Tensor(lt, ga.Engine(), m)
+        assert err.value.status.name == "invalid_arguments"
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "bsr", "dia", "lil", "dok"])
+def test_scipy_input_with_duplicates_and_unsorted_indices_is_scipys_matrix(fmt):
+    """What scipy itself allows (duplicates, summed; unsorted indices) is still
+    taken, as the matrix scipy's toarray() gives."""
+    import scipy.sparse as sp
+
+    m = sp.csr_array((np.array([1, 2, 3, 4, 5], np.float32), np.array([3, 1, 1, 0, 2]),
+                      np.array([0, 3, 3, 5])), shape=(3, 4))  # row 0: 4 at col 3, 2 + 3 at col 1
+    assert not m.has_sorted_indices
+    want = m.toarray()
+    for encoding in ("CSR", "CSC", "COO"):
+        lt = ga.LogicalTensor(0, ga.DataType.f32, [3, 4], sparse_encoding=encoding)
+        np.testing.assert_array_equal(ga.Tensor(lt, ga.Engine(), m.asformat(fmt)).numpy(), want)

@@ -665,6 +665,11 @@ EPILOGUE_UNARY = [(K.ReLU, {}), (K.GELU, {}), (K.GELU, {"mode": "gelu_tanh"}), (
                   (K.Tanh, {}), (K.Clamp, {"min": -1.0, "max": 2.0}), (K.Elu, {"alpha": 0.5}),
                   (K.LeakyReLU, {"alpha": 0.1}), (K.Abs, {}), (K.Exp, {}), (K.Square, {}),
                   ("swish", {})]
+#: Clamp bounds of +-inf (issue 33): the one float attribute add_op lets be infinite
+CLAMP_INFINITE = [{"min": -np.inf, "max": np.inf}, {"min": 0.0, "max": np.inf},
+                  {"min": -np.inf, "max": 0.5}, {"min": np.inf, "max": np.inf},
+                  {"min": -np.inf, "max": -np.inf}]
+EPILOGUE_UNARY += [(K.Clamp, bounds) for bounds in CLAMP_INFINITE]
 
 
 @pytest.mark.parametrize("kind,attrs", EPILOGUE_UNARY,
@@ -720,3 +725,91 @@ def test_inf_nan_and_zero_operands_of_binary_post_ops_match_the_reference(kind, 
     reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
     verdict = compare(reference[8], fused[8], dt.f32)
     assert verdict.ok, verdict.message
+
+
+def _int8_graph(kind, bounds, out_dtype):
+    """u8 src and s8 constant weights dequantized, MatMul or 2-D Convolution,
+    Clamp(bounds), Quantize to ``out_dtype``: one int8 partition."""
+    rng = np.random.default_rng(7)
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    if kind == K.MatMul:
+        xs, ws, ys, attrs = [4, 32], [32, 16], [4, 16], {}
+    else:
+        xs, ws, ys = [1, 8, 6, 6], [16, 8, 3, 3], [1, 16, 6, 6]
+        attrs = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1],
+                     data_format="NCX", weights_format="OIX")
+    q = {"qtype": "per_tensor", "scales": [0.5], "zps": [3]}
+    g.add_op(ga.Op(1, K.Dequantize, [lt(0, dt.u8, xs)], [lt(1, dt.f32, xs)], attrs=q))
+    g.add_op(ga.Op(2, K.Dequantize, [lt(2, dt.s8, ws, C)], [lt(3, dt.f32, ws)],
+                   attrs={"qtype": "per_tensor", "scales": [0.25], "zps": [0]}))
+    g.add_op(ga.Op(3, kind, [lt(1, dt.f32, xs), lt(3, dt.f32, ws)], [lt(4, dt.f32, ys)], attrs=attrs))
+    g.add_op(ga.Op(4, K.Clamp, [lt(4, dt.f32, ys)], [lt(5, dt.f32, ys)], attrs=bounds))
+    g.add_op(ga.Op(5, K.Quantize, [lt(5, dt.f32, ys)], [lt(6, out_dtype, ys)], attrs=q))
+    feeds = {0: rng.integers(0, 12, xs).astype(np.uint8), 2: rng.integers(-4, 5, ws).astype(np.int8)}
+    return g, feeds
+
+
+@pytest.mark.parametrize("out_dtype", [dt.s8, dt.u8], ids=lambda d: d.name)
+@pytest.mark.parametrize("bounds", CLAMP_INFINITE, ids=lambda b: f"{b['min']}-{b['max']}")
+@pytest.mark.parametrize("kind", [K.MatMul, K.Convolution], ids=lambda k: k.name)
+def test_clamp_with_infinite_bounds_in_int8_fusions_matches_the_reference(kind, bounds, out_dtype):
+    """Issue 33: non-finite float attributes gave fused int8 kernels and the
+    reference different answers.  add_op now refuses all but Clamp's +-inf
+    bounds; with those the fused int8 MatMul/Convolution store saturates exactly
+    as the reference does (min = max = +inf: every output the type's maximum)."""
+    g, feeds = _int8_graph(kind, bounds, out_dtype)
+    fused, plans = run(g, feeds)
+    assert len(plans) == 1 and plans[0] != "reference"
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    np.testing.assert_array_equal(fused[6], reference[6])
+    top = np.iinfo(np.int8 if out_dtype == dt.s8 else np.uint8)
+    if bounds["min"] == np.inf:
+        assert (fused[6] == top.max).all()
+    if bounds["max"] == -np.inf:
+        assert (fused[6] == top.min).all()
+
+
+# ---------------------------------------- rank changes found by the JSON fuzzer (issue 33)
+def test_a_broadcast_that_adds_a_dim_after_interpolate_matches_the_reference():
+    """Interpolate [2, 3, 4] then Add of a [1, 1, 1, 1] operand (output [1, 2, 3, 8]):
+    the image-blocked plan ran every op output as [1, ...] and reshaped the
+    Interpolate's [2, 3, 8] into (1, 3, 8) (ValueError at execute)."""
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    g.add_op(ga.Op(1, K.Interpolate, [lt(0, dt.f32, [2, 3, 4])], [lt(1, dt.f32, [2, 3, 8])],
+                   attrs={"mode": "nearest", "scales": [2.0], "data_format": "NCX"}))
+    g.add_op(ga.Op(2, K.Add, [lt(1, dt.f32, [2, 3, 8]), lt(2, dt.f32, [1, 1, 1, 1])],
+                   [lt(3, dt.f32, [1, 2, 3, 8])]))
+    feeds = {0: np.arange(24, dtype=np.float32).reshape(2, 3, 4), 2: np.full((1, 1, 1, 1), 0.5, np.float32)}
+    fused, plans = run(g, feeds)
+    assert len(plans) == 1
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    np.testing.assert_array_equal(fused[3], reference[3])
+    np.testing.assert_array_equal(fused[3][0], np.repeat(feeds[0], 2, axis=2) + 0.5)
+
+
+@pytest.mark.parametrize("axis, gamma, beta", [(-1, [8], []), (-1, [], [1]), (1, [8], []), (1, [], [8]),
+                                               (1, [1, 8], [4, 1]), (1, [1], [4, 8])])
+def test_layer_norm_with_broadcast_gamma_or_beta_matches_the_reference(axis, gamma, beta):
+    """gamma/beta that broadcast into the normalized dims ([8] or [4, 8]: a
+    scalar, [1], [1, 8]; the shape rule takes them) were read as C values by the
+    fused row kernel, which read past them (8.8e-42 for 1.82), and by its numpy
+    form (a broadcast error)."""
+    g = ga.Graph(ga.EngineKind.cpu, "strict")
+    shape = [3, 4, 8]
+    g.add_op(ga.Op(1, K.LayerNorm, [lt(0, dt.f32, shape), lt(1, dt.f32, gamma), lt(2, dt.f32, beta)],
+                   [lt(3, dt.f32, shape)],
+                   attrs={"keep_stats": False, "epsilon": 0.0625, "begin_norm_axis": axis}))
+    g.add_op(ga.Op(2, K.GELU, [lt(3, dt.f32, shape)], [lt(4, dt.f32, shape)]))
+    feeds = {0: np.random.default_rng(3).integers(-8, 9, shape).astype(np.float32),
+             1: np.full(gamma, 1.5, np.float32), 2: np.full(beta, -0.25, np.float32)}
+    g.finalize()
+    result = ga.run_graph(g, feeds)
+    (part,) = result.partitions
+    plan = part.compiled.plan
+    assert plan.kernel == ("numba_norm" if axis == -1 else "numpy_f32_norm")
+    reference, _ = run(g, feeds, ga.PartitionPolicy.debug)
+    verdict = compare(reference[4], result.outputs[4], dt.f32)
+    assert verdict.ok, verdict.message
+    if axis == -1:  # what the row kernel is given (a read past an array is not seen reliably)
+        args = plan._rows_args(feeds[0], dict(feeds), np.empty(shape, np.float32))
+        assert args[5].size == args[7].size == 8
