@@ -66,14 +66,26 @@ def _pack_kt(kb, kbase, ks, S, D, kpack):
 
 
 @njit(inline="always", cache=True)
-def _pack_v(vb, vbase, vs, S, D, ksteps, vpack):
-    """``vpack`` <- V [S, D] as the GEMM's B (``amx.pack_b``): per panel of 32 columns of
-    D, per 32-deep step of keys, halves of 16 columns, rows of key pairs."""
-    for t in range(S):
-        vrow = vb[vbase + t * vs:vbase + t * vs + D]
-        off = (t // 32) * 1024 + ((t % 32) // 2) * 32 + (t % 2)
-        for d in range(D):
-            vpack[(d // 32) * ksteps * 1024 + off + ((d % 32) // 16) * 512 + 2 * (d % 16)] = vrow[d]
+def _pack_v(vb, vbase, vs, S, D, ksteps, vpack32):
+    """``vpack32`` (the uint32 view of the packed bf16) <- V [S, D] as the GEMM's B
+    (``amx.pack_b``): per panel of 32 columns of D, per 32-deep step of keys, halves of
+    16 columns, rows of key pairs; one 32-bit word holds keys ``(2i, 2i + 1)`` of a
+    column, so each half row is 16 contiguous words (a vector store)."""
+    for t0 in range(0, S, 2):
+        r0 = vb[vbase + t0 * vs:vbase + t0 * vs + D]
+        r1 = vb[vbase + (t0 + 1) * vs:vbase + (t0 + 1) * vs + D] if t0 + 1 < S else r0[:0]
+        row = (t0 // 32) * 512 + ((t0 % 32) // 2) * 16
+        for p in range(D // 32):
+            for h in range(2):
+                dst = vpack32[p * ksteps * 512 + row + h * 256:p * ksteps * 512 + row + h * 256 + 16]
+                lo = r0[p * 32 + h * 16:p * 32 + h * 16 + 16]
+                if t0 + 1 < S:
+                    hi = r1[p * 32 + h * 16:p * 32 + h * 16 + 16]
+                    for j in range(16):
+                        dst[j] = np.uint32(lo[j]) | (np.uint32(hi[j]) << np.uint32(16))
+                else:  # the last key of an odd S: its pair is the zero padding
+                    for j in range(16):
+                        dst[j] = np.uint32(lo[j])
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -107,7 +119,7 @@ def prefill_items(ids, qb, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, s
         kv = b * Hkv + h // rep
         if kv != packed:  # heads of one KV group dealt to this thread in a row share the packs
             _pack_kt(kb, b * kstr[0] + (h // rep) * kstr[1], kstr[2], S, D, kpack)
-            _pack_v(vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], S, D, ksteps, vpack)
+            _pack_v(vb, b * vstr[0] + (h // rep) * vstr[1], vstr[2], S, D, ksteps, vpack.view(np.uint32))
             packed = kv
         for i0 in range(0, Sq, QB):
             nq = min(QB, Sq - i0)
@@ -133,10 +145,12 @@ def prefill_items(ids, qb, qstr, Hq, Sq, D, kb, kstr, vb, vstr, Hkv, S, scale, s
             for r in range(QB):  # probabilities as A, rounded to bf16 (rows past nq: zeros)
                 base = (r // 16) * 512 + (r % 16) * 32
                 if r < nq:
-                    row = sc[r * Sp:r * Sp + ntc]
                     inv = np.float32(1.0) / lsum[r]  # all -inf scores: 0 * inf = NaN, as 0 / 0
-                    for t in range(ntc):
-                        ppack[base + (t // 32) * 1024 + (t % 32)] = _bf16_rne(bits_from_f32(row[t] * inv))
+                    for s in range(ntc // 32):  # 32 contiguous values a step: the loop vectorises
+                        src = sc[r * Sp + s * 32:r * Sp + s * 32 + 32]
+                        dst = ppack[base + s * 1024:base + s * 1024 + 32]
+                        for t in range(32):
+                            dst[t] = _bf16_rne(bits_from_f32(src[t] * inv))
                 else:
                     for s in range(ntc // 32):
                         ppack[base + s * 1024:base + s * 1024 + 32] = 0
