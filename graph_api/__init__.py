@@ -34,6 +34,8 @@ if "numpy" not in _sys.modules and _os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from .config import get_memory_budget, set_memory_budget
+from .constant_cache import (get_constant_tensor_cache, get_constant_tensor_cache_capacity,
+                             set_constant_tensor_cache, set_constant_tensor_cache_capacity)
 from .dtypes import DataType
 from .engine import Allocator, Engine, Stream, make_engine_with_allocator
 from .enums import EngineKind, FPMathMode, LayoutType, OpAttr, OpKind, PartitionPolicy, PropertyType
@@ -79,6 +81,8 @@ __all__ = [
     "get_memory_budget", "set_memory_budget",
     "CompiledGraph", "compile_graph",
     "get_compiled_partition_cache_capacity", "set_compiled_partition_cache_capacity",
+    "get_constant_tensor_cache", "set_constant_tensor_cache",
+    "get_constant_tensor_cache_capacity", "set_constant_tensor_cache_capacity",
     "Allocator", "make_engine_with_allocator", "OpAttr",
     "from_onnx", "import_onnx",
 ]
