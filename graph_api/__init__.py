@@ -38,7 +38,8 @@ from .constant_cache import (get_constant_tensor_cache, get_constant_tensor_cach
                              set_constant_tensor_cache, set_constant_tensor_cache_capacity)
 from .dtypes import DataType
 from .engine import Allocator, Engine, Stream, make_engine_with_allocator
-from .enums import EngineKind, FPMathMode, LayoutType, OpAttr, OpKind, PartitionPolicy, PropertyType
+from .dump import get_dump_mode, set_dump_mode
+from .enums import EngineKind, FPMathMode, GraphDumpMode, LayoutType, OpAttr, OpKind, PartitionPolicy, PropertyType
 from .errors import (ExecutionError, GraphError, InvalidArguments, InvalidDataType, InvalidGraph,
                      InvalidGraphOp, InvalidShape, OutOfMemory, Status, Unimplemented)
 from .fpmath import FPMath
@@ -85,4 +86,5 @@ __all__ = [
     "get_constant_tensor_cache_capacity", "set_constant_tensor_cache_capacity",
     "Allocator", "make_engine_with_allocator", "OpAttr",
     "from_onnx", "import_onnx",
+    "GraphDumpMode", "get_dump_mode", "set_dump_mode",
 ]

@@ -119,6 +119,13 @@ class OpAttr(enum.IntEnum):
     accumulation_mode = 0x88
 
 
+class GraphDumpMode(enum.IntFlag):
+    """oneDNN's ``graph_dump_mode`` bitmask (``set_dump_mode``; graph_api.dump)."""
+    none = 0
+    subgraph = 1  # each partition, as compiled
+    graph = 2  # the whole graph before and after partitioning
+
+
 class EngineKind(enum.IntEnum):
     any = 0
     cpu = 1

@@ -24,7 +24,7 @@ CORE = {f"graph_api.{m}" for m in (
 #: the top layer: what runs graphs and partitions, and the command line
 RUNTIME = {f"graph_api.{m}" for m in (
     "graph partition runner builder cli batch json_io rewrite fill composite_inline "
-    "backend __main__").split()}
+    "backend __main__ dump").split()}
 #: the one runtime module that reaches kernels and patterns
 SEAM = "graph_api.backend"
 #: known upward imports, each a function-local import of the Graph class (a
