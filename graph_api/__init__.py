@@ -33,7 +33,7 @@ if (not _os.path.isdir(_os.path.join(__path__[0], "kernels"))
 if "numpy" not in _sys.modules and _os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from .config import get_memory_budget, set_memory_budget
+from .config import get_deterministic, get_memory_budget, set_deterministic, set_memory_budget
 from .constant_cache import (get_constant_tensor_cache, get_constant_tensor_cache_capacity,
                              set_constant_tensor_cache, set_constant_tensor_cache_capacity)
 from .dtypes import DataType
@@ -86,5 +86,5 @@ __all__ = [
     "get_constant_tensor_cache_capacity", "set_constant_tensor_cache_capacity",
     "Allocator", "make_engine_with_allocator", "OpAttr",
     "from_onnx", "import_onnx",
-    "GraphDumpMode", "get_dump_mode", "set_dump_mode",
+    "GraphDumpMode", "get_dump_mode", "set_dump_mode", "get_deterministic", "set_deterministic",
 ]

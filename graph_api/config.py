@@ -154,3 +154,18 @@ def set_memory_budget(nbytes: int | None) -> None:
     if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1):
         raise InvalidArguments(f"set_memory_budget: expected a positive int of bytes or None, got {nbytes!r}")
     settings.memory_budget_bytes = nbytes
+
+
+# ====================================================================== deterministic mode
+def set_deterministic(flag: bool) -> None:
+    """Deterministic mode on or off (extension, after oneDNN's ``deterministic`` RFC:
+    bit-identical results across runs and thread counts; docs/determinism.md).
+    Plans compiled before the switch keep the work split they were bound with."""
+    if not isinstance(flag, (bool, int)) or isinstance(flag, int) and not isinstance(flag, bool) and flag not in (0, 1):
+        raise InvalidArguments(f"set_deterministic: expected True or False, got {flag!r}")
+    settings.deterministic = bool(flag)
+
+
+def get_deterministic() -> bool:
+    """Whether deterministic mode is on (``GRAPH_API_DETERMINISTIC`` or :func:`set_deterministic`)."""
+    return settings.deterministic

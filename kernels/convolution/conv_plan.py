@@ -75,6 +75,7 @@ from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.postops import FUSABLE_BINARY, POST_OPS
 from graph_api.kernels import igemm, openblas, scratch, store
+from graph_api.kernels.threads import split_threads
 from graph_api.kernels.convolution import conv as cv
 from graph_api.kernels.convolution import conv_fast as cf
 from graph_api.kernels.convolution import igemm16
@@ -769,7 +770,7 @@ class ConvPlan:
                 one_gemm = not st.direct_depthwise and int_w is None and (st.int8 is None or geo.reduction <= chunk)
                 if one_gemm and bands and P * OC * geo.reduction > 0:  # im2col, GEMM and epilogue band
                     # by band in one kernel (empty products take numpy's matmul below)
-                    rows = -(-oh // min(oh, numba.get_num_threads()))
+                    rows = -(-oh // min(oh, split_threads()))  # deterministic mode: bands by shape
                     nb = -(-oh // rows)
                     w = np.ascontiguousarray(w2[0])
                     xflat, cols, wp = _EMPTY, _EMPTY, ow
