@@ -84,6 +84,7 @@ class OpAttr(enum.IntEnum):
     axis = 0x30
     begin_norm_axis = 0x31
     groups = 0x32
+    mask = 0x33  # quantization scale mask (oneDNN branch lvtao/main/quant-mask, 2026-08)
     axes = 0x40
     dilations = 0x41
     dst_shape = 0x42
