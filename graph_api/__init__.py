@@ -33,10 +33,13 @@ if (not _os.path.isdir(_os.path.join(__path__[0], "kernels"))
 if "numpy" not in _sys.modules and _os.environ.get("GRAPH_API_NUMBA_DEFAULTS", "1") != "0":
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from .config import get_memory_budget, set_memory_budget
+from .config import get_deterministic, get_memory_budget, set_deterministic, set_memory_budget
+from .constant_cache import (get_constant_tensor_cache, get_constant_tensor_cache_capacity,
+                             set_constant_tensor_cache, set_constant_tensor_cache_capacity)
 from .dtypes import DataType
 from .engine import Allocator, Engine, Stream, make_engine_with_allocator
-from .enums import EngineKind, FPMathMode, LayoutType, OpAttr, OpKind, PartitionPolicy, PropertyType
+from .dump import get_dump_mode, set_dump_mode
+from .enums import EngineKind, FPMathMode, GraphDumpMode, LayoutType, OpAttr, OpKind, PartitionPolicy, PropertyType
 from .errors import (ExecutionError, GraphError, InvalidArguments, InvalidDataType, InvalidGraph,
                      InvalidGraphOp, InvalidShape, OutOfMemory, Status, Unimplemented)
 from .fpmath import FPMath
@@ -81,6 +84,9 @@ __all__ = [
     "CompiledGraph", "compile_graph",
     "get_compiled_partition_cache_capacity", "set_compiled_partition_cache_capacity",
     "get_compiled_partition_cache_bytes", "set_compiled_partition_cache_bytes",
+    "get_constant_tensor_cache", "set_constant_tensor_cache",
+    "get_constant_tensor_cache_capacity", "set_constant_tensor_cache_capacity",
     "Allocator", "make_engine_with_allocator", "OpAttr",
     "from_onnx", "import_onnx",
+    "GraphDumpMode", "get_dump_mode", "set_dump_mode", "get_deterministic", "set_deterministic",
 ]

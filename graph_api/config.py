@@ -22,6 +22,15 @@ SDPA kernel (first run only, cached on disk)"; a cache hit prints nothing.
 ``GRAPH_API_COMPOSITE_REFERENCE=1`` makes every Composite op run its reference
 decomposition (inlined at ``get_partitions``), never a fast kernel; it can be
 changed at run time through :data:`settings`.
+
+``GRAPH_API_CONSTANT_TENSOR_CACHE_CAPACITY`` (or oneDNN's
+``ONEDNN_GRAPH_CONSTANT_TENSOR_CACHE_CAPACITY``) = ``cpu:MB;gpu:MB`` sets the
+constant tensor cache's capacity (:mod:`graph_api.constant_cache`; unset:
+unlimited).  ``GRAPH_API_DUMP`` (or oneDNN's ``ONEDNN_GRAPH_DUMP``) =
+``graph,subgraph`` writes graphs and compiled partitions as oneDNN JSON files
+into ``GRAPH_API_DUMP_DIR`` (default: the working directory); see
+:mod:`graph_api.dump`.  ``GRAPH_API_DETERMINISTIC=1`` turns on deterministic
+mode (docs/determinism.md).
 """
 from __future__ import annotations
 
@@ -45,6 +54,11 @@ def _flag(name: str, default: str = "0") -> bool:
     return os.environ.get(name, default).strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def _either(name: str, onednn_name: str) -> str:
+    """The project's variable, else oneDNN's spelling of it ("" when neither is set)."""
+    return os.environ.get(name, os.environ.get(onednn_name, ""))
+
+
 @dataclass
 class Settings:
     verbose: bool = _flag("GRAPH_API_VERBOSE")
@@ -59,6 +73,16 @@ class Settings:
     reference: bool = _flag("GRAPH_API_REFERENCE")
     #: say when a kernel compiles for the first time in this process (GRAPH_API_PROGRESS)
     progress: bool = _flag("GRAPH_API_PROGRESS", "1")
+    #: GRAPH_API_CONSTANT_TENSOR_CACHE_CAPACITY as read at import ("" = unlimited; parsed
+    #: by graph_api.constant_cache at first use, where a bad value raises)
+    constant_cache_text: str = _either("GRAPH_API_CONSTANT_TENSOR_CACHE_CAPACITY",
+                                       "ONEDNN_GRAPH_CONSTANT_TENSOR_CACHE_CAPACITY")
+    #: GRAPH_API_DUMP as read at import ("graph", "subgraph", "graph,subgraph"; parsed by graph_api.dump)
+    dump_text: str = _either("GRAPH_API_DUMP", "ONEDNN_GRAPH_DUMP")
+    #: where dumps are written (GRAPH_API_DUMP_DIR; "" = the working directory)
+    dump_dir: str = os.environ.get("GRAPH_API_DUMP_DIR", "")
+    #: bit-reproducible results across runs and thread counts (GRAPH_API_DETERMINISTIC)
+    deterministic: bool = _flag("GRAPH_API_DETERMINISTIC")
 
 
 settings = Settings()
@@ -130,3 +154,18 @@ def set_memory_budget(nbytes: int | None) -> None:
     if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1):
         raise InvalidArguments(f"set_memory_budget: expected a positive int of bytes or None, got {nbytes!r}")
     settings.memory_budget_bytes = nbytes
+
+
+# ====================================================================== deterministic mode
+def set_deterministic(flag: bool) -> None:
+    """Deterministic mode on or off (extension, after oneDNN's ``deterministic`` RFC:
+    bit-identical results across runs and thread counts; docs/determinism.md).
+    Plans compiled before the switch keep the work split they were bound with."""
+    if not isinstance(flag, (bool, int)) or isinstance(flag, int) and not isinstance(flag, bool) and flag not in (0, 1):
+        raise InvalidArguments(f"set_deterministic: expected True or False, got {flag!r}")
+    settings.deterministic = bool(flag)
+
+
+def get_deterministic() -> bool:
+    """Whether deterministic mode is on (``GRAPH_API_DETERMINISTIC`` or :func:`set_deterministic`)."""
+    return settings.deterministic

@@ -84,6 +84,7 @@ class OpAttr(enum.IntEnum):
     axis = 0x30
     begin_norm_axis = 0x31
     groups = 0x32
+    mask = 0x33  # quantization scale mask (oneDNN branch lvtao/main/quant-mask, 2026-08)
     axes = 0x40
     dilations = 0x41
     dst_shape = 0x42
@@ -117,6 +118,13 @@ class OpAttr(enum.IntEnum):
     rounding_type = 0x86
     weights_format = 0x87
     accumulation_mode = 0x88
+
+
+class GraphDumpMode(enum.IntFlag):
+    """oneDNN's ``graph_dump_mode`` bitmask (``set_dump_mode``; graph_api.dump)."""
+    none = 0
+    subgraph = 1  # each partition, as compiled
+    graph = 2  # the whole graph before and after partitioning
 
 
 class EngineKind(enum.IntEnum):

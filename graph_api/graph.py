@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import networkx as nx
 
-from . import backend, json_io
+from . import backend, dump, json_io
 from .composite_inline import expand
-from .enums import EngineKind, FPMathMode, PartitionPolicy, PropertyType, parse_enum
+from .enums import EngineKind, FPMathMode, GraphDumpMode, PartitionPolicy, PropertyType, parse_enum
 from .errors import GraphError, InvalidArguments, InvalidGraph, Status, op_label
 from .fpmath import FPMath
 from .infer import propagate
@@ -167,6 +167,9 @@ class Graph:
 
         self._require_finalized("get_partitions")
         policy = parse_enum(PartitionPolicy, policy, "partition policy")
+        dumping = dump.enabled(GraphDumpMode.graph)
+        if dumping:
+            dump.dump_graph(self)
         graph = self._with_composites_decided(policy)
         fusions = backend.partition_graph(graph, policy)
         owner = {op_id: i for i, f in enumerate(fusions) for op_id in f.op_ids}
@@ -179,7 +182,10 @@ class Graph:
         position = {op_id: i for i, op_id in enumerate(graph._topo)}
         first = {i: min(position[o] for o in f.op_ids) for i, f in enumerate(fusions)}
         order = list(nx.lexicographical_topological_sort(condensed, key=first.get))
-        return [Partition(pid, graph, fusions[i]) for pid, i in enumerate(order)]
+        partitions = [Partition(pid, graph, fusions[i]) for pid, i in enumerate(order)]
+        if dumping:
+            dump.dump_partitioning(graph, partitions)
+        return partitions
 
     def _with_composites_decided(self, policy) -> "Graph":
         """Extension (Composite ops): this graph, or a copy in which each Composite op

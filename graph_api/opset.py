@@ -13,6 +13,8 @@ they are made (int4 DynamicQuantize, the RFC ``groups`` form, Reduce* with a
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import composite, dot_algorithm, indexing_maps, shapes
@@ -236,11 +238,12 @@ def check_static_quant(op):
     scales, zps = op.attrs["scales"], op.attrs.get("zps")
     if not scales:
         raise _fail(op, "scales must not be empty")
-    if op.attrs["qtype"] == "per_tensor" and len(scales) != 1:
+    if op.attrs["qtype"] == "per_tensor" and len(scales) != 1 and op.attrs.get("mask") is None:
         raise _fail(op, f"qtype=per_tensor takes exactly 1 scale, given {len(scales)}")
     src = op.inputs[0].shape
     if op.attrs["qtype"] == "per_channel" and src is not None:
         _check_axis(op, len(src))
+    check_quant_mask(op)
     if zps is None:
         return
     # Deviation: zps is s64[] in oneDNN but its primitives hold zero points as s32;
@@ -280,6 +283,67 @@ def check_static_quant_shapes(op, in_shapes):
     if count != 1 and channels != shapes.UNKNOWN and count != channels:
         raise _fail(op, f"per_channel has {count} scales but src dim {op.attrs['axis']} "
                         f"(axis) of {list(src)} is {channels}; give {channels} scales or 1")
+
+
+# ----------------------------------------- quantization masks (oneDNN RFC 2026-08)
+def mask_dims(mask: int, rank: int) -> list[int]:
+    """The src dims a quantization ``mask`` selects (bit d set: scales vary along dim d)."""
+    return [d for d in range(rank) if mask >> d & 1]
+
+
+def check_quant_mask(op):
+    """The ``mask`` attribute of the quantization ops (oneDNN branch lvtao/main/quant-mask):
+    bit ``d`` set means the scales (and zps) vary along src dim ``d``.  As oneDNN: mask >= 0,
+    no bit at or above the src rank, qtype per_tensor (the default); a dynamic op's scales
+    are packed, one dim per set bit with that src dim's size, zps shaped as the scales.
+    Extension: static Quantize/Dequantize take a mask too, their ``scales`` list holding
+    the packed tensor in row-major order.  Not here: mask with group_shape (refused)."""
+    check_quant_mask_shapes(op, [lt.shape for lt in op.inputs])
+
+
+def check_quant_mask_shapes(op, in_shapes):
+    """:func:`check_quant_mask` on given input shapes (at compile: the concrete ones)."""
+    mask = op.attrs.get("mask")
+    if mask is None:
+        return
+    if mask < 0:
+        raise _fail(op, f"mask={mask} must be non-negative")
+    if op.attrs["qtype"] != "per_tensor":
+        raise _fail(op, f"mask={mask} needs qtype per_tensor (the default), given qtype={op.attrs['qtype']}; "
+                        f"the mask alone says where the scales vary")
+    if op.attrs.get("group_shape") or op.attrs.get("groups"):
+        raise _fail(op, f"mask={mask} with group_shape/groups is not supported by this runtime; "
+                        f"use qtype=per_group with group_shape")
+    src = in_shapes[0]
+    if src is None:
+        return
+    if mask >> len(src):
+        raise _fail(op, f"mask={mask} selects dims outside the rank-{len(src)} src "
+                        f"(bits 0..{len(src) - 1} only)")
+    want = [src[d] for d in mask_dims(mask, len(src))]
+    if op.kind in (OpKind.Quantize, OpKind.Dequantize):
+        count = len(op.attrs["scales"])
+        if shapes.is_known(want) and count != math.prod(want):
+            raise _fail(op, f"mask={mask} selects src dims {mask_dims(mask, len(src))} of {list(src)}: "
+                            f"scales must hold {math.prod(want)} values, given {count}")
+        zps = op.attrs.get("zps")
+        if zps and len(zps) != count:
+            raise _fail(op, f"zps has {len(zps)} entries, expected {count} (one per scale)")
+        return
+    for name, shape in (("scales", in_shapes[1]), ("zps", in_shapes[2] if len(in_shapes) > 2 else None)):
+        if shape is None:
+            continue
+        if len(shape) != len(want) or any(_dims_clash(a, b) for a, b in zip(shape, want)):
+            raise _fail(op, f"mask={mask} selects src dims {mask_dims(mask, len(src))} of {list(src)}: "
+                            f"{name} must be {want}, given {list(shape)}")
+
+
+def check_f8_zps(op):
+    """f8 quantization takes no zero points (oneDNN's rule, on either side)."""
+    f8_side = [lt for lt in (op.inputs[0], op.outputs[0]) if lt.dtype in F8]
+    if f8_side and len(op.inputs) > 2:
+        raise _fail(op, f"zps are not supported for f8 quantization "
+                        f"(tensor {f8_side[0].id} is {f8_side[0].dtype.name}); drop input 2 (zps)")
 
 
 # ----------------------------------------- dynamic quantization constraints
@@ -440,6 +504,8 @@ def check_dynamic_quant_shapes(op, in_shapes):
     _check_quant_mode(op, None if src is None else len(src))
     if src is None:
         return
+    if op.attrs.get("mask") is not None:
+        return check_quant_mask_shapes(op, in_shapes)
     scales = in_shapes[1]
     zps = in_shapes[2] if len(in_shapes) > 2 else None
     qtype = op.attrs["qtype"]
@@ -497,22 +563,24 @@ def static_quant(kind: OpKind, src_types, dst_types, doc: str) -> OpSchema:
     """Quantize/Dequantize with scales/zps given as attributes."""
     # Deviation: oneDNN does not restrict the qtype string; only these two are meaningful.
     attrs = [Attr("qtype", "string", "per_tensor", ("per_tensor", "per_channel")),
-             Attr("axis", "s64", 1), _required("scales", "f32[]"), Attr("zps", "s64[]")]
+             Attr("axis", "s64", 1), _required("scales", "f32[]"), Attr("zps", "s64[]"), Attr("mask", "s64")]
     return row(kind, ["src:T1"], ["dst:T2"], {"T1": src_types, "T2": dst_types}, shapes.identity,
-               attrs, [check_static_quant], doc=doc, compile_checks=(check_static_quant_shapes,))
+               attrs, [check_static_quant], doc=doc,
+               compile_checks=(check_static_quant_shapes, check_quant_mask_shapes))
 
 
 # axis is s64 in oneDNN; the int4 RFC form passes a list (plus ``groups``), see
 # normalize_quant_groups.
 DYNAMIC_QUANT_ATTRS = (
     Attr("qtype", "string", "per_tensor", ("per_tensor", "per_channel", "per_group")),
-    Attr("axis", "s64|s64[]", 1), Attr("group_shape", "s64[]"), Attr("groups", "s64[]"))
+    Attr("axis", "s64|s64[]", 1), Attr("group_shape", "s64[]"), Attr("groups", "s64[]"),
+    Attr("mask", "s64"))
 
 
 def dynamic_quant(kind: OpKind, inputs, outputs, type_vars, doc: str) -> OpSchema:
     """DynamicQuantize/DynamicDequantize: scales (and zps) are input tensors."""
     return row(kind, inputs, outputs, type_vars, shapes.identity, DYNAMIC_QUANT_ATTRS,
-               [normalize_quant_groups, check_dynamic_quant], doc=doc,
+               [check_f8_zps, check_quant_mask, normalize_quant_groups, check_dynamic_quant], doc=doc,
                compile_checks=(check_dynamic_quant_shapes,))
 
 
@@ -669,13 +737,15 @@ _QUANT = [
     static_quant(K.Dequantize, INT8 | F8, F32, "dst = (src - zp) * scale"),
     # dst has the scales' dtype: one type variable T2 for both.
     dynamic_quant(K.DynamicDequantize, ["src:T1", "scales:T2", "zps:T3?"], ["dst:T2"],
-                  {"T1": INT8 | INT4, "T2": FLOATS, "T3": QUANT_ZPS},
+                  {"T1": INT8 | INT4 | F8, "T2": FLOATS, "T3": QUANT_ZPS},
                   "dst = (src - zp) * scale"),
     # Extension (int4 RFC): oneDNN takes f32 src/scales, zps {u8, s8, s32}, dst {u8, s8} and
     # no group_shape; here src/scales may also be bf16/f16, dst/zps s4/u4, and per_group works.
+    # Extension (issue 34): f8_e4m3/f8_e5m2 on the quantized side of both dynamic ops
+    # (oneDNN's static Quantize/Dequantize take them; its dynamic ones do not yet), no zps.
     # src and scales share T1, as in oneDNN.
     dynamic_quant(K.DynamicQuantize, ["src:T1", "scales:T1", "zps:T2?"], ["dst:T3"],
-                  {"T1": FLOATS, "T2": QUANT_ZPS, "T3": INT8 | INT4},
+                  {"T1": FLOATS, "T2": QUANT_ZPS, "T3": INT8 | INT4 | F8},
                   "dst = round(src / scale + zp), saturated"),
 ]
 

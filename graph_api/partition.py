@@ -7,12 +7,12 @@ import weakref
 
 import numpy as np
 
-from . import backend
+from . import backend, dump
 from .check import compare
 from .config import log, settings
 from .engine import Engine, Stream
 from .dtypes import DataType
-from .enums import EngineKind, LayoutType, OpKind, PropertyType, parse_enum
+from .enums import EngineKind, GraphDumpMode, LayoutType, OpKind, PropertyType, parse_enum
 from .errors import (ExecutionError, InvalidArguments, InvalidDataType, InvalidShape,
                      Unimplemented, op_label)
 from .fpmath import FPMath
@@ -204,6 +204,8 @@ class Partition:
                 check(op, [lts[lt.id].shape for lt in op.inputs])
         label = f"partition {self.id} ({self.get_kind()})"
         need = check_partition(label, lts, self.input_ids, self.output_ids)
+        if dump.enabled(GraphDumpMode.subgraph):  # before the plan compiles: a failing one is dumped too
+            dump.dump_subgraph(self, lts)
         request = backend.CompileRequest(self.pattern_name, self.ops, lts, list(self.input_ids) + self.bound_ids,
                                          list(self.output_ids), self.fpmath, dict(self.fusion.bindings))
         # the plan's own allocations (offsets, prepared copies, the warm-up's intermediates)

@@ -224,6 +224,29 @@ def _candidates(request: CompileRequest):
             yield (request.pattern,) + key[1:], KERNELS[key]
 
 
+_QUANT_KINDS = frozenset({OpKind.Quantize, OpKind.Dequantize, OpKind.DynamicQuantize, OpKind.DynamicDequantize})
+
+
+def _with_masked_quant(request: CompileRequest, masked: list, what: str):
+    """A partition with quantization ``mask`` ops: the fused and single-op quantization
+    kernels read qtype/axis only, so the masked ops run as reference steps and every
+    other op on its single-op fast plan (or the whole partition on the reference)."""
+    from .fused import per_op
+
+    ids = {op.id for op in masked}
+    reason = f"quantization mask on op {', '.join(str(i) for i in sorted(ids))}: reference formula"
+    if len(request.ops) > 1:
+        plan = per_op.build(request, lambda kind: None if kind in _QUANT_KINDS else SINGLE_OP.get(kind))
+        if not isinstance(plan, str):
+            log(f"unfused,{what},{plan.name},{reason}")
+            plan.fallback_reason = reason
+            return plan
+    log(f"fallback,{what},reference,{reason}")
+    plan = ComposedPlan(request)
+    plan.fallback_reason = reason
+    return plan
+
+
 def select_plan(request: CompileRequest):
     """The fast plan registered for this request, else the composed reference plan.
 
@@ -242,6 +265,9 @@ def select_plan(request: CompileRequest):
         builder = KERNELS.get((P.SPARSE_MATMUL_POST_OPS, "*", "*")) \
             if request.pattern == P.SPARSE_MATMUL_POST_OPS.name else None
         return (builder or _sparse)(request)
+    masked = [op for op in request.ops if op.kind in _QUANT_KINDS and op.attrs.get("mask") is not None]
+    if masked:  # quantization masks (issue 34): only the reference formulas read them
+        return _with_masked_quant(request, masked, what)
     dot = _dot_extensions(request)  # MatMul algorithms / indexing maps: the dot plan or the reference
     if dot is not None:
         return dot

@@ -28,6 +28,7 @@ from graph_api import memory
 from graph_api.kernels.bits import (exp32, f32_to_bf16, f32_to_f16_bits, gelu_erf32, gelu_tanh32, round_bf16, round_f16,
                                     tanh32, vadd, vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
+from graph_api.kernels.threads import split_threads
 from graph_api.kernels.weight_compressed.wmatmul import _ep_steps
 from graph_api.logical_tensor import dense_strides
 from graph_api.postops import (ADD, EXP, GELU_ERF, GELU_TANH, LINEAR, MUL, RELU, ROUND_BF16, ROUND_F16, RSUB,
@@ -402,7 +403,7 @@ def gemm_runner(a, b, out_flat, roff, coff, okind, ep, run, head=NO_HEAD, direct
 
     R, K = a.shape
     N = b.shape[1]
-    threads = numba.get_num_threads()
+    threads = split_threads()  # deterministic mode: the sgemm row tiles depend on the shapes only
     per_thread = -(-R // threads)
     tiles = threads * max(1, -(-per_thread * N * 4 // GEMM_TILE_BYTES))
     rows = -(-R // tiles)
@@ -474,7 +475,7 @@ def matmul_into(a, b, out) -> None:
             and b.flags.c_contiguous and out.flags.c_contiguous and out.shape == (R, N) and openblas.available()):
         np.matmul(a, b, out=out)
         return
-    threads = numba.get_num_threads()
+    threads = split_threads()  # deterministic mode: the sgemm column blocks depend on the shapes only
     cols = -(-N // threads)
     bad = np.zeros(-(-N // cols), np.uint8)
     with openblas.single_threaded():

@@ -43,6 +43,18 @@ def submit(fn, *args):
 #: below this many multiply-adds a call runs on the calling thread only:
 #: handing a share to a pool thread costs ~20-50 us, the work ~1 ns per 16 MACs
 SMALL_WORK = 1 << 20
+#: deterministic mode (docs/determinism.md): work that is split into parts whose
+#: results are summed or whose GEMM shapes differ is split as for this many threads,
+#: whatever the thread count, so the parts and their order depend on the shapes only
+DETERMINISTIC_SPLIT = 8
+
+
+def split_threads() -> int:
+    """The thread count a kernel sizes its work split for: ``numba.get_num_threads()``,
+    or :data:`DETERMINISTIC_SPLIT` in deterministic mode (``config.settings.deterministic``)."""
+    from graph_api.config import settings
+
+    return DETERMINISTIC_SPLIT if settings.deterministic else numba.get_num_threads()
 
 
 def run_items(fn, nitems, *args, work=SMALL_WORK):

@@ -29,8 +29,8 @@ These are all the CPU examples of oneDNN's main branch (the others there,
 oneDNN development branches follow, each marked with its branch and commit:
 ``int8_sdpa.cpp`` and ``fp8_sdpa.cpp`` (scalar ``scales``/``zps`` attributes),
 ``matmul_sel.cpp``, ``multiple_binary_ops.cpp``, ``grouped_matmul.cpp`` (one
-``grouped_matmul`` partition); ``sdpa_dynamic_quantized.cpp`` and ``sdpa_training.cpp``
-are strict xfails naming what is missing.
+``grouped_matmul`` partition), ``sdpa_dynamic_quantized.cpp`` (the quantization ``mask``
+and f8 dynamic quantization); ``sdpa_training.cpp`` is a strict xfail naming what is missing.
 """
 import itertools
 import math
@@ -2197,7 +2197,7 @@ def bench_dynamic_quantized_sdpa(ekind, dt_, p: QuantizedSdpaDims):
     q_scales = logical_tensor(next(id_), data_type.f32, qkv_scales_sz, layout_type.strided)
     q_f32 = logical_tensor(next(id_), data_type.f32, qkv_sz, layout_type.strided)
     q_deq = op(next(id_), K.DynamicDequantize, "q_deq")
-    q_deq.set_attr("mask", 3)  # ga.OpAttr has no ``mask`` (the branch's new attribute)
+    q_deq.set_attr(ga.OpAttr.mask, 3)  # the branch's new attribute: scales vary on dims 0 and 1
     q_deq.add_inputs([q_x8, q_scales])
     q_deq.add_output(q_f32)
 
@@ -2309,11 +2309,6 @@ def bench_dynamic_quantized_sdpa(ekind, dt_, p: QuantizedSdpaDims):
     return partitions, {t.get_logical_tensor().id: t.numpy() for t in ts_inputs}, ts_output
 
 
-@pytest.mark.xfail(strict=True, raises=ga.errors.InvalidGraphOp, reason=(
-    "two things missing, both as in oneDNN main's own schema: DynamicDequantize/DynamicQuantize "
-    "take no f8_e4m3/f8_e5m2 on the quantized side (s4, s8, u4, u8 only: add_op rejects q_deq), "
-    "and have no 'mask' attribute (scales shaped like the src dims whose bits are set, here "
-    "[mb, head_num] of a 4-D src, qtype per_tensor; from branch lvtao/main/quant-mask)"))
 def test_sdpa_dynamic_quantized_example():
     # the example's defaults are {2, 128, 16, 64}: reduced
     p = QuantizedSdpaDims(2, 32, 2, 16)

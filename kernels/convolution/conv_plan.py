@@ -68,13 +68,14 @@ from functools import partial
 
 import numpy as np
 
-from graph_api import dtypes
+from graph_api import constant_cache, dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.logical_tensor import LogicalTensor
 from graph_api.postops import FUSABLE_BINARY, POST_OPS
 from graph_api.kernels import igemm, openblas, scratch, store
+from graph_api.kernels.threads import split_threads
 from graph_api.kernels.convolution import conv as cv
 from graph_api.kernels.convolution import conv_fast as cf
 from graph_api.kernels.convolution import igemm16
@@ -105,7 +106,6 @@ class ConvStage:
     round_x: object
     round_w: object
     absorbed: list = field(default_factory=list)  # BiasAdd/BatchNorm op ids folded in
-    cache: dict = field(default_factory=dict)
 
     def param_ids(self) -> list:
         ids = [self.w_id] + ([self.bias_id] if self.bias_id is not None else [])
@@ -114,10 +114,10 @@ class ConvStage:
     def weights(self, arrays, key=None):
         """``(w2 [G, OCg, J] or [C, K] for depthwise, bias [OC, 1] or None)``, f32.
 
-        ``key`` (the constant parameters' buffer addresses) caches the result:
-        a constant tensor's data does not change (oneDNN's rule)."""
-        if key is not None and key in self.cache:
-            return self.cache[key]
+        ``key`` (the constant parameters' buffers) keeps the result in the constant
+        tensor cache: a constant tensor's data does not change (oneDNN's rule)."""
+        if key is not None:
+            return constant_cache.CACHE.get(self, "weights", list(key), lambda: self.weights(arrays))
         fmt = self.op.attrs["weights_format"]
         w = weights_to_oix(self.round_w(arrays[self.w_id]), fmt).astype(np.float64)
         bias = None if self.bias_id is None else dtypes.to_f32(arrays[self.bias_id]).astype(np.float64)
@@ -135,12 +135,8 @@ class ConvStage:
             w2 = w.reshape(geo.out_channels, -1)
         else:
             w2 = w.reshape(geo.groups, geo.out_channels // geo.groups, -1)
-        out = (np.ascontiguousarray(w2, np.float32),
-               None if bias is None else bias.astype(np.float32).reshape(-1, 1))
-        if key is not None:
-            self.cache.clear()
-            self.cache[key] = out
-        return out
+        return (np.ascontiguousarray(w2, np.float32),
+                None if bias is None else bias.astype(np.float32).reshape(-1, 1))
 
     @property
     def direct_depthwise(self) -> bool:
@@ -384,17 +380,15 @@ def _redo_bands(args: tuple, w: np.ndarray) -> None:
 
 def _shifted_weights(stage: ConvStage, w: np.ndarray, key) -> np.ndarray:
     """``w`` [OC, C*kh*kw] as conv_bands' ``SHIFTED`` operand [kh*OC, C*kw] (kernel row by
-    kernel row), cached with the weights under the same constant-buffer key."""
-    cached = stage.cache.get(("shifted", key)) if key is not None else None
-    if cached is not None:
-        return cached
+    kernel row), cached with the weights under the same constant buffers (``key``)."""
     geo = stage.geo
     kh, kw = geo.kernel
     oc = geo.out_channels
-    taps = np.ascontiguousarray(w.reshape(oc, -1, kh, kw).transpose(2, 0, 1, 3).reshape(kh * oc, -1))
-    if key is not None:
-        stage.cache[("shifted", key)] = taps
-    return taps
+
+    def build():
+        return np.ascontiguousarray(w.reshape(oc, -1, kh, kw).transpose(2, 0, 1, 3).reshape(kh * oc, -1))
+
+    return build() if key is None else constant_cache.CACHE.get(stage, "shifted", list(key), build)
 
 
 def _exact_reduction(w2: np.ndarray, int8: dict) -> int:
@@ -463,10 +457,9 @@ def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8We
         # tile compiles to scalar code on AVX2 (the ResNet-50 int8 block took 74 ms on a
         # Zen 3 core pair against 8 ms for the f32 one)
         return None
-    cache_key = ("int8_gemm", key, x_dtype, vnni)
-    cached = stage.cache.get(cache_key) if key is not None else None
-    if cached is not None:
-        return cached
+    if key is not None:
+        return constant_cache.CACHE.get(stage, ("int8_gemm", x_dtype.str, vnni), list(key),
+                                        lambda: _int8_gemm_weights(stage, w2, None, x_dtype))
     w8 = w2[0].astype(np.int8)  # s8 weights held in f32: exact
     if pairs and _shifted_pairs_pay(geo):
         kh, kw = geo.kernel
@@ -488,8 +481,6 @@ def _int8_gemm_weights(stage: ConvStage, w2: np.ndarray, key, x_dtype) -> Int8We
         P = geo.positions
         out = Int8Weights(ap, k4, shift, np.uint8(zp + shift), rowsum, np.zeros(P, np.int32),
                           np.full(P, zp + shift, np.int32))
-    if key is not None:
-        stage.cache[cache_key] = out
     return out
 
 
@@ -642,8 +633,8 @@ class ConvPlan:
         self.constants = constants  # tensor ids of constant inputs
 
     def run_arrays(self, arrays: dict, keys: dict | None = None) -> dict:
-        """Execute on logical arrays keyed by tensor id (``keys``: buffer
-        addresses of constant inputs, for the weight cache); returns all arrays."""
+        """Execute on logical arrays keyed by tensor id (``keys``: the buffers of
+        constant inputs, for the constant tensor cache); returns all arrays."""
         arrays = dict(arrays)
         keys = keys or {}
         if self.fast is not None:
@@ -779,7 +770,7 @@ class ConvPlan:
                 one_gemm = not st.direct_depthwise and int_w is None and (st.int8 is None or geo.reduction <= chunk)
                 if one_gemm and bands and P * OC * geo.reduction > 0:  # im2col, GEMM and epilogue band
                     # by band in one kernel (empty products take numpy's matmul below)
-                    rows = -(-oh // min(oh, numba.get_num_threads()))
+                    rows = -(-oh // min(oh, split_threads()))  # deterministic mode: bands by shape
                     nb = -(-oh // rows)
                     w = np.ascontiguousarray(w2[0])
                     xflat, cols, wp = _EMPTY, _EMPTY, ow
@@ -893,8 +884,7 @@ class ConvPlan:
         if out.dtype != dtypes.numpy_dtype(tensor.lt.dtype) or not out.flags.writeable:
             return None
         arrays = {i: t.numpy() for i, t in inputs.items()}
-        keys = {i: (t.buffer.__array_interface__["data"][0], t.buffer.nbytes)
-                for i, t in inputs.items() if i in self.constants}
+        keys = {i: t.buffer for i, t in inputs.items() if i in self.constants}
         taken: dict = {}  # this binding's intermediates, taken once (execute reuses the plan's per-thread pool)
 
         def buffer(name, shape, dtype):
@@ -915,8 +905,7 @@ class ConvPlan:
         return run
 
     def execute(self, inputs: dict, outputs: dict) -> None:
-        keys = {tid: (t.buffer.__array_interface__["data"][0], t.buffer.nbytes)
-                for tid, t in inputs.items() if tid in self.constants}
+        keys = {tid: t.buffer for tid, t in inputs.items() if tid in self.constants}
         if self.fast is not None:
             tid, tensor = next(iter(outputs.items()))
             view = tensor.numpy()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graph_api import dtypes
+from graph_api import constant_cache, dtypes
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
 from graph_api.kernels.plan import CompileRequest, dequantized_inputs
@@ -68,9 +68,6 @@ class MatmulPlan(ChainPlan):
             pre.append((_ROUND_STEP[mm_type], None))
         super().__init__(request, walk, [lt.id for lt in mm.inputs], pre)
         self.b_const = lts[self.b_id].property == PropertyType.constant and self.b_id in request.input_ids
-        self._b_cache: dict = {}
-        self._packed: tuple | None = None  # (the constant B array object, its packed bf16) on a unit
-        self._b_last: tuple | None = None  # (the constant array object last seen, its cache entry)
         self.direct = (not self.steps and not walk.layout and self.okind == 0 and self.dest_out
                        and self.dest_dense)
         self.take_head_add()  # every result below goes through self.store
@@ -81,24 +78,20 @@ class MatmulPlan(ChainPlan):
         tid = (self.a_id, self.b_id)[i]
         if i == 1 and self.b_const:  # oneDNN's rule: a constant tensor's data does not change
             src = arrays[tid]
-            last = self._b_last
-            if last is not None and last[0] is src:  # the same array object: no key to work out
-                hit = last[1]
-            else:
-                key = (src.__array_interface__["data"][0], src.shape)
-                hit = self._b_cache.get(key)
-                if hit is None:
-                    self._b_cache.clear()
-                    x = np.ascontiguousarray(self.round[1](src))
-                    hit = self._b_cache[key] = (x, _abs_max(x))
-                self._b_last = (src, hit)
-            x, xmax = hit
+            x, xmax = constant_cache.CACHE.get(self, "b", [src], lambda: self._prepare_b(src))
+            if x is None:  # the rounding kept the weights as they are: no copy was cached
+                x = np.ascontiguousarray(self.round[1](src))
         else:
             x = self.round[i](arrays[tid])
             xmax = _abs_max(x) if want_max else None
         if (self.ta if i == 0 else self.tb) and x.ndim > 1:
             x = np.swapaxes(x, -1, -2)
         return x, xmax
+
+    def _prepare_b(self, src):
+        """(the rounded contiguous constant B, or None where that is ``src`` itself; its max |x|)."""
+        x = np.ascontiguousarray(self.round[1](src))
+        return (None if np.shares_memory(x, src) else x), _abs_max(x)
 
     def _gemm_args(self, a, b, arrays, outputs):
         """(:func:`graph_api.kernels.store.gemm_store`'s arguments, the output buffer) for
@@ -161,14 +154,12 @@ class MatmulPlan(ChainPlan):
         a = dtypes.to_f32(src).reshape(-1, K)
         if (a.shape[0], self.N) != (self.R, self.N) or K == 0:
             return False
-        if self.b_const and self._packed is not None and self._packed[0] is b_src:
-            packed_b = self._packed[1]
-        else:
+        def pack():
             b = dtypes.to_f32(b_src)
-            b = b.T if self.tb else b
-            packed_b = bf16_matmul.pack_b(bf16_matmul.bf16_bits(b))
-            if self.b_const:  # oneDNN's rule: a constant tensor's data does not change
-                self._packed = (b_src, packed_b)
+            return bf16_matmul.pack_b(bf16_matmul.bf16_bits(b.T if self.tb else b))
+
+        # oneDNN's rule: a constant tensor's data does not change
+        packed_b = constant_cache.CACHE.get(self, "b_bf16", [b_src], pack) if self.b_const else pack()
         acc = scratch.empty(self.R * self.N, np.float32).reshape(self.R, self.N)
         bf16_matmul.matmul(a, packed_b, lambda: self._operand(arrays, 1, want_max=False)[0], acc)
         self.store(acc, arrays, outputs)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graph_api import dtypes
+from graph_api import constant_cache, dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
@@ -88,17 +88,16 @@ class _Operand:
         self.per_tensor_zp = zps is None or zps.size == 1
         self.zp = np.float32(0.0 if zps is None else zps.reshape(-1)[0])
         self.const = lts[self.tid].property == PropertyType.constant and self.tid in request.input_ids
-        self._cache: tuple | None = None
 
     def centred(self, arrays):
-        """(q - zp) as f32 (transposed view when the MatMul transposes), and its max |.|."""
+        """(q - zp) as f32 (transposed view when the MatMul transposes), and its max |.|;
+        a constant's is kept in the constant tensor cache."""
         src = arrays[self.tid]
         if self.const:
-            key = (src.__array_interface__["data"][0], src.shape)
-            if self._cache is None or self._cache[0] != key:
-                x = self._values(src)
-                self._cache = (key, np.ascontiguousarray(x), float(np.max(np.abs(x))) if x.size else 0.0, {})
-            return self._cache[1], self._cache[2]
+            def build():
+                x = np.ascontiguousarray(self._values(src))
+                return x, float(np.max(np.abs(x))) if x.size else 0.0
+            return constant_cache.CACHE.get(self, "centred", [src], build)
         return self._values(src), self.bound
 
     def integers(self, arrays):
@@ -110,7 +109,7 @@ class _Operand:
 
     def packed(self, arrays, a_dtype, zb):
         """The weight packed for :func:`graph_api.kernels.igemm.gemm`: an object array of
-        ``PackedB`` over its batch dims, kept with the constant's cache."""
+        ``PackedB`` over its batch dims, kept in the constant tensor cache."""
         from graph_api.kernels import igemm
 
         def pack():
@@ -123,11 +122,15 @@ class _Operand:
 
         if not self.const:
             return pack()
-        src = arrays[self.tid]
-        key = ("packed", src.__array_interface__["data"][0], src.shape)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, pack())
-        return self._cache[1]
+        z = np.asarray(zb)
+        slot = ("packed", np.dtype(a_dtype).str, z.dtype.str, z.shape, z.tobytes())
+        return constant_cache.CACHE.get(self, slot, [arrays[self.tid]], pack)
+
+    def as_f64(self, arrays, x):
+        """``x`` (this operand's :meth:`centred` values) as f64, a constant's kept in the cache."""
+        if not self.const:
+            return x.astype(np.float64)
+        return constant_cache.CACHE.get(self, "f64", [arrays[self.tid]], lambda: x.astype(np.float64))
 
     def _quantized(self, src):
         from graph_api.kernels.reference.quant import quantize
@@ -135,15 +138,6 @@ class _Operand:
 
         (q,) = quantize(self.quant, [src], [self.int_lt], RefContext(fpmath=None))
         return q
-
-    def as_f64(self, x):
-        """``x`` as f64, kept with the constant's cache."""
-        if not self.const:
-            return x.astype(np.float64)
-        extra = self._cache[3]
-        if "f64" not in extra:
-            extra["f64"] = x.astype(np.float64)
-        return extra["f64"]
 
     def _values(self, src):
         if self.quant is not None:  # the weight Quantize, as the reference computes it
@@ -220,7 +214,7 @@ class QuantMatmulPlan(ChainPlan):
         if b.ndim == 2 and a.ndim > 2:  # a linear layer: one [B*S, K] x [K, N] GEMM
             a = a.reshape(-1, a.shape[-1])
         if count > MAX_CHUNKS:
-            acc = np.matmul(a.astype(np.float64), self.wei.as_f64(b))
+            acc = np.matmul(a.astype(np.float64), self.wei.as_f64(arrays, b))
             return acc.reshape(self.R, self.N)
         # per execution, from the scratchpad: a buffer kept on the plan would be shared by
         # concurrent executions of one compiled partition

@@ -20,6 +20,13 @@ dim) into ``group_shape``; should it reach a kernel anyway the group size is
 attribute it is ``src.shape[d] // scales.shape[d]``.  Per-group parameters
 are applied by reshaping the source to ``(S0, G0, S1, G1, ...)`` so that they
 broadcast: no per-element loops.
+
+``mask`` (oneDNN branch lvtao/main/quant-mask, 2026-08; qtype stays per_tensor):
+bit ``d`` set means the parameters vary along src dim ``d``; the scales (and zps)
+hold one packed dim per set bit, in order (for static ops a flat list in
+row-major order).  They broadcast as the src shape with 1 on the other dims:
+``mask = 3`` on a [B, H, S, D] src with [B, H] scales is per (batch, head),
+``mask = 4`` with [S] scales per token.
 """
 from __future__ import annotations
 
@@ -72,6 +79,11 @@ def apply_params(formula, x, scales, zps, op):
 
     ``x``, ``scales`` and ``zps`` are f32 arrays (``zps`` may be None).
     """
+    mask = op.attrs.get("mask")
+    if mask is not None:
+        shape = tuple(n if mask >> d & 1 else 1 for d, n in enumerate(x.shape))
+        zps = np.zeros((), np.float32) if zps is None else zps.reshape(shape)
+        return formula(x, scales.reshape(shape), zps)
     qtype = op.attrs.get("qtype", "per_tensor")
     axis = norm_axis(_axes(op)[0], max(x.ndim, 1))
     zps = np.zeros((), np.float32) if zps is None else zps

@@ -18,7 +18,7 @@ from graph_api.kernels.sdpa.merge import merge_partials, merged_stats, row_stats
 from graph_api.kernels.sdpa.operands import CAUSAL, DT, KINDS, KV, flat_mask, kv_args
 from graph_api.kernels.sdpa.tiled import QT, attend_tiles
 from graph_api.kernels.sdpa.widen import q_f32, widen
-from graph_api.kernels.threads import run_claimed, run_items
+from graph_api.kernels.threads import run_claimed, run_items, split_threads
 
 
 def _vec_ok(kind, G, D, transposed, S):
@@ -130,7 +130,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     vb, vk, _, vG, vsc, vhs, vzp, vhz = kv_args(v)
     qt = Sq if Sq <= 8 else QT
     nqt = -(-Sq // qt)
-    threads = numba.get_num_threads()
+    threads = split_threads()  # deterministic mode: the K/V splits depend on the shapes only
     if kv_splits is None:
         base = B * Hkv * nqt
         kv_splits = 1 if base >= 4 * threads else max(1, min(-(-S // 256), -(-8 * threads // base)))

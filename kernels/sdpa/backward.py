@@ -252,13 +252,13 @@ def backward(q, k, v, do, stats, corr, *, scale=1.0, scale_mode="mul", grad_scal
     """
     from graph_api.kernels import openblas
     from graph_api.kernels.sdpa.operands import flat_mask
-    from graph_api.kernels.threads import run_items
+    from graph_api.kernels.threads import run_items, split_threads
 
     B, Hq, Sq, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     heads = B * Hq
     nblk = -(-Sq // min(QB, Sq))
-    threads = numba.get_num_threads()
+    threads = split_threads()  # deterministic mode: the dK/dV partial sums depend on the shapes only
     if splits is None:
         splits = 1 if heads >= 2 * threads else min(nblk, -(-2 * threads // heads))
     nsplit = max(1, int(splits))

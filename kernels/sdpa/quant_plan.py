@@ -49,6 +49,7 @@ import numpy as np
 
 from graph_api import dtypes
 from graph_api.dtypes import DataType
+from graph_api.enums import OpKind as K
 from graph_api.kernels.bits import RND_BF16, RND_F16, RND_NONE, rounding_code
 from graph_api.kernels.fused.hybrid import HybridPlan
 from graph_api.kernels.plan import CompileRequest
@@ -223,6 +224,9 @@ def build(request: CompileRequest):
     reason = SP._unknown_ops(request, b) or SP.zero_size_reason(request)
     if reason:
         return reason
+    dynamic = [op for op in ops.values() if op.kind in (K.DynamicQuantize, K.DynamicDequantize)]
+    if dynamic:
+        return f"dynamic (de)quantization (op {dynamic[0].id}: scales as tensors; the kernel reads attributes)"
     if rounding_code(request.fpmath, for_int_weights=True) != RND_NONE:  # docs/fpmath.md
         return f"fpmath {request.fpmath} with apply_to_int rounds the dequantized MatMul inputs"
     qk, pv = ops[b["qk_matmul"]], ops[b["pv_matmul"]]

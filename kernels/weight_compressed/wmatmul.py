@@ -81,6 +81,7 @@ import numpy as np
 from numba import njit, prange
 
 from graph_api.kernels import bf16_matmul
+from graph_api.kernels.threads import split_threads
 from graph_api.kernels.weight_compressed import wgemv4 as W4
 from graph_api.kernels.weight_compressed import wgemv8 as W8
 from graph_api.kernels.weight_compressed import wgemv4_bf16 as B4
@@ -957,7 +958,7 @@ def _fast_is_exact(xf, spec: WeightSpec, scales, zps, prepared, amax=None) -> bo
 
 # ------------------------------------------------------------- entry point
 def _ksplits(nblk: int, ng: int) -> int:
-    threads = numba.get_num_threads()
+    threads = split_threads()  # deterministic mode: the K splits depend on the shapes only
     if nblk >= 4 * threads:
         return 1
     return max(1, min(ng, (4 * threads + nblk - 1) // nblk))

@@ -6,9 +6,10 @@ post-ops [-> TypeCast]`` with W two-dimensional ([K, N], or [N, K] with
 tensor.  Anything after the epilogue (Quantize/DynamicQuantize, Select) runs
 as reference steps.  Constant weights (with constant scales and zero points)
 are repacked once into the kernel's blocked layout and cached (see
-:class:`ConstantCache`): oneDNN's rule is that a constant tensor's data does
-not change after the first execute, so the cache is keyed on the identity of
-every buffer the copy was built from, never on their contents.
+:class:`ConstantCache`, the process-wide constant tensor cache): oneDNN's rule
+is that a constant tensor's data does not change after the first execute, so
+the cache is keyed on the identity of every buffer the copy was built from,
+never on their contents.
 
 fpmath: the arithmetic of the composed reference plan, exactly: f32
 activations are rounded as the mode says; dequantized weights are rounded to
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graph_api import dtypes
+from graph_api import constant_cache, dtypes
 from graph_api.dtypes import DataType
 from graph_api.enums import OpKind as K
 from graph_api.enums import PropertyType
@@ -60,34 +61,16 @@ def _group_layout(deq, w_shape, transposed: bool):
     return w_shape[k_axis], 1, "tensor"
 
 
-def _source_key(tensor) -> tuple:
-    """What identifies a tensor's data: buffer address, buffer shape/strides/dtype
-    and the logical tensor's dtype/shape/strides."""
-    buf, lt = tensor.get_data_handle(), tensor.get_logical_tensor()
-    return (buf.__array_interface__["data"][0], buf.shape, buf.strides, buf.dtype.str,
-            lt.dtype, tuple(lt.shape), tuple(lt.strides or ()))
-
-
 class ConstantCache:
-    """One prepared copy of constant tensors, keyed on every source tensor.
-
-    Constant tensors may not change after the first execute (oneDNN's rule),
-    so the same buffers give the same copy; any different buffer, shape,
-    stride or dtype of any source rebuilds it.  The entry holds the source
-    buffers, so their memory cannot be freed and reused by another array at
-    the same address while the copy is cached.
-    """
-
-    def __init__(self):
-        self._key, self._sources, self._value = None, (), None
+    """One plan's slot in the process-wide constant tensor cache
+    (:mod:`graph_api.constant_cache`): the prepared copy of constant tensors,
+    keyed on this slot and on every source tensor's buffer (address, shape,
+    strides, dtype).  Constant tensors may not change after the first execute
+    (oneDNN's rule), so the same buffers give the same copy; other buffers fed
+    to the same compiled partition get their own copy."""
 
     def get(self, tensors, build):
-        key = tuple(_source_key(t) for t in tensors)
-        if key != self._key:
-            self._key, self._sources, self._value = None, (), None  # free the old copy first
-            self._value = build()
-            self._key, self._sources = key, tuple(t.get_data_handle() for t in tensors)
-        return self._value
+        return constant_cache.CACHE.get(self, "prepared", tensors, build)
 
 
 @dataclass

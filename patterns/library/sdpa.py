@@ -131,19 +131,22 @@ Roles: those of ``sdpa`` plus k_dequant, k_cast, v_dequant, v_cast.""")
 
 def _quantized_sdpa() -> Pattern:
     q8 = INT8 + FP8
-    nodes = (_dequant("q", {K.Dequantize}, q8, False) + _dequant("k", {K.Dequantize}, q8, False) + [
+    # static (scales as attributes) or dynamic (scales as tensors: oneDNN's
+    # sdpa_dynamic_quantized example, per-head scales by the quantization mask)
+    deq, quant = {K.Dequantize, K.DynamicDequantize}, {K.Quantize, K.DynamicQuantize}
+    nodes = (_dequant("q", deq, q8, False) + _dequant("k", deq, q8, False) + [
         Node("qk_matmul", K.MatMul, [In("q_cast", 0), In("k_cast", 1)]),
     ] + scores("qk_matmul", softcap=False) + [
         _softmax("select_mask"),
         Node("softmax_cast", _CAST, [In("softmax", 0)], optional=True),
-        Node("prob_quant", K.Quantize, [In("softmax_cast", 0)]),
-        Node("prob_dequant", K.Dequantize, [In("prob_quant", 0)]),
+        Node("prob_quant", quant, [In("softmax_cast", 0)]),
+        Node("prob_dequant", deq, [In("prob_quant", 0)]),
         Node("prob_cast", _CAST, [In("prob_dequant", 0)], optional=True),
-    ] + _dequant("v", {K.Dequantize}, q8, False) + [
+    ] + _dequant("v", deq, q8, False) + [
         Node("pv_matmul", K.MatMul, [In("prob_cast", 0), In("v_cast", 1)]),
     ] + _output_transpose("pv_matmul") + [
         Node("out_cast", _CAST, [In("out_reshape", 0)], optional=True),
-        Node("quant_out", K.Quantize, [In("out_cast", 0)], optional=True),
+        Node("quant_out", quant, [In("out_cast", 0)], optional=True),
     ])
     return Pattern("sdpa_quantized", 22.0, nodes, doc="""
 Static int8/fp8 SDPA (x8_sdpa, int8_bf16_sdp and the int8 GPT forms).
@@ -154,7 +157,10 @@ Static int8/fp8 SDPA (x8_sdpa, int8_bf16_sdp and the int8 GPT forms).
                   V8 ─ v_dequant ─ [v_cast]? ───────┴ pv_matmul
         ─ [out_transpose ─ out_reshape]? ─ [out_cast]? ─ [quant_out]?
 
-Dequantize inputs are s8/u8/f8.  Roles: q_dequant, q_cast, k_dequant, k_cast,
+Dequantize inputs are s8/u8/f8.  Each (de)quantizer may be static (Quantize /
+Dequantize) or dynamic (DynamicQuantize / DynamicDequantize, scales as tensors; an
+extension of oneDNN's pattern for its sdpa_dynamic_quantized example: f8 Q/K/V with
+per-head scales by ``mask``).  Roles: q_dequant, q_cast, k_dequant, k_cast,
 qk_matmul, the score roles, softmax, softmax_cast, prob_quant, prob_dequant,
 prob_cast, v_dequant, v_cast, pv_matmul, out_transpose, out_reshape,
 out_cast, quant_out.""")

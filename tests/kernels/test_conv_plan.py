@@ -301,8 +301,10 @@ def test_constant_weights_are_prepared_once_and_variable_weights_every_time():
         request = CompileRequest("conv_post_ops", part.ops, dict(graph.tensors), [0, 1], [2],
                                  graph.fpmath, {})
         plan = build(request)
-        first = plan.run_arrays({0: xv, 1: wv}, {1: (1, 1)})[2]
-        second = plan.run_arrays({0: xv, 1: 2 * wv}, {1: (1, 1)} if prop == ga.PropertyType.constant else {})[2]
+        keys = {1: wv} if prop == ga.PropertyType.constant else {}
+        first = plan.run_arrays({0: xv, 1: wv}, keys)[2]
+        wv *= 2  # new values in the same constant buffer are not seen (oneDNN's rule)
+        second = plan.run_arrays({0: xv, 1: wv}, keys)[2]
         np.testing.assert_allclose(second, first if prop == ga.PropertyType.constant else 2 * first,
                                    rtol=1e-6, atol=1e-5)
 
@@ -556,7 +558,7 @@ def test_band_whose_f32_sums_overflow_is_redone_in_float64(k):
     from graph_api.kernels.plan import CompileRequest
     request = CompileRequest("conv_post_ops", graph.get_partitions()[0].ops, dict(graph.tensors), [0, 1], [2],
                              graph.fpmath, {})
-    got = build(request).run_arrays({0: xv, 1: wv}, {1: (1, 1)})[2]
+    got = build(request).run_arrays({0: xv, 1: wv}, {1: wv})[2]
     want = direct_conv(xv.astype(np.float64), wv.astype(np.float64), pad=k // 2).astype(np.float32)
     assert np.isfinite(want).all() and want[0, 0, 7, 5] == np.float32(3e38)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)

@@ -21,11 +21,13 @@ import pytest
 
 import graph_api as ga
 from graph_api import DataType as dt
+from graph_api import constant_cache
 from graph_api import OpKind as K
 from graph_api.config import settings
 from tests.patterns.builder import G
 
 CONST = ga.PropertyType.constant
+CONSTANTS = constant_cache.CACHE
 
 
 def _qattrs(scales, zps, axis=1):
@@ -176,13 +178,15 @@ def test_constant_weight_is_prepared_once_and_follows_a_new_buffer():
     graph, src, w, b = _graph(dt.u8, dt.s8, 4, 16, 8, src_zp=3)
     feeds = _feeds(graph, dt.u8, dt.s8, 4)
     plan = ga.run_graph(graph, feeds).partitions[0].compiled.plan
-    first = plan.wei._cache
+    first = CONSTANTS.entries_of(plan.wei)
+    assert first
     assert ga.run_graph(graph, feeds).partitions[0].compiled.plan is plan  # the compiled-partition cache
-    assert plan.wei._cache is first  # same constant buffer: not prepared again
+    assert all(a is b for (_, a), (_, b) in zip(CONSTANTS.entries_of(plan.wei), first))  # not prepared again
     feeds2 = dict(feeds)
     feeds2[w.id] = (-feeds[w.id].astype(np.int16)).clip(-128, 127).astype(np.int8)
     _, got = _run(graph, feeds2)
-    assert plan.wei._cache is not first
+    # the new buffer has its own entry; the first weight's entry is not touched
+    assert len(CONSTANTS.entries_of(plan.wei)) == 2 * len(first)
     _, want = _run(graph, feeds2, reference=True)
     # f32 outputs: the reference's f64 sum of f32-rounded products vs the exact sum, ~2**-24 relative
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
