@@ -112,7 +112,7 @@ def _fast(node, opset):
         fn = _ELEMENTWISE[op]
         return lambda ins: [np.asarray(fn(*[np.asarray(x) for x in ins]))]
     if op in ("DequantizeLinear", "QuantizeLinear") and not attrs.get("block_size", 0):
-        return _dequantize_linear(attrs) if op == "DequantizeLinear" else _quantize_linear(attrs)
+        return _dequantize_linear(attrs) if op == "DequantizeLinear" else _quantize_linear(node, attrs)
     if op == "Cast":
         from onnx import helper
         to = np.dtype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
@@ -146,7 +146,7 @@ def _dequantize_linear(attrs):
     return dequantize
 
 
-def _quantize_linear(attrs):
+def _quantize_linear(node, attrs):
     """ONNX QuantizeLinear (per tensor / per axis) to int8/uint8: ``y = saturate(round(x /
     scale) + zp)``, rounding half to even; the type is the zero point's (uint8 without one)."""
     axis = int(attrs.get("axis", 1))
@@ -157,7 +157,8 @@ def _quantize_linear(attrs):
         has_zp = len(ins) > 2 and ins[2] is not None
         dtype = np.asarray(ins[2]).dtype if has_zp else np.dtype(out_dtype)
         if dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
-            raise Unimplemented(f"QuantizeLinear to {dtype} on the host: only int8 and uint8")
+            from .onnx_import import node_label
+            raise Unimplemented(f"{node_label(node)}: QuantizeLinear to {dtype} on the host: only int8 and uint8")
         zp = _per_axis(ins[2], x, axis).astype(np.float32) if has_zp else np.float32(0)
         q = np.rint(x.astype(np.float32) / _per_axis(scale, x, axis).astype(np.float32)) + zp
         info = np.iinfo(dtype)

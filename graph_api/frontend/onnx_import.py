@@ -22,6 +22,12 @@ How a model is cut (one pass over the nodes, which ONNX keeps in topological ord
 * a node neither path can run (an unknown domain or op type, a control-flow body) is
   :class:`~graph_api.errors.Unimplemented` at load, naming the node, its domain and type.
 
+QDQ int8 models (ONNX Runtime's ``quantize_static``, QDQ format): a ``DequantizeLinear`` of
+constant s8/u8/int4 weights read only by MatMul/Gemm/Conv stays a Dequantize op, made in the
+segment of the node that reads it; int32 bias DequantizeLinears fold to f32; a
+DequantizeLinear several nodes read is copied per reader (:func:`.onnx_rewrite.unique_dequantize`).
+Q -> DQ -> MatMul/Conv -> Q then match the ``matmul_quantized`` / ``conv_quantized`` patterns.
+
 So a model is a sequence of stages (segments and host steps): :class:`OnnxModel`.  When it
 is one segment and nothing else, ``model.graph`` is that ``Graph`` and :func:`from_onnx`
 returns it, carrying ``graph.constants`` (tensor id -> array, ``property=constant``
