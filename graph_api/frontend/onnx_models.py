@@ -322,3 +322,12 @@ def with_quantized_outputs(model):
         if node.op_type == "QuantizeLinear" and node.output[0] not in have:
             copy.graph.output.append(onnx.helper.make_empty_tensor_value_info(node.output[0]))
     return copy
+
+
+def output_scale(model, output: str = "y") -> float:
+    """The (largest) scale of the DequantizeLinear that writes the QDQ model's ``output``."""
+    from onnx import numpy_helper
+
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == output)
+    init = next(i for i in model.graph.initializer if i.name == dq.input[1])
+    return float(numpy_helper.to_array(init).max())

@@ -7,16 +7,22 @@ quantized by ``onnxruntime.quantization.quantize_static`` (QDQ format, s8 weight
 or per channel, u8 or s8 activations, MinMax calibration over 4 random batches).
 
 Tolerance.  Both runtimes dequantize the same integers with the same scales and accumulate
-the int8 products exactly (int32); they differ only in how the requantization is rounded:
+the int8 products exactly (int32); they differ only in how a requantization is rounded:
 graph_api computes ``acc * (s_x * s_w)`` (+ bias) then divides by ``s_y`` and rounds half to
 even, ONNX Runtime's QLinear kernels multiply by one precomputed f32 ``s_x s_w / s_y``.  The
 two f32 values can land on opposite sides of a .5 rounding boundary when the exact value is
-within a few ulps of it, so a requantized integer may differ by one unit there.  The tests
-compare the integer output of **every** QuantizeLinear (all exposed as model outputs, which
-keeps every fusion: a Quantize output ends its pattern) and allow at most one unit and at
-most 1% of the elements; the final f32 output then differs by at most one step of its
-scale.  (With the seeds here every integer agrees; the bound is what the two rounding
-orders allow, not what was observed.)
+within a few ulps of it, so **one requantization on the same integer input** may differ by
+one unit there.  :func:`_assert_each_layer_within_one_unit` checks exactly that: each
+MatMul/Gemm/Conv cut out of the file (``onnx.utils.Extractor``: its input's integers ->
+DequantizeLinear -> op -> QuantizeLinear) runs on ONNX Runtime's own integer input, and its
+integer output is within one unit of ONNX Runtime's, in at most 1% of the elements.
+
+End to end, a flipped unit travels: the next layer's exact value moves by
+``sum |w| s_in / s_out`` of its steps, which can exceed one (a 64x64 CNN at batch 8 shows up
+to 3 units at the 7th requantization, in 0.2% of the elements).  The end-to-end check
+(:func:`_assert_matches_ort`) holds each tensor to one unit per requantization on its way
+(its depth), an envelope rather than a proof, and the final f32 ``y`` to as many steps of
+its scale.  With the small shapes and seeds here every integer agrees.
 """
 from __future__ import annotations
 
@@ -53,31 +59,71 @@ def _assert_compute_is_int8(imported, expected_matmuls: int, expected_convs: int
     assert found == {ga.OpKind.MatMul: expected_matmuls, ga.OpKind.Convolution: expected_convs}
 
 
+def _depths(qdq) -> dict:
+    """QuantizeLinear output -> how many QuantizeLinears lie on its longest path from x."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    memo: dict = {}
+
+    def depth(name):
+        if name not in memo:
+            node = producer.get(name)
+            memo[name] = 0 if node is None else \
+                max((depth(i) for i in node.input if i), default=0) + (node.op_type == "QuantizeLinear")
+        return memo[name]
+    return {n.output[0]: depth(n.output[0]) for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
+
+
 def _assert_matches_ort(qdq, x):
-    """Every requantized integer tensor within one unit of ONNX Runtime's (see the module
-    docstring), and y within one step of its scale."""
+    """End to end: each requantized integer tensor within one unit per requantization on its
+    way from x (see the module docstring), y within as many steps of its scale."""
     model = om.with_quantized_outputs(qdq)
     got = ga.import_onnx(model).run({"x": x})
     ref = om.ort_run(model, {"x": x})
     assert set(got) == set(ref)
-    differing = total = 0
+    depths = _depths(qdq)
     for name, want in ref.items():
         if name == "y":
             continue
         assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
         diff = np.abs(got[name].astype(np.int32) - want.astype(np.int32))
-        assert diff.max() <= 1, (name, int(diff.max()))
-        differing, total = differing + int((diff > 0).sum()), total + diff.size
-    assert differing <= 0.01 * total, (differing, total)
-    y_scale = _output_scale(qdq)
-    assert np.abs(got["y"] - ref["y"]).max() <= y_scale * (1 + 1e-6)
+        assert diff.max() <= depths[name], (name, int(diff.max()), depths[name])
+    deepest = max(depths.values())
+    assert np.abs(got["y"] - ref["y"]).max() <= deepest * om.output_scale(qdq) * (1 + 1e-6)
     return got, ref
 
 
-def _output_scale(qdq) -> float:
-    dq = next(n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y")
-    init = next(i for i in qdq.graph.initializer if i.name == dq.input[1])
-    return float(numpy_helper.to_array(init).max())
+def _assert_each_layer_within_one_unit(qdq, x) -> int:
+    """Each MatMul/Gemm/Conv whose output a QuantizeLinear reads, cut out of the file and run
+    by both runtimes on ONNX Runtime's integer input: outputs within one unit, in at most 1% of
+    the elements.  Returns the number of layers checked."""
+    from onnx.utils import Extractor
+
+    extractor = Extractor(onnx.shape_inference.infer_shapes(qdq))
+    full = om.with_quantized_outputs(qdq)
+    ints = om.ort_run(full, {"x": x})
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    readers: dict = {}
+    for n in qdq.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    checked = 0
+    for node in qdq.graph.node:
+        if node.op_type not in ("MatMul", "Gemm", "Conv"):
+            continue
+        src_dq = producer[node.input[0]]
+        quant = [r for r in readers.get(node.output[0], []) if r.op_type == "QuantizeLinear"]
+        if src_dq.op_type != "DequantizeLinear" or len(quant) != 1:
+            continue
+        src, out = src_dq.input[0], quant[0].output[0]
+        layer = extractor.extract_model([src], [out])
+        layer.ir_version = om.IR_VERSION
+        feed = {src: ints[src]} if src != "x" else {"x": x}
+        want = om.ort_run(layer, feed)[out].astype(np.int32)
+        got = ga.import_onnx(layer).run(feed)[out].astype(np.int32)
+        diff = np.abs(got - want)
+        assert diff.max() <= 1 and np.mean(diff > 0) <= 0.01, (node.name, int(diff.max()), float(np.mean(diff > 0)))
+        checked += 1
+    return checked
 
 
 SETTINGS = [(False, "u8"), (True, "u8"), (True, "s8")]
@@ -94,6 +140,7 @@ def test_static_quantized_gemm_layers_run_as_int8_matmuls(per_channel, activatio
     for batch in (8, 3):
         x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
         _assert_matches_ort(qdq, x)
+    assert _assert_each_layer_within_one_unit(qdq, x) == 3
 
 
 @pytest.mark.parametrize("per_channel,activations", SETTINGS)
@@ -107,6 +154,7 @@ def test_static_quantized_matmul_bias_residual_on_tokens(per_channel, activation
     for shape in ((2, 8, 64), (1, 5, 64)):
         x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
         _assert_matches_ort(qdq, x)
+    assert _assert_each_layer_within_one_unit(qdq, x) == 2
 
 
 @pytest.mark.parametrize("per_channel,activations", SETTINGS)
@@ -120,6 +168,7 @@ def test_static_quantized_conv_net_runs_as_int8_convs(per_channel, activations):
     assert "pool_quantized" in [p.get_kind() for p in _partitions(imported)]
     x = np.random.default_rng(3).standard_normal((2, 3, 16, 16)).astype(np.float32)
     _assert_matches_ort(qdq, x)
+    assert _assert_each_layer_within_one_unit(qdq, x) == 7
 
 
 def test_qdq_int32_bias_folds_and_weights_stay_int8():
@@ -163,7 +212,7 @@ def test_a_weight_dequantize_after_a_host_step_stays_in_its_reader_segment():
     _assert_compute_is_int8(imported, expected_matmuls=1, expected_convs=0)
     x = rng.standard_normal((4, 16)).astype(np.float32)
     got, ref = imported.run({"x": x})["y"], om.ort_run(model, {"x": x})["y"]
-    assert np.abs(got - ref).max() <= 0.1 * (1 + 1e-6)  # one output step (module docstring)
+    assert np.abs(got - ref).max() <= 0.1 * (1 + 1e-6)  # one requantization: one output step
 
 
 def test_a_per_channel_scale_of_the_wrong_length_names_the_node():
