@@ -94,7 +94,54 @@ def bench_onnx(rows, quick: bool = False, peers_on: bool = True, shapes=((8, 64)
                 rows.append((label, "hot", who, tt * 1e3, tt / t, f"max |diff| / max {err:.1e}"))
     if peers_on:
         _bench_minilm_export(rows, reps, shapes)
+        _bench_qdq(rows, reps, quick)
     return rows
+
+
+def _bench_qdq(rows, reps, quick: bool = False):
+    """QDQ int8 models from ONNX Runtime's ``quantize_static`` (s8 weights per channel, u8
+    activations): Gemm layers 768 -> 3072 -> 768 (batch 64) and the small CNN of
+    ``onnx_models.conv_net`` (32 channels, batch 8 x 3 x 64 x 64).  The project runs the
+    imported graph (matmul_quantized / conv_quantized partitions); ONNX Runtime the same file
+    (its QDQ fusions: QLinearMatMul / QLinearConv)."""
+    try:
+        import onnxruntime.quantization  # noqa: F401
+    except ImportError:
+        return
+    import graph_api as ga
+    from graph_api.frontend import onnx_models as om
+
+    cases = [("Gemm 768-3072-768", om.gemm_mlp((768, 3072, 768)), (64, 768)),
+             ("CNN 32 ch (6 Conv + Gemm)", om.conv_net(channels=32), (8, 3, 64, 64))]
+    if quick:
+        cases = cases[:1]
+    for what, f32, shape in cases:
+        qdq = om.quantize_qdq(f32, shape, per_channel=True, activations="u8")
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        label = f"ONNX import: QDQ int8 (ORT quantize_static, per-channel s8 / u8 act), {what}, x {list(shape)}"
+        start = time.perf_counter()
+        graph = ga.from_onnx(qdq)
+        load_ms = (time.perf_counter() - start) * 1e3
+        if not isinstance(graph, ga.Graph):
+            rows.append((label, "hot", "project", float("nan"), 1.0, f"not one graph: {len(graph.host_steps)} host steps"))
+            continue
+        feeds = {**graph.constants, graph.onnx_inputs["x"]: x}
+        compiled = ga.compile_graph(graph, feeds)
+        compiled(feeds)
+        out_id = graph.onnx_outputs["y"]
+        t = _best(lambda: compiled(feeds), reps)
+        got = compiled(feeds)[out_id].copy()
+        kinds = [part.get_kind() for part, _, _, _ in compiled.steps]
+        int8 = kinds.count("matmul_quantized") + kinds.count("conv_quantized")
+        rows.append((label, "hot", "project", t * 1e3, 1.0,
+                     f"{len(kinds)} partitions ({int8} int8 MatMul/Conv); import {load_ms:.0f} ms"))
+        session = om.ort_session(qdq)
+        want = session.run(None, {"x": x})[0]
+        step = float(om.output_scale(qdq))
+        units = np.abs(got - want) / step
+        tt = _best(lambda: session.run(None, {"x": x}), reps)
+        rows.append((label, "hot", "onnxruntime", tt * 1e3, tt / t,
+                     f"max |diff| {units.max():.0f} output steps, {np.mean(units > 0.5):.1%} differ"))
 
 
 def _minilm_export():

@@ -111,12 +111,59 @@ def _fast(node, opset):
     if op in _ELEMENTWISE:
         fn = _ELEMENTWISE[op]
         return lambda ins: [np.asarray(fn(*[np.asarray(x) for x in ins]))]
+    if op in ("DequantizeLinear", "QuantizeLinear") and not attrs.get("block_size", 0):
+        return _dequantize_linear(attrs) if op == "DequantizeLinear" else _quantize_linear(node, attrs)
     if op == "Cast":
         from onnx import helper
         to = np.dtype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
         if to.kind in "biuf" and to.name not in ("int4", "uint4"):
             return lambda ins: [np.asarray(ins[0]).astype(to)]
     return None
+
+
+def _per_axis(param, x, axis: int) -> np.ndarray:
+    """A per-tensor (size 1) or per-axis (1-D along ``axis``) Q/DQ parameter, broadcastable to x."""
+    param = np.asarray(param)
+    if param.size == 1 or x.ndim == 0:
+        return param.reshape(())
+    shape = [1] * x.ndim
+    shape[axis % x.ndim] = param.size
+    return param.reshape(shape)
+
+
+def _dequantize_linear(attrs):
+    """ONNX DequantizeLinear (per tensor / per axis): ``y = (x - zp) * scale`` with the
+    difference taken in int32 (exact for int8/uint8/int32 storage, as ONNX Runtime computes
+    it), then one f32 product; the output has the scale's type.  The reference evaluator
+    has no form for opsets below 19, where ONNX Runtime's static quantizer writes them."""
+    axis = int(attrs.get("axis", 1))
+
+    def dequantize(ins):
+        x, scale = np.asarray(ins[0]), np.asarray(ins[1])
+        zp = np.asarray(ins[2]) if len(ins) > 2 and ins[2] is not None else np.zeros((), np.int32)
+        diff = x.astype(np.int64) - _per_axis(zp, x, axis).astype(np.int64)
+        return [(diff.astype(scale.dtype) * _per_axis(scale, x, axis)).astype(scale.dtype)]
+    return dequantize
+
+
+def _quantize_linear(node, attrs):
+    """ONNX QuantizeLinear (per tensor / per axis) to int8/uint8: ``y = saturate(round(x /
+    scale) + zp)``, rounding half to even; the type is the zero point's (uint8 without one)."""
+    axis = int(attrs.get("axis", 1))
+    out_dtype = {3: np.int8, 2: np.uint8}.get(int(attrs.get("output_dtype", 0)), np.uint8)
+
+    def quantize(ins):
+        x, scale = np.asarray(ins[0]), np.asarray(ins[1])
+        has_zp = len(ins) > 2 and ins[2] is not None
+        dtype = np.asarray(ins[2]).dtype if has_zp else np.dtype(out_dtype)
+        if dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+            from .onnx_import import node_label
+            raise Unimplemented(f"{node_label(node)}: QuantizeLinear to {dtype} on the host: only int8 and uint8")
+        zp = _per_axis(ins[2], x, axis).astype(np.float32) if has_zp else np.float32(0)
+        q = np.rint(x.astype(np.float32) / _per_axis(scale, x, axis).astype(np.float32)) + zp
+        info = np.iinfo(dtype)
+        return [np.clip(q, info.min, info.max).astype(dtype)]
+    return quantize
 
 
 #: element-wise ops whose numpy form is exact ONNX semantics for every type they take

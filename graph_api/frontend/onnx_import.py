@@ -22,6 +22,12 @@ How a model is cut (one pass over the nodes, which ONNX keeps in topological ord
 * a node neither path can run (an unknown domain or op type, a control-flow body) is
   :class:`~graph_api.errors.Unimplemented` at load, naming the node, its domain and type.
 
+QDQ int8 models (ONNX Runtime's ``quantize_static``, QDQ format): a ``DequantizeLinear`` of
+constant s8/u8/int4 weights read only by MatMul/Gemm/Conv stays a Dequantize op, made in the
+segment of the node that reads it; int32 bias DequantizeLinears fold to f32; a
+DequantizeLinear several nodes read is copied per reader (:func:`.onnx_rewrite.unique_dequantize`).
+Q -> DQ -> MatMul/Conv -> Q then match the ``matmul_quantized`` / ``conv_quantized`` patterns.
+
 So a model is a sequence of stages (segments and host steps): :class:`OnnxModel`.  When it
 is one segment and nothing else, ``model.graph`` is that ``Graph`` and :func:`from_onnx`
 returns it, carrying ``graph.constants`` (tensor id -> array, ``property=constant``
@@ -474,10 +480,9 @@ class Importer:
             dtype, shape = self.info.get(inp.name, (None, None))
             rt = Runtime(inp.name, dtype, shape, ("input",))
             self.runtime[inp.name] = self.inputs[inp.name] = rt
-        self.consumers: dict[str, list] = {}
-        for node in g.node:
-            for name in node.input:
-                self.consumers.setdefault(name, []).append(node)
+        self.consumers: dict[str, list] = {}  # ONNX name -> the (rewritten) nodes reading it
+        #: output name -> a constant-weight DequantizeLinear not yet made (keeps_dequantize)
+        self.deferred: dict[str, object] = {}
         self.stages: list = []
         self.seg: Segment | None = None
         #: constants host steps read (handed to them at run time)
@@ -487,6 +492,8 @@ class Importer:
     def dtype_of(self, name) -> np.dtype | None:
         if name in self.consts:
             return self.consts[name].dtype
+        if name in self.deferred:  # a kept weight DequantizeLinear: the scale's type
+            return self.consts[self.deferred[name].input[1]].dtype
         if self.seg is not None and name in self.seg.values:
             return _np_of(self.seg.values[name].dtype)
         if name in self.runtime:
@@ -496,6 +503,8 @@ class Importer:
     def shape_of(self, name) -> tuple | None:
         if name in self.consts:
             return tuple(self.consts[name].shape)
+        if name in self.deferred:
+            return tuple(self.consts[self.deferred[name].input[0]].shape)
         if self.seg is not None and name in self.seg.values:
             return self.seg.values[name].shape
         if name in self.runtime:
@@ -518,6 +527,9 @@ class Importer:
         seg = self.segment()
         if name in seg.values:
             return seg.values[name]
+        if name in self.deferred and self.map_node(self.deferred[name]):
+            return seg.values[name]  # the weight's Dequantize, made in the segment that reads it
+        self.materialize(name)
         if name in self.consts:
             return self.constant(self.consts[name], dtype)
         if name in seg.inputs:
@@ -559,7 +571,12 @@ class Importer:
         from . import onnx_host
 
         g = self.model.graph
-        for node in self.rewritten(g):
+        nodes = self.rewritten(g)
+        self.consumers = {}
+        for node in nodes:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        for node in nodes:
             self.check_inputs(node)
             if node.op_type in CONTROL_FLOW:
                 raise Unimplemented(f"{node_label(node)}: control flow (subgraphs) is not supported")
@@ -569,14 +586,18 @@ class Importer:
             ins = [n for n in node.input if n]
             if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") and self.fold_shape(node):
                 continue
-            if all(n in self.consts for n in ins) and node.domain in ("", "ai.onnx") and node.output \
-                    and not self.keeps_dequantize(node):
-                self.fold(node)
+            if all(n in self.consts for n in ins) and node.domain in ("", "ai.onnx") and node.output:
+                if self.keeps_dequantize(node):
+                    self.deferred[node.output[0]] = node
+                else:
+                    self.fold(node)
                 continue
             if self.map_node(node):
                 continue
             self.host(node)
         outputs = [o.name for o in g.output]
+        for name in outputs:
+            self.materialize(name)
         for name in outputs:
             if name in self.consts or name in self.inputs:
                 continue
@@ -616,7 +637,8 @@ class Importer:
                 except GraphError:
                     pass
         outputs = {o.name for o in g.output}
-        nodes = onnx_rewrite.fuse_gelu(list(g.node), known, outputs)
+        nodes = onnx_rewrite.unique_dequantize(list(g.node), outputs)
+        nodes = onnx_rewrite.fuse_gelu(nodes, known, outputs)
         nodes = onnx_rewrite.fuse_softmax_nan_guard(nodes, known, outputs)
         nodes, sliced = onnx_rewrite.split_projections(nodes, known, outputs)
         self.consts.update(sliced)
@@ -626,20 +648,30 @@ class Importer:
         for name in node.input:
             if not name:
                 continue
-            if name in self.consts or name in self.runtime:
+            if name in self.consts or name in self.runtime or name in self.deferred:
                 continue
             if self.seg is not None and name in self.seg.values:
                 continue
             raise InvalidGraph(f"{node_label(node)}: input {name!r} is neither a model input, an "
                                f"initializer nor the output of an earlier node (a missing initializer?)")
 
+    def materialize(self, name) -> None:
+        """A deferred weight DequantizeLinear folded to its f32 value (a reader that is no
+        graph_api op, or a Dequantize the mappers decline)."""
+        node = self.deferred.pop(name, None)
+        if node is not None:
+            self.fold(node)
+
     def keeps_dequantize(self, node) -> bool:
         """A DequantizeLinear of constant integer weights read only by MatMul/Gemm/Conv stays
         an op (Dequantize, or DynamicDequantize for blocks): the quantized and
-        weight-compressed patterns take it, and the weights stay small."""
+        weight-compressed patterns take it, and the weights stay small.  It is deferred
+        (``self.deferred``) and made in the segment of its reader, when the reader's mapper
+        asks for it, so a host step between the two never turns the weight into an f32
+        run-time value."""
         dtype = self.consts[node.input[0]].dtype if node.op_type == "DequantizeLinear" else None
-        if dtype is None or not (dtype.kind in "iu" or dtype.name in ("int4", "uint4")):
-            return False
+        if dtype is None or dtype.name not in ("int8", "uint8", "int4", "uint4"):
+            return False  # an int32 bias (QDQ's bias_DequantizeLinear) folds to f32
         users = self.consumers.get(node.output[0], [])
         return bool(users) and all(u.op_type in WEIGHT_USERS and u.domain in ("", "ai.onnx") for u in users)
 
@@ -711,6 +743,8 @@ class Importer:
         if fn is None:
             fn = onnx_host.host_function(node, self.raw, self.opset)  # Unimplemented when none
         reads = [n for n in node.input if n]
+        for name in reads:
+            self.materialize(name)
         self.host_consts.update({n: self.consts[n] for n in reads if n in self.consts})
         seg = self.seg
         needs_open = seg is not None and any(n in seg.values for n in reads)

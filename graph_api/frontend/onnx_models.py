@@ -193,3 +193,141 @@ def encoder_layer(hidden: int = 384, heads: int = 12, ffn: int = 1536, layers: i
     nodes.append(helper.make_node("Identity", [x], ["y"]))
     return make_model(nodes, [("x", TP.FLOAT, [batch, seq, hidden])], [("y", TP.FLOAT, [batch, seq, hidden])],
                       inits, opset=23, ms_opset=bool(bits), name="encoder")
+
+
+# ====================================================================== QDQ int8 (ORT's static quantizer)
+def gemm_mlp(widths=(64, 128, 128, 16), seed: int = 0, opset: int = 17):
+    """``Gemm(transB) -> Relu`` layers (no Relu after the last), symbolic batch: what
+    ``torch.onnx.export`` writes for a stack of ``nn.Linear``/``ReLU`` on 2-D inputs."""
+    onnx, TP, helper, nh = _helpers()
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], {}, "x"
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+        inits[f"fc{i}.weight"] = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+        inits[f"fc{i}.bias"] = (rng.standard_normal(n) * 0.1).astype(np.float32)
+        last = i == len(widths) - 2
+        y = "y" if last else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [y], transB=1, name=f"fc{i}"))
+        if not last:
+            nodes.append(helper.make_node("Relu", [y], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    return make_model(nodes, [("x", TP.FLOAT, ["batch", widths[0]])], [("y", TP.FLOAT, ["batch", widths[-1]])],
+                      inits, opset=opset, name="gemm_mlp")
+
+
+def matmul_residual(hidden: int = 64, ffn: int = 256, seed: int = 0, opset: int = 17):
+    """A token MLP on ``[batch, seq, hidden]``: ``MatMul + Add(bias) -> Relu -> MatMul + Add(bias)``
+    and a residual ``Add`` with the input (``nn.Linear`` on 3-D inputs exports MatMul + Add)."""
+    onnx, TP, helper, nh = _helpers()
+    rng = np.random.default_rng(seed)
+    inits = {"up.w": (rng.standard_normal((hidden, ffn)) / np.sqrt(hidden)).astype(np.float32),
+             "up.b": (rng.standard_normal(ffn) * 0.1).astype(np.float32),
+             "down.w": (rng.standard_normal((ffn, hidden)) / np.sqrt(ffn)).astype(np.float32),
+             "down.b": (rng.standard_normal(hidden) * 0.1).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "up.w"], ["u"], name="up"),
+             helper.make_node("Add", ["u", "up.b"], ["ub"], name="up.bias"),
+             helper.make_node("Relu", ["ub"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "down.w"], ["d"], name="down"),
+             helper.make_node("Add", ["d", "down.b"], ["db"], name="down.bias"),
+             helper.make_node("Add", ["db", "x"], ["y"], name="residual")]
+    shape = ["batch", "seq", hidden]
+    return make_model(nodes, [("x", TP.FLOAT, shape)], [("y", TP.FLOAT, shape)], inits, opset=opset,
+                      name="matmul_residual")
+
+
+def conv_net(channels: int = 16, classes: int = 10, seed: int = 0, opset: int = 17):
+    """A small CNN on ``[batch, 3, H, W]``: Conv 3x3 -> Relu, a residual block (Conv -> Relu ->
+    Conv, Add with its input, Relu), a strided Conv -> Relu, a depthwise 3x3 and a 1x1 Conv,
+    MaxPool 2x2, GlobalAveragePool, Flatten, Gemm."""
+    onnx, TP, helper, nh = _helpers()
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], {}
+    c = channels
+
+    def conv(name, x, cin, cout, k=3, stride=1, groups=1, relu=True):
+        fan = cin // groups * k * k
+        inits[f"{name}.w"] = (rng.standard_normal((cout, cin // groups, k, k)) * np.sqrt(2 / fan)).astype(np.float32)
+        inits[f"{name}.b"] = (rng.standard_normal(cout) * 0.1).astype(np.float32)
+        pad = k // 2
+        nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [f"{name}.out"], name=name,
+                                      kernel_shape=[k, k], pads=[pad] * 4, strides=[stride] * 2, group=groups))
+        if not relu:
+            return f"{name}.out"
+        nodes.append(helper.make_node("Relu", [f"{name}.out"], [f"{name}.relu"], name=f"{name}.relu"))
+        return f"{name}.relu"
+
+    h = conv("stem", "x", 3, c)
+    r = conv("block.conv2", conv("block.conv1", h, c, c), c, c, relu=False)
+    nodes.append(helper.make_node("Add", [h, r], ["block.add"], name="block.add"))
+    nodes.append(helper.make_node("Relu", ["block.add"], ["block.out"], name="block.relu"))
+    h = conv("down", "block.out", c, 2 * c, stride=2)
+    h = conv("pw", conv("dw", h, 2 * c, 2 * c, groups=2 * c), 2 * c, 2 * c, k=1)
+    nodes += [helper.make_node("MaxPool", [h], ["pool"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+              helper.make_node("GlobalAveragePool", ["pool"], ["gap"], name="gap"),
+              helper.make_node("Flatten", ["gap"], ["flat"], name="flatten")]
+    inits["fc.w"] = (rng.standard_normal((classes, 2 * c)) / np.sqrt(2 * c)).astype(np.float32)
+    inits["fc.b"] = (rng.standard_normal(classes) * 0.1).astype(np.float32)
+    nodes.append(helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["y"], transB=1, name="fc"))
+    return make_model(nodes, [("x", TP.FLOAT, ["batch", 3, "H", "W"])], [("y", TP.FLOAT, ["batch", classes])],
+                      inits, opset=opset, name="conv_net")
+
+
+def quantize_qdq(model, input_shape, *, per_channel: bool = False, activations: str = "u8",
+                 batches: int = 4, seed: int = 0):
+    """``model`` through ONNX Runtime's static quantizer (``quantize_static``, QDQ format, s8
+    weights, per tensor or per channel, MinMax calibration over ``batches`` random normal
+    batches of ``input_shape`` fed to the input ``x``); activations ``"u8"`` (QUInt8, ORT's
+    asymmetric default for CNNs) or ``"s8"`` (QInt8).  Returns the quantized ModelProto."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(seed)
+    data = [{"x": rng.standard_normal(input_shape).astype(np.float32)} for _ in range(batches)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(data)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    act = {"u8": QuantType.QUInt8, "s8": QuantType.QInt8}[activations]
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "f32.onnx"), os.path.join(tmp, "qdq.onnx")
+        onnx.save(model, src)
+        import logging
+        level = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)  # "consider pre-processing": not needed here
+        try:
+            quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                            activation_type=act, weight_type=QuantType.QInt8)
+        finally:
+            logging.getLogger().setLevel(level)
+        quantized = onnx.load(dst)
+    return quantized
+
+
+def with_quantized_outputs(model):
+    """A copy of a QDQ model whose every ``QuantizeLinear`` output is also a graph output, so
+    the integer tensors of each requantization step can be compared one by one.  (A
+    ``QuantizeLinear`` output ends a quantized pattern: reading it keeps every fusion.)"""
+    import onnx
+
+    copy = onnx.ModelProto.FromString(model.SerializeToString())
+    have = {o.name for o in copy.graph.output}
+    for node in copy.graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] not in have:
+            copy.graph.output.append(onnx.helper.make_empty_tensor_value_info(node.output[0]))
+    return copy
+
+
+def output_scale(model, output: str = "y") -> float:
+    """The (largest) scale of the DequantizeLinear that writes the QDQ model's ``output``."""
+    from onnx import numpy_helper
+
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == output)
+    init = next(i for i in model.graph.initializer if i.name == dq.input[1])
+    return float(numpy_helper.to_array(init).max())

@@ -12,6 +12,13 @@ graph at every layer.  A chain whose intermediates nothing else reads becomes on
 ``0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`` with ``Pow(x, 3)``, becomes ``Gelu``
 (approximate="tanh"), ``GELU(gelu_tanh)``.  Constants are compared with a relative
 tolerance of 1e-6 (exporters write √2 and 1/√2 as f32).
+
+One DequantizeLinear per reader.  ONNX Runtime's static quantizer (QDQ format) writes one
+``DequantizeLinear`` for a value several nodes read (a residual branch: the block input feeds a
+Conv/MatMul and the Add after it).  The quantized patterns take their ``src_dequant`` only when
+nothing else reads its output, so :func:`unique_dequantize` gives each reader a copy of its
+own, as ONNX Runtime's ``EnsureUniqueDQForNodeUnit`` transformer does before its QDQ fusions
+(each copy computes the same values: nothing changes numerically).
 """
 from __future__ import annotations
 
@@ -272,3 +279,43 @@ def split_projections(nodes: list, consts: dict, outputs: set) -> tuple[list, di
             continue
         result.extend(replaced.get(id(n), [n]))
     return result, new_consts
+
+
+def unique_dequantize(nodes: list, outputs: set) -> list:
+    """Each ``DequantizeLinear`` read by several nodes (or by a node and the graph's outputs)
+    becomes one copy per reader, placed right after it; the first reader keeps the original."""
+    from onnx import helper
+
+    users: dict[str, list] = {}
+    for n in nodes:
+        for i in n.input:
+            if i:
+                users.setdefault(i, []).append(n)
+    renamed: dict[tuple[int, str], str] = {}  # (id(reader), old name) -> copy's output
+    copies: dict[int, list] = {}
+    for dq in nodes:
+        if dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") or not dq.output:
+            continue
+        out = dq.output[0]
+        readers = list({id(u): u for u in users.get(out, [])}.values())
+        if len(readers) + (out in outputs) < 2:
+            continue
+        keep = 0 if out in outputs else 1  # a graph output keeps the original for itself
+        for k, reader in enumerate(readers[keep:]):
+            name = f"{out}/dq{k}"
+            copy = helper.make_node("DequantizeLinear", list(dq.input), [name], name=f"{dq.name or out}/dq{k}")
+            copy.attribute.extend(dq.attribute)
+            copies.setdefault(id(dq), []).append(copy)
+            renamed[(id(reader), out)] = name
+    if not copies:
+        return nodes
+    result = []
+    for n in nodes:
+        if any((id(n), i) in renamed for i in n.input):
+            new = helper.make_node(n.op_type, [renamed.get((id(n), i), i) for i in n.input], list(n.output),
+                                   name=n.name, domain=n.domain)
+            new.attribute.extend(n.attribute)
+            n = new
+        result.append(n)
+        result.extend(copies.get(id(n), []))
+    return result

@@ -22,6 +22,10 @@ Options (``torch.compile(..., options={...})`` or :func:`backend`):
 ``explain``  print each graph's :class:`Report` when it compiles (or a callable
              that receives it); :func:`reports` returns them all anyway
 ``threads``  ``"auto"`` (default) applies :func:`thread_policy`, ``None`` leaves threads alone
+``max_shapes``   how many shape specialisations of one graph stay compiled (default 8; the
+             least recently used is dropped, with its buffers)
+``max_compiles`` how many specialisations one graph may compile in all (default 64); a
+             new shape past it runs that graph in eager torch, with one warning
 
 A node the lowering cannot express stays in torch: one :class:`FallbackWarning`
 per compiled graph names such compute nodes and why.  Anything that fails
@@ -29,14 +33,18 @@ while compiling a graph (a bug here, an op the runtime refuses) falls back to
 eager for that graph, with a warning; the process never crashes.
 
 Shapes: the ATen graph is specialised per concrete input shapes (a graph that
-Dynamo made dynamic is re-traced for each new shape with ``make_fx``); each
-specialisation builds and compiles its own partitions, and the report counts them.
+Dynamo made dynamic, with ``dynamic=True`` or automatically after a shape change, is
+re-traced for each new shape with ``make_fx``); each specialisation builds and compiles
+its own partitions, and the report counts them (one :func:`reports` entry each).  The
+number stays bounded: at most ``max_shapes`` specialisations are kept per graph (an LRU)
+and at most ``max_compiles`` are ever made; past that, new shapes run eagerly.  A
+static KV cache (fixed shapes per decode step) compiles once.
 """
 from __future__ import annotations
 
 import math
 import warnings
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -74,15 +82,22 @@ class Options:
     check: bool = False
     explain: object = False
     threads: object = "auto"
+    max_shapes: int = 8
+    max_compiles: int = 64
 
     @classmethod
     def parse(cls, options) -> "Options":
         options = dict(options or {})
-        unknown = sorted(set(options) - {"fpmath", "check", "explain", "threads"})
+        known = ("fpmath", "check", "explain", "threads", "max_shapes", "max_compiles")
+        unknown = sorted(set(options) - set(known))
         if unknown:
             raise InvalidArguments(f"graph_api backend: unknown option(s) {unknown}; "
-                                   f"known: fpmath, check, explain, threads")
+                                   f"known: {', '.join(known)}")
         made = cls(**options)
+        for name in ("max_shapes", "max_compiles"):
+            value = getattr(made, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArguments(f"graph_api backend: {name}={value!r}; expected an int >= 1")
         try:
             ga.FPMath.make(made.fpmath, False)
         except (GraphError, ValueError, KeyError) as err:
@@ -206,7 +221,8 @@ class GraphApiFunction:
 
     def __init__(self, aten_gm, constant: list[bool], options: Options):
         self.gm, self.constant, self.options = aten_gm, constant, options
-        self.variants: dict = {}
+        self.variants: OrderedDict = OrderedDict()  # shape key -> Built (or gm: eager), LRU order
+        self.compiled = 0  # specialisations made, evicted ones included
         self.dynamic = any(_symbolic(tl.meta(n)) for n in aten_gm.graph.nodes if n.op == "placeholder")
 
     def __call__(self, *args):
@@ -214,13 +230,29 @@ class GraphApiFunction:
         key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
         run = self.variants.get(key)
         if run is None:
-            run = self.variants[key] = self._compile(args, key)
+            run = self._specialise(args, key)
+        else:
+            self.variants.move_to_end(key)
         if self.options.threads == "auto":
             torch_threads.apply()
         if self.options.check and run is not self.gm:
             _check(run, args, self.options)
         module = run.module if run is not self.gm else run
         return module(*args)
+
+    def _specialise(self, args, key):
+        """A new shape: compile it within the budget (else eager), keep at most max_shapes."""
+        if self.compiled >= self.options.max_compiles:
+            if self.compiled == self.options.max_compiles:
+                self.compiled += 1  # warn once
+                warnings.warn(f"graph_api: this graph compiled {self.options.max_compiles} shape specialisations "
+                              f"(max_compiles); new shapes run in eager torch", FallbackWarning, stacklevel=3)
+            return self.gm
+        self.compiled += 1
+        run = self.variants[key] = self._compile(args, key)
+        while len(self.variants) > self.options.max_shapes:
+            self.variants.popitem(last=False)
+        return run
 
     def _compile(self, args, key):
         gm = self.gm
@@ -333,9 +365,10 @@ def graph_api_backend(gm, example_inputs, options=None, mode=None, **kwargs):
                         inference_compiler=forward_compiler)(gm, example_inputs)
 
 
-def backend(fpmath="strict", check=False, explain=False, threads="auto"):
+def backend(fpmath="strict", check=False, explain=False, threads="auto", max_shapes=8, max_compiles=64):
     """A backend with these options: ``torch.compile(model, backend=backend(check=True))``."""
-    opts = {"fpmath": fpmath, "check": check, "explain": explain, "threads": threads}
+    opts = {"fpmath": fpmath, "check": check, "explain": explain, "threads": threads,
+            "max_shapes": max_shapes, "max_compiles": max_compiles}
     Options.parse(opts)
 
     def graph_api_with_options(gm, example_inputs):

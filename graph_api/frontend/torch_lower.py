@@ -606,7 +606,7 @@ def sdpa(L, node):
     """scaled_dot_product_attention -> the SDPA pattern's chain::
 
         MatMul(Q, K^T) -> Multiply(scale) -> [causal: GenIndex x2, GreaterEqual, Select]
-          -> [Add(float mask) | Select(bool mask, s, -inf)] -> SoftMax(-1) -> MatMul(., V)
+          -> [Add(float mask) | Select(bool mask, s, -inf)] -> SoftMax(-1, inf_as_zero) -> MatMul(., V)
     """
     q, k, v = node.args[:3]
     kw = dict(node.kwargs)
@@ -648,7 +648,8 @@ def sdpa(L, node):
             s = L.emit(K.Add, [s, m], out=lt())
         else:
             raise NotLowered(f"attention mask of {m.dtype.name}")
-    p = L.emit(K.SoftMax, [s], {"axis": -1}, out=lt())
+    # PyTorch's SDPA gives a row that every mask hides zeros (its _safe_softmax), not NaN
+    p = L.emit(K.SoftMax, [s], {"axis": -1, "mode": "inf_as_zero"}, out=lt())
     single = node.target == aten.scaled_dot_product_attention.default
     out = L.emit(K.MatMul, [p, vl], out=L.out_lt(index=None if single else 0))
     return out if single else [out, None]

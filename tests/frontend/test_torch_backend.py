@@ -339,3 +339,79 @@ def test_causal_language_models_prefill(name):
     assert kept <= {"embedding", "split", "sin", "cos", "_to_copy"}, report
     if name == "llama":
         assert report.fused["gated_mlp"] == 2
+
+
+# ---------------------------------------------------------------- changing shapes
+def _bert(layers=2):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=100, max_position_embeddings=64)
+    return transformers.BertModel(config).eval()
+
+
+def test_a_row_every_mask_hides_is_zero_as_in_eager_sdpa():
+    """PyTorch's SDPA returns zeros for a query row whose mask hides every key (its
+    _safe_softmax); the lowering's SoftMax uses inf_as_zero, so graph_api does too (not NaN)."""
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    keep = torch.rand(2, 1, 5, 5) > 0.3
+    keep[0, :, 2] = False  # query row 2 of batch 0 sees nothing
+    out, ref, report = run(Attention(), q, k, v, torch.zeros(2, 1, 5, 5), keep)
+    assert not out.isnan().any() and report.fused["sdpa"] >= 1
+    close(out, ref)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_dynamic_batch_mlp_matches_eager_and_compiles_once_per_shape(dynamic):
+    """dynamic=True (Dynamo traces one symbolic graph) and automatic dynamic (dynamic=None:
+    Dynamo re-traces once, symbolically, after the first shape change): every shape matches
+    eager; graph_api compiles each distinct shape once per Dynamo graph, and a shape seen
+    again reuses its compiled partitions."""
+    model = MLP().eval()
+    cm = torch.compile(model, backend=td.backend(), dynamic=dynamic)
+    shapes = (3, 5, 7, 5, 3, 7, 1, 9)
+    with torch.no_grad():
+        for n in shapes:
+            x = torch.randn(n, 32)
+            close(cm(x), model(x))
+    distinct = len(set(shapes))
+    made = [r.shapes for r in td.reports()]
+    # automatic dynamic: the first shape also compiled in the static graph Dynamo made first
+    assert distinct <= len(made) <= distinct + (dynamic is None)
+    assert all(r.coverage == 1.0 for r in td.reports())
+
+
+def test_dynamic_bert_batch_and_sequence_match_eager():
+    """A BERT encoder under dynamic=True over changing batch and sequence lengths (a padded
+    sequence, a length-1 sequence whose only token is masked): each matches eager, and the
+    graph_api compiles are one per distinct shape, with the same coverage every time."""
+    model = _bert()
+    cm = torch.compile(model, backend=td.backend(), dynamic=True)
+    shapes = [(2, 16), (2, 24), (3, 16), (1, 9), (2, 16), (2, 1), (3, 16)]
+    with torch.no_grad():
+        for b, s in shapes:
+            ids = torch.randint(0, 100, (b, s))
+            mask = torch.ones(b, s, dtype=torch.long)
+            mask[0, max(s - 3, 0):] = 0
+            ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            out = cm(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert not out.isnan().any()
+            close(out, ref)
+    assert len(td.reports()) == len(set(shapes))
+    assert all(r.fused["sdpa"] == 2 and r.in_graph_api == r.compute - 3 for r in td.reports())
+
+
+def test_compiles_per_graph_are_bounded():
+    """max_shapes keeps the last N specialisations (LRU), max_compiles caps them in all: past
+    it new shapes run eagerly (one warning) and results still match eager."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 4)).eval()
+    cm = torch.compile(model, backend=td.backend(max_shapes=2, max_compiles=3), dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for n in (3, 4, 3, 5, 3, 6, 7, 8, 3):
+            x = torch.randn(n, 16)
+            close(cm(x), model(x))
+    assert [r.shapes for r in td.reports()] == ["[3, 16]", "[4, 16]", "[5, 16]"]  # 3 kept warm (LRU)
+    budget = [w for w in seen if issubclass(w.category, td.FallbackWarning) and "max_compiles" in str(w.message)]
+    assert len(budget) == 1
+    with pytest.raises(ga.InvalidArguments, match="max_shapes"):
+        td.backend(max_shapes=0)
