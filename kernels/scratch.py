@@ -3,7 +3,7 @@
 A plan asks :func:`empty` for every intermediate it materialises while it runs
 (a chain's f32 value before a reference tail, the tensors between the ops of a
 per-op plan, a weight-compressed MatMul's f32 result).  Outside an arena that
-is :func:`graph_api.memory.empty` (counted against the memory budget of the
+is :func:`graph_api.working_memory.empty` (counted against the memory budget of the
 partition running).  ``CompiledPartition.execute`` runs the plan inside
 :func:`arena` over one byte buffer: the user's scratchpad tensor, or a buffer
 the engine's allocator gives (oneDNN's scratchpad and ``allocator``), carved
@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from graph_api import memory
+from graph_api import working_memory
 
 #: every piece starts at a multiple of this many bytes (a cache line; AVX-512 loads)
 ALIGNMENT = 64
@@ -67,7 +67,7 @@ def empty(shape, dtype) -> np.ndarray:
     arena = getattr(_local, "arena", None)
     piece = None if arena is None else arena.take(int(np.prod(shape)) * dtype.itemsize)
     if piece is None:
-        return memory.empty(shape, dtype, "an intermediate")
+        return working_memory.empty(shape, dtype, "an intermediate")
     return piece.view(dtype).reshape(shape)
 
 

@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from graph_api import memory
+from graph_api import working_memory
 from graph_api.kernels.bits import (exp32, f32_to_bf16, f32_to_f16_bits, gelu_erf32, gelu_tanh32, round_bf16, round_f16,
                                     tanh32, vadd, vload, vmax, vmul, vsplat, vstore, vsub)
 from graph_api.kernels.openblas import sgemm
@@ -489,7 +489,7 @@ def matmul_into(a, b, out) -> None:
 def element_offsets(shape, strides) -> np.ndarray:
     """Element offset of every index of a strided tensor, as an array of ``shape``
     (one int64 per element: only for small tensors, :data:`TABLE_ELEMENTS`)."""
-    off = memory.zeros(tuple(shape), np.int64, "an offset table")
+    off = working_memory.zeros(tuple(shape), np.int64, "an offset table")
     for axis, (d, s) in enumerate(zip(shape, strides)):
         view = [1] * len(shape)
         view[axis] = d
@@ -540,7 +540,7 @@ def row_col_offsets(shape, strides):
     N = int(shape[-1]) if len(shape) else 1
     lead, lstr = tuple(shape[:-1]), tuple(strides[:-1])
     R = math.prod(lead)
-    roff = memory.zeros(R, np.int64, "the output's row offsets")
+    roff = working_memory.zeros(R, np.int64, "the output's row offsets")
     view = roff.reshape(lead) if lead else roff
     for axis, (d, s) in enumerate(zip(lead, lstr)):
         if s:

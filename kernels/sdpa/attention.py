@@ -8,7 +8,7 @@ from graph_api.kernels.numba_setup import numba  # numba: configured first
 
 import numpy as np
 
-from graph_api import memory
+from graph_api import working_memory
 from graph_api.kernels.sdpa import decode_bf16, prefill, prefill_bf16
 from graph_api.kernels.bits import RND_BF16, act_kind
 from graph_api.kernels.sdpa.blocked import attend_blocked
@@ -112,9 +112,9 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     assert score_rnd == 0 or prob_quant is not None, "score rounding: the quantized form only"
     if prob_quant is not None or prefill.usable(qkind, kk, vk, ktr, D, S, Sq, rnd, okind):
         if out is None:
-            out = memory.empty((B, Hq, Sq, D), np.float32, "the SDPA result")
+            out = working_memory.empty((B, Hq, Sq, D), np.float32, "the SDPA result")
         direct = out.dtype == np.float32 and out.strides[-1] == 4 and min(out.strides) >= 0
-        dest = out if direct else memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
+        dest = out if direct else working_memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
         rows = B * Hq * Sq if stats is not None else 1
         rmax, rsum = np.empty(rows, np.float32), np.empty(rows, np.float32)
         args, work = _prefill_call(qk, k, v, scale, scale_mode, mflat, mstr, has_mask, causal, dest,
@@ -138,9 +138,9 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
     items = B * Hkv * nqt * nsplit
     rows = (Hq // Hkv) * qt
     work = 2 * B * Hq * Sq * S * D
-    pm = memory.empty((items, rows), np.float32, "the SDPA split maxima")
-    pl = memory.empty((items, rows), np.float32, "the SDPA split sums")
-    pacc = memory.empty((items, rows, D), np.float32, "the SDPA split partial results")
+    pm = working_memory.empty((items, rows), np.float32, "the SDPA split maxima")
+    pl = working_memory.empty((items, rows), np.float32, "the SDPA split sums")
+    pacc = working_memory.empty((items, rows, D), np.float32, "the SDPA split partial results")
     fastk = kk >= 5 and ktr == 1 and S % 2 == 0 and rnd >= 0
     vperm = vk >= 5 and D % 2 == 0 and (vG % 2 == 0)
     kperm = kk >= 5 and ktr == 0 and D % 2 == 0 and (kG % 2 == 0)
@@ -172,7 +172,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
         else:
             run_items(dec, items, *args, work=work)
         if dec is decode_bf16.dec_items:  # merged, reordered and written back compiled
-            res = memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
+            res = working_memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
             decode_bf16.merge(pm, pl, pacc, Hkv, nsplit, four, res)
             return store_out(res, okind, out)
         if nsplit == 1:
@@ -196,7 +196,7 @@ def sdpa(q, k: KV, v: KV, *, scale=None, scale_mode="mul", mask=None, causal=Non
               Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask,
               CAUSAL[causal], qt, nsplit, fastk, vperm, pm, pl, pacc, work=work)
     if out is None:
-        out = memory.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16, "the SDPA result")
+        out = working_memory.empty((B, Hq, Sq, D), np.float32 if okind == 0 else np.uint16, "the SDPA result")
     merge_partials(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out)
     if stats is not None:
         stats[...] = merged_stats(pm, pl, Hkv, Sq, qt, nsplit, B, Hq)
@@ -223,7 +223,7 @@ def _widened_prefill(qf, k: KV, v: KV, mask, okind, out, stats, **kw):
     B, Hq, Sq, D = qf.shape
     _, Hkv, S, _ = k.shape
     rep = Hq // Hkv
-    res = out if okind == 0 and out is not None else memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
+    res = out if okind == 0 and out is not None else working_memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
     per_head = 2 * S * D * 4
     hc = max(1, min(Hkv, WIDEN_BYTES // per_head))
     bc = max(1, WIDEN_BYTES // (per_head * Hkv)) if hc == Hkv else 1
@@ -269,7 +269,7 @@ def _bf16_prefill(q16, k16, v16, scale, scale_mode, mflat, mstr, has_mask, causa
     B, Hq, Sq, D = q16.shape
     _, Hkv, S, _ = k16.shape
     res = out if okind == 0 and out is not None and _row_strided(out) else \
-        memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
+        working_memory.empty((B, Hq, Sq, D), np.float32, "the SDPA f32 result")
     args = (prefill_bf16.prefill_items, B * Hq, *_rows16(q16), Hq, Sq, D, *_rows16(k16), *_rows16(v16),
             Hkv, S, np.float32(scale), scale_mode == "mul", mflat, mstr, has_mask, CAUSAL[causal],
             *_flat_out(res))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graph_api import memory
+from graph_api import working_memory
 from graph_api.kernels import store
 from graph_api.kernels.sdpa.operands import NEG_INF
 from graph_api.kernels.weight_compressed.wmatmul import make_epilogue
@@ -21,13 +21,13 @@ def store_out(res, okind, out):
     (:func:`store.store_tile`, already compiled for bf16/f16 MatMul outputs): numpy's
     rounding made ~6 temporaries of the whole result, 20-50 ms at 32 x 512 x 128."""
     if out is None:
-        out = memory.empty(res.shape, np.float32 if okind == 0 else np.uint16, "the SDPA result")
+        out = working_memory.empty(res.shape, np.float32 if okind == 0 else np.uint16, "the SDPA result")
     if okind == 0:
         out[...] = res
         return out
     D = res.shape[-1]
     direct = out.flags.c_contiguous
-    dest = out if direct else memory.empty(res.shape, np.uint16, "the SDPA result")
+    dest = out if direct else working_memory.empty(res.shape, np.uint16, "the SDPA result")
     store.store_tile(np.ascontiguousarray(res).reshape(-1, D), dest.reshape(-1, D), np.int64(0), okind,
                      _NO_POST_OPS)
     if not direct:
@@ -82,8 +82,8 @@ def merge_partials(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out):
     mx = pm.max(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         w = np.where(pm == NEG_INF, np.float32(0), np.exp(pm - mx)).astype(np.float32)
-        den = memory.zeros((B * Hkv * nqt, rows), np.float32, "the SDPA merge denominators")
-        o = memory.zeros((B * Hkv * nqt, rows, D), np.float32, "the SDPA merged result")
+        den = working_memory.zeros((B * Hkv * nqt, rows), np.float32, "the SDPA merge denominators")
+        o = working_memory.zeros((B * Hkv * nqt, rows, D), np.float32, "the SDPA merged result")
         pl = pl.reshape(B * Hkv * nqt, nsplit, rows)
         pa = pacc.reshape(B * Hkv * nqt, nsplit, rows, D)
         for sp in range(nsplit):
@@ -92,7 +92,7 @@ def merge_partials(pm, pl, pacc, Hkv, Sq, qt, nsplit, vperm, okind, out):
         o /= den[..., None]
     # rows of item (b, hk, qi): (head in group j, query i of the tile) -> out[b, hk*rep + j, qi*qt + i]
     o = o.reshape(B, Hkv, nqt, rows, D)
-    res = memory.empty((B, Hq, Sq, D), np.float32, "the SDPA merged result")
+    res = working_memory.empty((B, Hq, Sq, D), np.float32, "the SDPA merged result")
     for qi in range(nqt):
         nq = min(qt, Sq - qi * qt)
         res[:, :, qi * qt:qi * qt + nq] = o[:, :, qi, :rep * nq].reshape(B, Hq, nq, D)

@@ -7,7 +7,7 @@ from graph_api.kernels.numba_setup import numba  # noqa: F401  (numba: configure
 import numpy as np
 from numba import njit, prange
 
-from graph_api import memory
+from graph_api import working_memory
 from graph_api.kernels.bits import bf16_to_f32, f16_bits_to_f32, round_code
 from graph_api.kernels.sdpa.operands import KINDS, KV, kv_args
 from graph_api.kernels.sdpa.tiled import widen_run
@@ -37,7 +37,7 @@ def q_f32(qk, qkind, rnd):
         return widen_half(qk, 2)
     if rnd == 0:
         return np.ascontiguousarray(qk, dtype=np.float32)
-    qf = memory.empty(qk.shape, np.float32, "the f32 widening of Q")
+    qf = working_memory.empty(qk.shape, np.float32, "the f32 widening of Q")
     _prep_q(qk, qkind, rnd, qf)
     return qf
 
@@ -46,7 +46,7 @@ def widen_half(bits, kind):
     """bf16 (``kind`` 1) or f16 (2) bits, uint16 of any shape, as a new f32 array, exactly:
     :func:`widen_run` over the bytes (one compiled pass: numpy took 2.0 ms for
     ``astype(np.uint32) << 16`` of 2 M bf16 values and 4.7 ms for float16's ``astype``)."""
-    out = memory.empty(bits.shape, np.float32, "an f32 widening")
+    out = working_memory.empty(bits.shape, np.float32, "an f32 widening")
     widen_run(np.ascontiguousarray(bits).reshape(-1).view(np.uint8), np.int64(0), np.int64(kind),
                out.reshape(-1))
     return out
@@ -69,7 +69,7 @@ def widen(kv: KV, bh0: int, bh1: int, shape) -> KV:
         x = widen_half(flat.view(np.uint16)[bh0 * n:bh1 * n], 2)
     else:
         buf, _, ktr, G, sc, has_sc, zp, has_zp = kv_args(kv)
-        x = memory.empty((bh1 - bh0) * n, np.float32, "a chunk of widened K/V")
+        x = working_memory.empty((bh1 - bh0) * n, np.float32, "a chunk of widened K/V")
         _widen_ints(buf.view(np.uint8), kind, G, sc, has_sc, zp, has_zp, ktr, bh0, bh1 - bh0, S, D, x)
         return KV(x.reshape(shape), "f32", tuple(shape))
     B2, H2 = shape[:2]

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE = {f"graph_api.{m}" for m in (
     "dtypes enums errors logical_tensor op schema opset shapes config fpmath postops infer "
     "dot_algorithm indexing_maps check tensor engine memory partition_cache opset_doc "
-    "composite composite_library sparse_encoding sparse_storage sparse_tensor sparse_ops constant_cache").split()}
+    "composite composite_library sparse_encoding sparse_storage sparse_tensor sparse_ops constant_cache "
+    "working_memory").split()}
 #: the top layer: what runs graphs and partitions, and the command line
 RUNTIME = {f"graph_api.{m}" for m in (
     "graph partition runner builder cli batch batch_pool json_io rewrite fill composite_inline "
