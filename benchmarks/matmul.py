@@ -42,11 +42,10 @@ def bench_matmul(rows, quick=False, peers_on=True, shapes=((128, 4096, 4096), (5
                      2: ga.Tensor(g.tensors[2], engine, bias)}
             compiled = ga.compile_graph(g, feeds)
             outs[mode] = compiled(feeds)[3].copy()
-            plan = compiled.steps[0][1].plan.name
-            name = f"project fpmath {mode} ({bf16_matmul.UNIT or 'f32 BLAS'})" if mode == "bf16" else \
-                "project fpmath strict (f32 BLAS)"
-            jobs[name] = ((lambda c=compiled, f=feeds: lambda i: c(f))(), 1, 5 if quick else 15)
-            plans[name] = plan
+            unit = bf16_matmul.UNIT if mode == "bf16" else None
+            name = f"project fpmath {mode} ({unit or 'f32 BLAS'})"
+            jobs[name] = (lambda i, c=compiled, f=feeds: c(f), 1, 5 if quick else 15)
+            plans[name] = compiled.steps[0][1].plan.name
         if peers_on and peers.have_torch():
             import torch
 

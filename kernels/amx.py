@@ -293,14 +293,22 @@ def gemm(a_packed: np.ndarray, b_packed: np.ndarray, c: np.ndarray, K: int, task
     C-contiguous.  Requires ``ISA.amx_bf16``."""
     if not ISA.amx_bf16:
         raise RuntimeError("AMX-BF16 is not available on this target")
+    drive(_gemm_par, (_CFG,), a_packed, b_packed, c, K, tasks, K_CHUNK, M_CHUNK)
+
+
+def drive(block_driver, extra: tuple, a_packed, b_packed, c, K: int, tasks, k_chunk: int, m_chunk: int) -> None:
+    """Run a bf16 unit's parallel block driver (:func:`_gemm_par` here, ``dpbf16_gemm``'s
+    on AVX512_BF16) over ``c[M, N] = A @ B``: tasks over chunks of B panels, rows in
+    passes of ``m_chunk``, and the f32 scratch for the sums between K chunks of
+    ``k_chunk`` steps.  ``extra``: the driver's own arguments after ``steps``."""
     M, N = c.shape
     panels = padded(N) // BLOCK
     chunks = chunks_for(panels, tasks or numba.get_num_threads() * 4)
     steps = padded(K) // KSTEP
-    partial = np.empty(panels * min(padded(M), M_CHUNK) * BLOCK if steps > K_CHUNK else 1, np.float32)
-    for m_lo in range(0, padded(M), M_CHUNK):
-        _gemm_par(a_packed, b_packed, c.reshape(-1), M, N, steps, _CFG, chunks, m_lo,
-                  min(padded(M), m_lo + M_CHUNK), partial)
+    partial = np.empty(panels * min(padded(M), m_chunk) * BLOCK if steps > k_chunk else 1, np.float32)
+    for m_lo in range(0, padded(M), m_chunk):
+        block_driver(a_packed, b_packed, c.reshape(-1), M, N, steps, *extra, chunks, m_lo,
+                     min(padded(M), m_lo + m_chunk), partial)
 
 
 # ====================================================================== int8 (tdpbusd / tdpbsud)

@@ -39,7 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from graph_api.kernels.amx import BLOCK, KSTEP, TILE_ELEMS, chunks_for, padded
+from graph_api.kernels.amx import BLOCK, TILE_ELEMS, drive
 from graph_api.kernels.isa import ISA
 
 #: the host may run the kernels below (compiling them elsewhere fails in LLVM's selector)
@@ -197,11 +197,4 @@ def gemm(a_packed: np.ndarray, b_packed: np.ndarray, c: np.ndarray, K: int, task
     C-contiguous.  Requires ``ISA.avx512_bf16``."""
     if not AVAILABLE:
         raise RuntimeError("AVX512_BF16 is not available on this target")
-    M, N = c.shape
-    panels = padded(N) // BLOCK
-    chunks = chunks_for(panels, tasks or numba.get_num_threads() * 4)
-    steps = padded(K) // KSTEP
-    partial = np.empty(panels * min(padded(M), M_CHUNK) * BLOCK if steps > K_CHUNK else 1, np.float32)
-    for m_lo in range(0, padded(M), M_CHUNK):
-        _gemm_par(a_packed, b_packed, c.reshape(-1), M, N, steps, chunks, m_lo,
-                  min(padded(M), m_lo + M_CHUNK), partial)
+    drive(_gemm_par, (), a_packed, b_packed, c, K, tasks, K_CHUNK, M_CHUNK)

@@ -154,6 +154,7 @@ class MatmulPlan(ChainPlan):
         a = dtypes.to_f32(src).reshape(-1, K)
         if (a.shape[0], self.N) != (self.R, self.N) or K == 0:
             return False
+
         def pack():
             b = dtypes.to_f32(b_src)
             return bf16_matmul.pack_b(bf16_matmul.bf16_bits(b.T if self.tb else b))

@@ -338,6 +338,13 @@ def run_mutant(path) -> str:
     return "checked"
 
 
+def _failure(what: str, err: Exception) -> str:
+    """One line of a fuzz report: the mutant, the error and the line that raised it."""
+    where = traceback.extract_tb(err.__traceback__)[-1]
+    return (f"{what}: {type(err).__name__}: {str(err)[:300]} "
+            f"(at {where.filename.split('/')[-1]}:{where.lineno})")
+
+
 def fuzz(tmp_path, mutants_per_file: int, kinds=None) -> Counter:
     outcomes, failures = Counter(), []
     for path in FILES:
@@ -351,9 +358,7 @@ def fuzz(tmp_path, mutants_per_file: int, kinds=None) -> Counter:
                 outcomes[run_mutant(target)] += 1
             except Exception as err:  # noqa: BLE001 - the contract under test
                 outcomes["FAILED"] += 1
-                where = traceback.extract_tb(err.__traceback__)[-1]
-                failures.append(f"{name} mutant {index} {done}: {type(err).__name__}: {str(err)[:300]} "
-                                f"(at {where.filename.split('/')[-1]}:{where.lineno})")
+                failures.append(_failure(f"{name} mutant {index} {done}", err))
     print(f"\nJSON fuzzing: {len(FILES)} files, {sum(outcomes.values())} mutants: {dict(outcomes)}")
     assert not failures, f"{len(failures)} mutants broke the contract:\n" + "\n".join(failures)
     return outcomes
@@ -573,9 +578,7 @@ def fuzz_huge_batch(tmp_path, files) -> Counter:
                 outcomes[run_under_budget(target, budget)] += 1
             except Exception as err:  # noqa: BLE001 - the contract under test
                 outcomes["FAILED"] += 1
-                where = traceback.extract_tb(err.__traceback__)[-1]
-                failures.append(f"{name} ({kind}): {type(err).__name__}: {str(err)[:300]} "
-                                f"(at {where.filename.split('/')[-1]}:{where.lineno})")
+                failures.append(_failure(f"{name} ({kind})", err))
     print(f"\nhuge batch under a small budget: {len(files)} files: {dict(outcomes)}")
     assert not failures, f"{len(failures)} mutants escaped the error hierarchy:\n" + "\n".join(failures)
     return outcomes

@@ -396,17 +396,23 @@ MATMUL_19_POST_OPS = ("relu", "swish", "add", "tanh", "swish", "multiply", "abs"
                       "swish", "add", "tanh", "add", "relu")
 
 
-def test_matmul_with_four_swishes_among_19_post_ops_is_one_partition():
+def _matmul_chain(names):
+    """MatMul followed by the post-ops ``names`` (a swish is Sigmoid and Multiply; binary
+    operands alternate between per-column and full-shape)."""
     g = G()
     x = g.op(K.MatMul, g.input((4, 8)), g.input((8, 8)))
-    for i, name in enumerate(MATMUL_19_POST_OPS):
+    for i, name in enumerate(names):
         if name == "swish":
             x = g.op(K.Multiply, x, g.op(K.Sigmoid, x))
         elif name in cg.BINARY:
             x = g.op(cg.BINARY[name], x, g.input((1, 8) if i % 2 else (4, 8)))
         else:
             x = g.op(cg.UNARY[name], x)
-    graph = g.done()
+    return g.done()
+
+
+def test_matmul_with_four_swishes_among_19_post_ops_is_one_partition():
+    graph = _matmul_chain(MATMUL_19_POST_OPS)
     parts, steps = steps_of(lambda: fused(graph))
     assert parts == [("matmul_post_ops", sorted(graph.ops))]
     assert len(the_partition(graph).fusion.bindings["post_ops"]) == 19
@@ -473,16 +479,7 @@ MATMUL_20_POST_OPS = MATMUL_19_POST_OPS + ("abs", "add", "tanh", "multiply", "re
 
 
 def test_matmul_with_four_swishes_among_20_post_ops_is_one_partition():
-    g = G()
-    x = g.op(K.MatMul, g.input((4, 8)), g.input((8, 8)))
-    for i, name in enumerate(MATMUL_20_POST_OPS):
-        if name == "swish":
-            x = g.op(K.Multiply, x, g.op(K.Sigmoid, x))
-        elif name in cg.BINARY:
-            x = g.op(cg.BINARY[name], x, g.input((1, 8) if i % 2 else (4, 8)))
-        else:
-            x = g.op(cg.UNARY[name], x)
-    graph = g.done()
+    graph = _matmul_chain(MATMUL_20_POST_OPS)
     parts, steps = steps_of(lambda: fused(graph))
     assert parts == [("matmul_post_ops", sorted(graph.ops))]
     assert len(the_partition(graph).fusion.bindings["post_ops"]) == 24
